@@ -1,0 +1,158 @@
+"""Side-by-side decode benchmark (DESIGN.md "Performance"), one command, ratios printed.
+
+The same job for every contender, on the same shards of real photos: tar -> 224x224 RGB uint8
+(shorter side resized with antialiasing, bicubic, centre crop) + caption.
+
+  webdataset + Pillow          what open_clip does today
+  webdataset + pillow-simd     AVX2 build, in its own venv (it replaces PIL); skipped if absent
+  simplejpeg decode-only       the libjpeg-turbo ceiling: full-size decode of the same JPEGs
+  shardstream, 1 thread        pinned to one core
+  shardstream, all cores
+
+Each contender runs in its own process (so peak memory is its own), per-core figures pinned
+to one core with sched_setaffinity.
+
+    python benches/bench_decode.py [--samples 2000] [--simd-python PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZE = 224
+
+
+def pil_transform(data: bytes):
+    import numpy as np
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = img.size
+    s = SIZE / min(w, h)
+    img = img.resize((max(SIZE, round(w * s)), max(SIZE, round(h * s))), Image.BICUBIC)
+    w, h = img.size
+    left, top = (w - SIZE) // 2, (h - SIZE) // 2
+    return np.asarray(img.crop((left, top, left + SIZE, top + SIZE))).transpose(2, 0, 1)
+
+
+def run_webdataset(paths: list[str]) -> int:
+    import webdataset as wds
+
+    n = 0
+    ds = wds.WebDataset(paths, shardshuffle=False).to_tuple("jpg", "txt").map_tuple(pil_transform, bytes.decode)
+    for img, _text in ds:
+        assert img.shape == (3, SIZE, SIZE)
+        n += 1
+    return n
+
+
+def run_simplejpeg(paths: list[str]) -> tuple[int, float]:
+    """Decode only, full size; the JPEG bytes are read before the clock starts."""
+    import tarfile
+
+    import simplejpeg
+
+    blobs = []
+    for p in paths:
+        with tarfile.open(p) as tf:
+            blobs += [tf.extractfile(m).read() for m in tf if m.name.endswith(".jpg")]
+    start = time.perf_counter()
+    for b in blobs:
+        simplejpeg.decode_jpeg(b, colorspace="RGB")
+    return len(blobs), time.perf_counter() - start
+
+
+def run_shardstream(paths: list[str], threads: int) -> int:
+    import shardstream
+
+    loader = shardstream.ShardLoader(paths, batch_size=64, image_size=SIZE, threads=threads, shuffle_buffer=1, drop_last=False)
+    n = 0
+    for batch in loader:
+        n += len(batch.keys)
+    return n
+
+
+def worker(args) -> None:
+    paths = json.loads(args.paths)
+    os.sched_setaffinity(0, set(json.loads(args.cpus)))
+    start = time.perf_counter()
+    if args.worker == "webdataset":
+        n = run_webdataset(paths)
+        elapsed = time.perf_counter() - start
+    elif args.worker == "simplejpeg":
+        n, elapsed = run_simplejpeg(paths)
+    else:
+        n = run_shardstream(paths, int(args.worker.split("-")[1]))
+        elapsed = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"samples": n, "seconds": elapsed, "peak_mb": peak}))
+
+
+def launch(python: str, name: str, paths: list[str], cpus: list[int]) -> dict | None:
+    cmd = [python, os.path.abspath(__file__), "--worker", name, "--paths", json.dumps(paths), "--cpus", json.dumps(cpus)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True).stdout
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        print(f"  {name}: failed: {getattr(e, 'stderr', e)!s:.400}", file=sys.stderr)
+        return None
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardstream-bench"))
+    ap.add_argument("--simd-python", default=os.environ.get("PILLOW_SIMD_PYTHON"), help="python of a venv with pillow-simd + webdataset")
+    ap.add_argument("--worker")
+    ap.add_argument("--paths")
+    ap.add_argument("--cpus")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    sys.path.insert(0, HERE)
+    import photo_shards
+
+    per_shard = 250
+    paths = photo_shards.build(args.dir, shards=max(1, args.samples // per_shard), per_shard=per_shard)
+    cores = sorted(os.sched_getaffinity(0))
+    one = [cores[-1]]
+    print(f"{len(paths)} shards x {per_shard} real-photo JPEGs (256-512 px), target {SIZE}x{SIZE}; cores: {len(cores)}")
+    runs = {
+        "webdataset + Pillow (1 core)": (sys.executable, "webdataset", one),
+        "simplejpeg decode-only ceiling (1 core)": (sys.executable, "simplejpeg", one),
+        "shardstream, 1 thread (1 core)": (sys.executable, "shardstream-1", one),
+        f"shardstream, {len(cores)} threads ({len(cores)} cores)": (sys.executable, f"shardstream-{len(cores)}", cores),
+    }
+    if args.simd_python:
+        runs["webdataset + pillow-simd AVX2 (1 core)"] = (args.simd_python, "webdataset", one)
+    results = {}
+    for label, (python, name, cpus) in runs.items():
+        r = launch(python, name, paths, cpus)
+        if r:
+            r["rate"] = r["samples"] / r["seconds"]
+            results[label] = r
+            print(f"  {label:48s} {r['rate']:8.1f} samples/s   peak {r['peak_mb']:6.0f} MB")
+    ours1 = results.get("shardstream, 1 thread (1 core)")
+    if not ours1:
+        return
+    print("\nratios (samples/s):")
+    for label, r in results.items():
+        if label != "shardstream, 1 thread (1 core)" and "shardstream" not in label:
+            print(f"  shardstream 1 thread / {label:40s} {ours1['rate'] / r['rate']:5.2f}x")
+    for label, r in results.items():
+        if label.startswith("shardstream,") and r is not ours1:
+            print(f"  {label} / shardstream 1 thread{'':14s} {r['rate'] / ours1['rate']:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The exceptions shardstream raises: one small hierarchy rooted at :class:`ShardError`.
+
+Every exception carries ``reason`` (a stable name, e.g. ``"unreadable"``, ``"truncated_tar"``),
+``url`` (always redacted: presigned signatures never appear) and ``key`` (empty for shard-level
+faults), and says all three in its message.
+
+::
+
+    ShardError
+    ├── SourceError            the bytes could not be fetched
+    │   ├── CredentialsError   missing, wrong or expired credentials (401/403)
+    │   └── NotFoundError      no such file, bucket or object
+    ├── BadUrlError            (also a ValueError) a URL we refuse: pipe:, unknown scheme
+    └── SampleError            one sample is invalid (corrupt image, missing caption, ...)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ShardError(Exception):
+    """A shard or sample could not be read. ``url`` is redacted."""
+
+    def __init__(self, reason: str, url: str = "", key: str = "", detail: str = "") -> None:
+        self.reason = reason
+        self.url = url
+        self.key = key
+        self.detail = detail
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = f" in {self.url}" if self.url else ""
+        key = f" (key {self.key!r})" if self.key else ""
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{self.reason}{where}{key}{detail}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keeps the attributes when the error crosses a DataLoader worker process boundary.
+        return (type(self), (self.reason, self.url, self.key, self.detail))
+
+
+class SourceError(ShardError):
+    """The shard's bytes could not be fetched (after the retry budget, where retrying helps)."""
+
+
+class CredentialsError(SourceError):
+    """Missing, wrong or expired credentials, or access denied."""
+
+
+class NotFoundError(SourceError):
+    """No such file, bucket or object."""
+
+
+class BadUrlError(ShardError, ValueError):
+    """A URL that shardstream refuses to open (``pipe:``, an unknown scheme, a malformed spec)."""
+
+
+class SampleError(ShardError):
+    """One sample is invalid; ``key`` names it."""
+
+
+def _source_error_class(detail: str) -> type[SourceError]:
+    """The Rust source reports its kind of failure in a stable message prefix."""
+    if detail.startswith("not found:") or "No such file" in detail:
+        return NotFoundError
+    if detail.startswith("access denied"):
+        return CredentialsError
+    return SourceError
+
+
+def from_core_fault(fault: BaseException) -> ShardError:
+    """Turns the extension's ``CoreFault`` (args: reason, url, key, detail) into our hierarchy."""
+    args = tuple(getattr(fault, "args", ())) + ("", "", "", "")
+    reason, url, key, detail = (str(a) for a in args[:4])
+    if reason == "unreadable":
+        if detail.startswith("unsupported URL"):
+            return BadUrlError(reason, url, key, detail)
+        return _source_error_class(detail)(reason, url, key, detail)
+    if reason == "bad_url":
+        return BadUrlError(reason, url, key, detail)
+    if key:
+        return SampleError(reason, url, key, detail)
+    return ShardError(reason, url, key, detail)

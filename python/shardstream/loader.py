@@ -1,0 +1,313 @@
+"""ShardLoader: batches of decoded, resized images and captions, streamed from shards.
+
+The Rust pipeline reads, groups, decodes and resizes on its own threads with the GIL released;
+this module lends it output buffers (torch tensors, pinned when CUDA is present) that it fills
+in place, so a batch reaches Python without a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from shardstream import _core
+from shardstream.errors import from_core_fault
+
+try:  # torch is optional: without it, batches are numpy arrays.
+    import torch
+except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
+    torch = None  # type: ignore[assignment]
+
+
+class Batch(NamedTuple):
+    images: Any  # torch.uint8 [B, 3, S, S] (numpy without torch)
+    texts: list[str]
+    keys: list[str]
+    urls: list[str]
+
+
+def distributed_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values first, then torch.distributed when initialised, then RANK/WORLD_SIZE."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return (r if rank is None else rank), (w if world_size is None else world_size)
+
+
+def _worker() -> tuple[int, int]:
+    """(worker id, workers) inside a torch DataLoader worker process, else (0, 1)."""
+    if torch is None:
+        return 0, 1
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class ShardLoader:
+    """Iterable of :class:`Batch` over WebDataset shards.
+
+    Without an ``index``, shards are split between readers (ranks x workers) at shard level
+    and, with several readers, ``samples_per_epoch`` fixes the number of batches per rank so
+    every rank steps equally (exactness is off: a warning says so). With an ``index``
+    (``shardstream index``), every epoch is exact: see ``shardstream.plan``.
+    """
+
+    def __init__(
+        self,
+        urls: str | list[str],
+        *,
+        batch_size: int,
+        image_size: int = 224,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        threads: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        index: Any = None,
+        drop_last: bool = True,
+        on_error: str = "skip",
+        caption_key: str = "txt",
+        image_keys: list[str] | None = None,
+        crop: str = "center",
+        random_crop_scale: tuple[float, float] = (0.9, 1.0),
+        samples_per_epoch: int | None = None,
+        read_ahead: int = 2,
+        prefetch: int = 2,
+        max_pixels: int = 64_000_000,
+        max_member_bytes: int = 256 << 20,
+        pin_memory: bool | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 30.0,
+        max_retries: int = 8,
+        **source_options: Any,
+    ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+        if crop not in ("center", "random"):
+            raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
+        from shardstream.urls import expand_urls
+
+        self._shards = expand_urls(urls, **source_options)
+        if not self._shards:
+            raise ValueError(f"no shards match {urls!r}")
+        self.batch_size = batch_size
+        self.image_size = image_size
+        self.seed = seed
+        self.shuffle_buffer = max(1, shuffle_buffer)
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self._rank_arg, self._world_arg = rank, world_size
+        self.drop_last = drop_last
+        self.samples_per_epoch = samples_per_epoch
+        self.prefetch = max(1, prefetch)
+        self.epoch = 0
+        self._resume: dict[str, Any] | None = None
+        self._batches_done = 0
+        self._last_stats: dict[str, Any] = {}
+        self._pin = pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
+        self._config: dict[str, Any] = {
+            "batch_size": batch_size,
+            "image_size": image_size,
+            "caption_key": caption_key,
+            "image_keys": image_keys,
+            "crop": crop,
+            "random_crop_scale": tuple(random_crop_scale),
+            "read_ahead": read_ahead,
+            "drop_last": drop_last,
+            "on_error": on_error,
+            "max_pixels": max_pixels,
+            "max_member_bytes": max_member_bytes,
+            "connect_timeout": connect_timeout,
+            "read_timeout": read_timeout,
+            "max_retries": max_retries,
+        }
+        self._plan = None
+        if index is not None:
+            from shardstream.plan import EpochPlanner
+
+            self._plan = EpochPlanner(index, self._shards)
+        self._warned_inexact = False
+
+    # -- distribution -------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return distributed_rank_world(self._rank_arg, self._world_arg)[0]
+
+    @property
+    def world_size(self) -> int:
+        return distributed_rank_world(self._rank_arg, self._world_arg)[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self._resume = None
+        self._batches_done = 0
+
+    def __len__(self) -> int:
+        if self._plan is not None:
+            return self._plan.batches_per_rank(self._plan_params(workers=1))
+        if self.samples_per_epoch is not None:
+            return self.samples_per_epoch // (self.world_size * self.batch_size)
+        raise TypeError("len() needs an index or samples_per_epoch")
+
+    # -- iteration ------------------------------------------------------------------------
+    def _plan_params(self, workers: int) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "world_size": self.world_size,
+            "workers": workers,
+            "batch_size": self.batch_size,
+            "block_size": self.shuffle_buffer,
+            "drop_last": self.drop_last,
+        }
+
+    def _streaming_reader(self, worker: int, workers: int) -> tuple[list, dict[str, Any]]:
+        """Shard-level split without an index (see shardstream.plan.streaming_spans)."""
+        from shardstream.plan import streaming_spans
+
+        spans, quota, shuffle_seed = streaming_spans(
+            len(self._shards),
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            worker=worker,
+            world_size=self.world_size,
+            workers=workers,
+            batch_size=self.batch_size,
+            block_size=self.shuffle_buffer,
+            samples_per_epoch=self.samples_per_epoch,
+        )
+        if self.world_size * workers > 1 and not self._warned_inexact:
+            self._warned_inexact = True
+            warnings.warn(
+                "shardstream: no index given, so epochs are not exact (shard-level splitting, "
+                f"{quota} batches per reader from samples_per_epoch); build one with `shardstream index`",
+                stacklevel=3,
+            )
+        extra = {"num_batches": quota, "cycle": quota is not None, "shuffle_seed": shuffle_seed}
+        return [(self._shards[s].url, s, 0, 0, None, stride) for s, stride in spans], extra
+
+    def _core_loader(self, worker: int, workers: int) -> Any:
+        rank, world = self.rank, self.world_size
+        config = dict(self._config, threads=self.threads)
+        if self._plan is not None:
+            reader_plan = self._plan.reader(self._plan_params(workers), rank, worker, self._resume)
+            spans, reserve = reader_plan.spans, reader_plan.reserve
+            config.update(
+                planned=True,
+                num_batches=reader_plan.num_batches,
+                block_size=reader_plan.block_size,
+                shuffle_seed=reader_plan.shuffle_seed,
+                skip_emitted=reader_plan.skip_emitted,
+            )
+        else:
+            if self._resume is not None:
+                raise ValueError("mid-epoch resume needs an index (exact epochs); build one with `shardstream index`")
+            if world * workers > 1 and self.samples_per_epoch is None:
+                raise ValueError(
+                    "several readers without an index need samples_per_epoch (equal batches on every rank); "
+                    "or build an index with `shardstream index` for exact epochs"
+                )
+            spans, extra = self._streaming_reader(worker, workers)
+            reserve = []
+            config.update(extra, block_size=self.shuffle_buffer)
+        config["crop_seed"] = _seed(self.seed, self.epoch)
+        display = [s.display for s in self._shards]
+        return _core.Loader(spans, reserve, display, config)
+
+    def _alloc(self) -> Any:
+        shape = (self.batch_size, 3, self.image_size, self.image_size)
+        if torch is not None:
+            return torch.empty(shape, dtype=torch.uint8, pin_memory=self._pin)
+        return np.empty(shape, dtype=np.uint8)
+
+    @staticmethod
+    def _address(buf: Any) -> tuple[int, int]:
+        if torch is not None and isinstance(buf, torch.Tensor):
+            return buf.data_ptr(), buf.numel()
+        return buf.ctypes.data, buf.nbytes
+
+    def __iter__(self) -> Iterator[Batch]:
+        worker, workers = _worker()
+        return self._iterate(worker, workers)
+
+    def _iterate(self, worker: int, workers: int) -> Iterator[Batch]:
+        core = self._core_loader(worker, workers)
+        lent: deque[Any] = deque()
+        try:
+            # Each yielded batch owns fresh memory, so a caller may keep it; the pipeline never
+            # writes to a buffer after handing it back.
+            for _ in range(self.prefetch):
+                buf = self._alloc()
+                core.submit(*self._address(buf))
+                lent.append(buf)
+            while True:
+                try:
+                    result = core.next_batch()
+                except _core.CoreFault as fault:
+                    raise from_core_fault(fault) from None
+                if result is None:
+                    break
+                n, keys, texts, urls = result
+                buf = lent.popleft()
+                self._batches_done += 1
+                yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls)
+                nxt = self._alloc()
+                core.submit(*self._address(nxt))
+                lent.append(nxt)
+        finally:
+            self._last_stats = core.stats()
+            core.close()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last (or current) pass: samples, bytes, skipped by reason, retries,
+        decode seconds, replaced/padded samples, and the dropped remainder with its keys."""
+        return self._last_stats
+
+    # -- resume --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._plan is None:
+            return {"epoch": self.epoch, "batches": self._batches_done, "exact": False}
+        return self._plan.state(self._plan_params(1), self._resume, self._batches_done)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._plan is None:
+            raise ValueError("load_state_dict needs an index (exact epochs); build one with `shardstream index`")
+        self.epoch = int(state["epoch"])
+        self._resume = state
+        self._batches_done = 0
+
+    def dataset_view(self) -> Any:
+        """An IterableDataset for a torch DataLoader with worker processes (batch_size=None):
+        each worker reads its own part of this rank's share."""
+        if torch is None:
+            raise RuntimeError("dataset_view needs torch")
+        return _DatasetView(self)
+
+
+def _seed(*parts: int) -> int:
+    from shardstream.plan import derive_seed
+
+    return derive_seed(list(parts))
+
+
+if torch is not None:
+
+    class _DatasetView(torch.utils.data.IterableDataset):
+        def __init__(self, loader: ShardLoader) -> None:
+            self.loader = loader
+
+        def __iter__(self) -> Iterator[Batch]:
+            return iter(self.loader)
+
+        def __len__(self) -> int:
+            return len(self.loader)

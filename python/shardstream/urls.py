@@ -1,0 +1,450 @@
+"""URL specs -> concrete shard URLs.
+
+A spec is a string or a list of strings. Each string may hold several parts separated by ``::``,
+and each part may use brace expansion: ``{000..099}`` (zero padding kept), ``{0..10..2}``,
+``{a,b,c}``, several and nested braces. Each expanded part is then resolved by its scheme:
+
+- a local path or ``file://``: a file, a directory (its ``.tar``, ``.tar.gz``, ``.tgz`` files) or
+  a glob (``/data/*.tar``);
+- ``http://`` / ``https://``: used as given;
+- ``s3://bucket/key``, ``s3://bucket/prefix/`` (listing) or ``s3://bucket/prefix/*.tar`` (glob;
+  ``*`` stays within one path segment, ``**`` crosses them): resolved with boto3 and turned into
+  presigned HTTPS URLs that the Rust reader streams (credentials never leave this process);
+- ``pipe:`` (runs a shell command) and any other scheme are refused with :class:`BadUrlError`.
+
+The result is a list of :class:`Shard`: plain ``str`` values (the concrete URL, which may carry a
+signature) with a printable ``display`` (redacted, or the ``s3://`` URL). Print ``display``,
+never the shard itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+from typing import Any
+
+from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+REMOTE_SCHEMES = ("http", "https")
+KNOWN_SCHEMES = ("file", "http", "https", "s3")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+# SigV4 presigned URLs live at most 7 days; a URL made from temporary credentials (instance
+# role, SSO) dies with them earlier: re-expand the spec per epoch on long runs.
+DEFAULT_EXPIRES_IN = 7 * 24 * 3600
+# Options of the Rust reader: callers may pass one set of keywords to both; they are not ours.
+READER_OPTIONS = frozenset(
+    {"connect_timeout", "read_timeout", "max_retries", "backoff_initial", "backoff_max", "cache_dir", "cache_max_bytes"}
+)
+
+
+class Shard(str):
+    """A concrete shard URL. The ``str`` value is what the reader opens (it may hold a presigned
+    signature); ``display`` is what messages show. ``repr`` shows only ``display``."""
+
+    display: str
+
+    def __new__(cls, url: str, display: str | None = None) -> Shard:
+        shard = super().__new__(cls, url)
+        shard.display = display if display is not None else redact(url)
+        return shard
+
+    @property
+    def url(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Shard({self.display!r})"
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach S3. Unset values come from boto3's usual sources: environment
+    (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+    ``AWS_PROFILE``, keys), config/credentials files, instance role."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    expires_in: int = DEFAULT_EXPIRES_IN
+    addressing_style: str | None = None  # "path" | "virtual" | "auto"; path for custom endpoints
+
+    @classmethod
+    def from_any(cls, value: S3Options | dict[str, Any] | None, extra: dict[str, Any]) -> S3Options:
+        base = value if isinstance(value, S3Options) else cls(**_normalise(dict(value or {})))
+        return replace(base, **_normalise(extra)) if extra else base
+
+
+def _normalise(options: dict[str, Any]) -> dict[str, Any]:
+    if "region_name" in options:
+        options["region"] = options.pop("region_name")
+    allowed = {f.name for f in fields(S3Options)}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"unknown source option(s) {unknown}; S3 options are {sorted(allowed)}")
+    return options
+
+
+# -- redaction -------------------------------------------------------------------------------------
+
+
+def redact(url: str) -> str:
+    """Removes what must never be printed: the query string (presigned signatures live there)
+    and ``user:password@`` in the authority. Mirrors ``source::redact_url`` in Rust."""
+    cut = [i for i in (url.find("?"), url.find("#")) if i >= 0]
+    head, had_query = (url[: min(cut)], True) if cut else (url, False)
+    scheme_end = head.find("://")
+    if scheme_end >= 0:
+        rest = head[scheme_end + 3 :]
+        slash = rest.find("/")
+        authority = rest if slash < 0 else rest[:slash]
+        at = authority.rfind("@")
+        if at >= 0:
+            head = f"{head[:scheme_end]}://***@{rest[at + 1 :]}"
+    return head + ("?<redacted>" if had_query else "")
+
+
+# -- brace expansion and '::' lists ---------------------------------------------------------------
+
+
+def split_parts(spec: str) -> list[str]:
+    """Splits on ``::`` outside ``[...]`` (an IPv6 host such as ``[::1]`` stays whole)."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(spec):
+        c = spec[i]
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth = max(0, depth - 1)
+        elif depth == 0 and spec.startswith("::", i):
+            parts.append(spec[start:i])
+            start = i = i + 2
+            continue
+        i += 1
+    parts.append(spec[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _matching_brace(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    raise BadUrlError("bad_url", redact(text), "", "unbalanced '{' in URL spec")
+
+
+def _split_top_level_commas(body: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(body):
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+    items.append(body[start:])
+    return items
+
+
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
+_ALPHA_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])$")
+
+
+def _range_items(body: str) -> list[str] | None:
+    m = _RANGE.match(body)
+    if m:
+        a_text, b_text, step_text = m.groups()
+        a, b, step = int(a_text), int(b_text), int(step_text or 1)
+        if step <= 0:
+            raise BadUrlError("bad_url", "", "", f"brace range step must be positive: {{{body}}}")
+        padded = any(t.lstrip("-").startswith("0") and len(t.lstrip("-")) > 1 for t in (a_text, b_text))
+        width = max(len(a_text), len(b_text)) if padded else 0
+        values = range(a, b + 1, step) if a <= b else range(a, b - 1, -step)
+        return [f"{v:0{width}d}" if width else str(v) for v in values]
+    m = _ALPHA_RANGE.match(body)
+    if m:
+        a, b = ord(m.group(1)), ord(m.group(2))
+        codes = range(a, b + 1) if a <= b else range(a, b - 1, -1)
+        return [chr(c) for c in codes]
+    return None
+
+
+def brace_expand(pattern: str) -> list[str]:
+    """Bash-style brace expansion (ranges with zero padding and steps, comma lists, nesting).
+    A ``{...}`` with neither a range nor a comma is left as it is."""
+    start = pattern.find("{")
+    while start >= 0:
+        end = _matching_brace(pattern, start)
+        body = pattern[start + 1 : end]
+        items = _range_items(body)
+        if items is None:
+            alternatives = _split_top_level_commas(body)
+            if len(alternatives) > 1:
+                items = [x for alt in alternatives for x in brace_expand(alt)]
+        if items is not None:
+            prefix, suffixes = pattern[:start], brace_expand(pattern[end + 1 :])
+            return [prefix + item + suffix for item in items for suffix in suffixes]
+        start = pattern.find("{", end + 1)
+    return [pattern]
+
+
+# -- scheme dispatch -------------------------------------------------------------------------------
+
+
+def scheme_of(url: str) -> str:
+    """``"local"`` for paths, else the lower-cased scheme; refuses ``pipe:`` and unknown schemes."""
+    if url.startswith("pipe:"):
+        raise BadUrlError("bad_url", redact(url), "", "pipe: URLs run shell commands and are refused")
+    sep = url.find("://")
+    if sep < 0:
+        return "local"
+    scheme = url[:sep].lower()
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
+        return "local"
+    if scheme not in KNOWN_SCHEMES:
+        raise BadUrlError(
+            "bad_url",
+            redact(url),
+            "",
+            f"unknown scheme {scheme!r} (supported: local paths, file://, http://, https://, s3://)",
+        )
+    return scheme
+
+
+def _is_shard_file(name: str) -> bool:
+    return name.endswith(SHARD_SUFFIXES)
+
+
+def _expand_local(part: str) -> list[Shard]:
+    path = os.path.expanduser(part[len("file://") :] if part.startswith("file://") else part)
+    if _GLOB_CHARS.search(path):
+        matches = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise NotFoundError("unreadable", part, "", "no file matches this pattern")
+        return [Shard(p, p) for p in matches]
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, n) for n in os.listdir(path) if _is_shard_file(n))
+        if not files:
+            raise NotFoundError("unreadable", part, "", f"no {'/'.join(SHARD_SUFFIXES)} files in this directory")
+        return [Shard(p, p) for p in files]
+    return [Shard(path, path)]
+
+
+def _check_local(shard: Shard) -> None:
+    if not os.path.exists(shard.url):
+        raise NotFoundError("unreadable", shard.display, "", "not found: no such file")
+
+
+def expand_urls(
+    spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    s3_options: S3Options | dict[str, Any] | None = None,
+    check: str = "first",
+    **options: Any,
+) -> list[Shard]:
+    """Concrete shard URLs for ``spec`` (see the module docstring), in spec order.
+
+    ``check``: ``"first"`` (default) verifies that the first shard of every part exists and is
+    readable with the credentials at hand (a local ``stat``, an S3 ``HeadObject``), so a wrong
+    bucket or secret fails here with a clear error instead of deep in a training run;
+    ``"all"`` checks every shard, ``"none"`` none (missing shards are then reported when read,
+    and handled by the ``on_error`` policy). S3 options may be given as ``s3_options`` or as
+    keywords (``endpoint_url=``, ``region=``, ``profile=``, ``expires_in=``, ``addressing_style=``);
+    reader options (:data:`READER_OPTIONS`) are accepted and ignored here.
+    """
+    if check not in ("first", "all", "none"):
+        raise ValueError(f"check must be 'first', 'all' or 'none', not {check!r}")
+    s3 = S3Options.from_any(s3_options, {k: v for k, v in options.items() if k not in READER_OPTIONS})
+    specs: Iterable[Any] = [spec] if isinstance(spec, (str, os.PathLike)) else spec
+    out: list[Shard] = []
+    for item in specs:
+        for part in split_parts(os.fspath(item)):
+            for concrete in brace_expand(part):
+                out.extend(_expand_one(concrete, s3, check))
+    return out
+
+
+def _expand_one(part: str, s3: S3Options, check: str) -> list[Shard]:
+    scheme = scheme_of(part)
+    if scheme in ("local", "file"):
+        shards = _expand_local(part)
+        for shard in shards if check == "all" else shards[:1] if check == "first" else []:
+            _check_local(shard)
+        return shards
+    if scheme in REMOTE_SCHEMES:
+        return [Shard(part)]
+    return _expand_s3(part, s3, check)
+
+
+# -- S3 --------------------------------------------------------------------------------------------
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    rest = url[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise BadUrlError("bad_url", url, "", "an s3:// URL needs a bucket: s3://BUCKET/KEY")
+    return bucket, key
+
+
+def glob_to_regex(pattern: str) -> re.Pattern[str]:
+    """``*`` and ``?`` stay within one ``/`` segment, ``**`` crosses segments, ``[...]`` as fnmatch."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            close = pattern.find("]", i + 1)
+            if close < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : close]
+                body = "^" + body[1:] if body.startswith("!") else body
+                out.append(f"[{body}]")
+                i = close
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+@lru_cache(maxsize=8)
+def _s3_client(endpoint_url: str | None, region: str | None, profile: str | None, addressing_style: str | None):
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = region or session.region_name or "us-east-1"
+    style = addressing_style or ("path" if endpoint else "auto")
+    config = Config(
+        signature_version="s3v4",
+        s3={"addressing_style": style},
+        retries={"max_attempts": 5, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=30,
+    )
+    return session.client("s3", endpoint_url=endpoint, region_name=region, config=config)
+
+
+def _client(s3: S3Options, where: str) -> Any:
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return _s3_client(s3.endpoint_url, s3.region, s3.profile, s3.addressing_style)
+    except BotoCoreError as e:
+        raise _translate(e, where) from None
+
+
+def _translate(error: Exception, where: str) -> SourceError:
+    """botocore's exceptions -> ours, naming the s3:// URL (no secret is ever in it)."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ProfileNotFound,
+    )
+
+    if isinstance(error, (NoCredentialsError, PartialCredentialsError, ProfileNotFound)):
+        return CredentialsError(
+            "unreadable",
+            where,
+            "",
+            f"access denied: no usable AWS credentials ({type(error).__name__}); set "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or an instance role",
+        )
+    if isinstance(error, ClientError):
+        info = error.response.get("Error", {})
+        code = str(info.get("Code", ""))
+        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if status == 404 or code in ("404", "NoSuchBucket", "NoSuchKey", "NotFound"):
+            what = "no such bucket" if code == "NoSuchBucket" else "no such bucket or key"
+            return NotFoundError("unreadable", where, "", f"not found: {what} (HTTP {status or 404} {code})")
+        if status in (401, 403) or code in (
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+            "InvalidToken",
+            "403",
+        ):
+            return CredentialsError(
+                "unreadable", where, "", f"access denied (HTTP {status} {code}): check the credentials"
+            )
+        return SourceError("unreadable", where, "", f"S3 error (HTTP {status} {code})")
+    if isinstance(error, (EndpointConnectionError, ConnectTimeoutError)):
+        return SourceError("unreadable", where, "", "cannot reach the S3 endpoint")
+    return SourceError("unreadable", where, "", f"S3 error: {type(error).__name__}")
+
+
+def _s3_call(where: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(*args, **kwargs)
+    except (BotoCoreError, ClientError) as e:
+        raise _translate(e, where) from None
+
+
+def _list_s3(client: Any, url: str, bucket: str, key_pattern: str) -> list[str]:
+    """Keys under a prefix (``key_pattern`` ends with ``/``) or matching a glob, sorted."""
+    glob_at = _GLOB_CHARS.search(key_pattern)
+    if glob_at:
+        prefix = key_pattern[: glob_at.start()]
+        regex = glob_to_regex(key_pattern)
+        recursive = "**" in key_pattern or "/" in key_pattern[glob_at.start() :]
+    else:
+        prefix, regex, recursive = key_pattern, None, False
+    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    if not recursive:
+        params["Delimiter"] = "/"
+    keys: list[str] = []
+    paginator = client.get_paginator("list_objects_v2")
+    for page in _s3_call(url, lambda: list(paginator.paginate(**params))):
+        for obj in page.get("Contents", []):
+            key = obj["Key"]
+            if regex.match(key) if regex else _is_shard_file(key):
+                keys.append(key)
+    if not keys:
+        raise NotFoundError("unreadable", url, "", "not found: no matching objects under this prefix")
+    return sorted(keys)
+
+
+def _expand_s3(url: str, s3: S3Options, check: str) -> list[Shard]:
+    bucket, key = parse_s3_url(url)
+    client = _client(s3, url)
+    listed = key == "" or key.endswith("/") or bool(_GLOB_CHARS.search(key))
+    keys = _list_s3(client, url, bucket, key) if listed else [key]
+    # Listing already proved the bucket and the credentials; an explicit key is checked here.
+    to_check = keys if check == "all" else keys[:1] if (check == "first" and not listed) else []
+    for k in to_check:
+        _s3_call(f"s3://{bucket}/{k}", client.head_object, Bucket=bucket, Key=k)
+    shards = []
+    for k in keys:
+        presigned = _s3_call(
+            f"s3://{bucket}/{k}",
+            client.generate_presigned_url,
+            "get_object",
+            Params={"Bucket": bucket, "Key": k},
+            ExpiresIn=s3.expires_in,
+        )
+        shards.append(Shard(presigned, f"s3://{bucket}/{k}"))
+    return shards

@@ -1,0 +1,430 @@
+//! The PyO3 layer: thin wrappers that convert arguments, release the GIL around Rust work, and
+//! turn faults into Python exceptions. No logic lives here.
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::decode::Decoder;
+use crate::error::Fault;
+use crate::group::{open_shard, SampleReader};
+use crate::plan::{self, PhaseConfig};
+use crate::rng;
+use crate::pipeline::{OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan};
+use crate::resize::CropMode;
+use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
+use crate::scan::{scan_shard as scan, ScanOptions};
+use crate::source::{redact_url, SourceOptions, SourceStats};
+
+create_exception!(_core, CoreFault, PyException, "A shard or sample fault: args = (reason, url, key, detail).");
+
+fn fault_to_py(f: Fault) -> PyErr {
+    CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail))
+}
+
+fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let text = serde_json::to_string(value).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+fn on_error(s: &str) -> PyResult<OnError> {
+    match s {
+        "skip" => Ok(OnError::Skip),
+        "raise" => Ok(OnError::Raise),
+        other => Err(PyValueError::new_err(format!("on_error must be 'skip' or 'raise', not {other:?}"))),
+    }
+}
+
+fn crop_mode(crop: &str, scale: (f64, f64)) -> PyResult<CropMode> {
+    match crop {
+        "center" => Ok(CropMode::Center),
+        "random" => Ok(CropMode::RandomResized { scale, ratio: (3.0 / 4.0, 4.0 / 3.0) }),
+        other => Err(PyValueError::new_err(format!("crop must be 'center' or 'random', not {other:?}"))),
+    }
+}
+
+fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
+    let mut spec = SampleSpec::default();
+    if let Some(v) = config.get_item("image_size")? {
+        spec.image_size = v.extract()?;
+    }
+    if let Some(v) = config.get_item("caption_key")? {
+        spec.caption = CaptionSource::parse(&v.extract::<String>()?);
+    }
+    if let Some(v) = config.get_item("image_keys")? {
+        if !v.is_none() {
+            spec.image_keys = v.extract()?;
+        }
+    }
+    if let Some(v) = config.get_item("max_pixels")? {
+        spec.max_pixels = v.extract()?;
+    }
+    let scale: (f64, f64) = match config.get_item("random_crop_scale")? {
+        Some(v) => v.extract()?,
+        None => (0.9, 1.0),
+    };
+    if let Some(v) = config.get_item("crop")? {
+        spec.crop = crop_mode(&v.extract::<String>()?, scale)?;
+    }
+    Ok(spec)
+}
+
+fn source_options(config: &Bound<'_, PyDict>) -> PyResult<SourceOptions> {
+    let mut opts = SourceOptions::default();
+    if let Some(v) = config.get_item("connect_timeout")? {
+        opts.connect_timeout = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(v) = config.get_item("read_timeout")? {
+        opts.read_timeout = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(v) = config.get_item("max_retries")? {
+        opts.max_retries = v.extract()?;
+    }
+    Ok(opts)
+}
+
+/// Raw samples of a list of shards, grouped as webdataset groups them.
+#[pyclass(module = "shardstream._core")]
+pub struct SampleIter {
+    urls: Vec<String>,
+    display: Vec<String>,
+    next_shard: usize,
+    current: Mutex<Option<SampleReader>>,
+    on_error: OnError,
+    max_member_bytes: u64,
+    source: SourceOptions,
+    stats: Arc<SourceStats>,
+    skipped: u64,
+}
+
+#[pymethods]
+impl SampleIter {
+    #[new]
+    #[pyo3(signature = (urls, display_urls, on_error = "raise", max_member_bytes = 256 << 20, config = None))]
+    fn new(
+        urls: Vec<String>,
+        display_urls: Vec<String>,
+        on_error: &str,
+        max_member_bytes: u64,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        if urls.len() != display_urls.len() {
+            return Err(PyValueError::new_err("urls and display_urls differ in length"));
+        }
+        let source = match config {
+            Some(c) => source_options(c)?,
+            None => SourceOptions::default(),
+        };
+        Ok(Self {
+            urls,
+            display: display_urls,
+            next_shard: 0,
+            current: Mutex::new(None),
+            on_error: self::on_error(on_error)?,
+            max_member_bytes,
+            source,
+            stats: Arc::new(SourceStats::default()),
+            skipped: 0,
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Samples skipped (with `on_error="skip"`) so far.
+    #[getter]
+    fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        loop {
+            let shard = self.next_shard;
+            let item = {
+                let current = &self.current;
+                py.detach(|| current.lock().expect("reader lock").as_mut().and_then(|r| r.next()))
+            };
+            let Some(item) = item else {
+                // Current shard exhausted (or none open yet): open the next one.
+                if shard >= self.urls.len() {
+                    return Ok(None);
+                }
+                let (url, max, opts, stats) = (&self.urls[shard], self.max_member_bytes, &self.source, &self.stats);
+                let opened = py.detach(|| open_shard(url, 0, 0, max, opts, stats));
+                self.next_shard += 1;
+                match opened {
+                    Ok(r) => *self.current.lock().expect("reader lock") = Some(r),
+                    Err(f) => {
+                        let fault = Fault { reason: f.reason, url: self.display[shard].clone(), key: String::new(), detail: f.detail };
+                        if self.on_error == OnError::Raise {
+                            return Err(fault_to_py(fault));
+                        }
+                        self.skipped += 1;
+                    }
+                }
+                continue;
+            };
+            let display = &self.display[shard.saturating_sub(1)];
+            match item {
+                Err(f) => {
+                    *self.current.lock().expect("reader lock") = None;
+                    if self.on_error == OnError::Raise {
+                        return Err(fault_to_py(Fault { reason: f.reason, url: display.clone(), key: String::new(), detail: f.detail }));
+                    }
+                    self.skipped += 1;
+                }
+                Ok(raw) => {
+                    if let Some((reason, detail)) = raw.defect {
+                        if self.on_error == OnError::Raise {
+                            return Err(fault_to_py(Fault { reason, url: display.clone(), key: raw.key, detail }));
+                        }
+                        self.skipped += 1;
+                        continue;
+                    }
+                    let d = PyDict::new(py);
+                    d.set_item("__key__", &raw.key)?;
+                    d.set_item("__url__", display)?;
+                    for (ext, data) in &raw.members {
+                        d.set_item(ext, PyBytes::new(py, data))?;
+                    }
+                    return Ok(Some(d.into_any().unbind()));
+                }
+            }
+        }
+    }
+}
+
+/// Validates one shard (structure, grouping, and with `decode` the loader's decode path).
+#[pyfunction]
+#[pyo3(signature = (url, *, decode = true, caption_key = "txt", image_keys = None, require_caption = true,
+                    max_pixels = 64_000_000, max_member_bytes = 256 << 20, image_size = 224))]
+#[allow(clippy::too_many_arguments)]
+fn scan_shard(
+    py: Python<'_>,
+    url: &str,
+    decode: bool,
+    caption_key: &str,
+    image_keys: Option<Vec<String>>,
+    require_caption: bool,
+    max_pixels: u64,
+    max_member_bytes: u64,
+    image_size: u32,
+) -> PyResult<Py<PyAny>> {
+    let mut spec = SampleSpec { caption: CaptionSource::parse(caption_key), max_pixels, image_size, ..SampleSpec::default() };
+    if let Some(keys) = image_keys {
+        spec.image_keys = keys;
+    }
+    let opts = ScanOptions { decode, require_caption, max_member_bytes, spec, source: SourceOptions::default() };
+    let report = py.detach(|| scan(url, &opts));
+    let value = serde_json::to_value(&report).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    json_to_py(py, &value)
+}
+
+/// (format, width, height) from an image's header, without decoding pixels.
+#[pyfunction]
+fn probe_image(data: &[u8]) -> PyResult<(String, u32, u32)> {
+    let probe = Decoder::new().probe(data).map_err(|e| PyValueError::new_err(format!("{}: {}", e.reason, e.detail)))?;
+    let (w, h) = probe.oriented_size();
+    Ok((probe.format.name().to_string(), w, h))
+}
+
+/// Decodes one image exactly as the loader does: [3, size, size] uint8 bytes.
+#[pyfunction]
+#[pyo3(signature = (data, size = 224, max_pixels = 64_000_000))]
+fn decode_image(py: Python<'_>, data: &[u8], size: u32, max_pixels: u64) -> PyResult<Py<PyBytes>> {
+    let raw = crate::group::RawSample {
+        key: "image".into(),
+        members: vec![("jpg".into(), data.to_vec()), ("txt".into(), Vec::new())],
+        offset: 0,
+        ordinal: 0,
+        defect: None,
+    };
+    let spec = SampleSpec { image_size: size, max_pixels, ..SampleSpec::default() };
+    let mut out = vec![0u8; 3 * size as usize * size as usize];
+    py.detach(|| prepare(&raw, &spec, 0, &mut Worker::default(), &mut out))
+        .map_err(|(reason, detail)| PyValueError::new_err(format!("{reason}: {detail}")))?;
+    Ok(PyBytes::new(py, &out).unbind())
+}
+
+#[pyfunction]
+#[pyo3(name = "redact_url")]
+fn py_redact_url(url: &str) -> String {
+    redact_url(url)
+}
+
+type SpanTuple = (String, u32, u64, u64, Option<u64>, Option<(u64, u64)>);
+
+fn spans(list: Vec<SpanTuple>) -> Vec<ShardSpan> {
+    list.into_iter()
+        .map(|(url, shard, start_offset, first_ordinal, end_ordinal, stride)| ShardSpan {
+            url,
+            shard,
+            start_offset,
+            first_ordinal,
+            end_ordinal,
+            stride,
+        })
+        .collect()
+}
+
+/// The running pipeline of one reader. Python lends output buffers (`submit`) and takes back
+/// finished batches (`next_batch`) in the same order.
+#[pyclass(module = "shardstream._core")]
+pub struct Loader {
+    pipeline: Option<Pipeline>,
+    display: Vec<String>,
+    batch_bytes: usize,
+}
+
+#[pymethods]
+impl Loader {
+    /// `spans`/`reserve`: (url, shard, start_offset, first_ordinal, end_ordinal, stride).
+    #[new]
+    fn new(spans_list: Vec<SpanTuple>, reserve: Vec<SpanTuple>, display_urls: Vec<String>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let get = |k: &str| config.get_item(k);
+        let mut cfg = PipelineConfig { spec: sample_spec(config)?, source: source_options(config)?, ..PipelineConfig::default() };
+        macro_rules! take {
+            ($field:ident) => {
+                if let Some(v) = get(stringify!($field))? {
+                    if !v.is_none() {
+                        cfg.$field = v.extract()?;
+                    }
+                }
+            };
+        }
+        take!(batch_size);
+        take!(threads);
+        take!(read_ahead);
+        take!(span_queue);
+        take!(block_size);
+        take!(shuffle_seed);
+        take!(first_block);
+        take!(crop_seed);
+        take!(skip_emitted);
+        take!(planned);
+        take!(cycle);
+        take!(drop_last);
+        take!(max_member_bytes);
+        if let Some(v) = get("num_batches")? {
+            cfg.num_batches = v.extract()?;
+        }
+        if let Some(v) = get("on_error")? {
+            cfg.on_error = on_error(&v.extract::<String>()?)?;
+        }
+        if cfg.batch_size == 0 {
+            return Err(PyValueError::new_err("batch_size must be positive"));
+        }
+        let batch_bytes = cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
+        let pipeline = Pipeline::start(spans(spans_list), spans(reserve), cfg);
+        Ok(Self { pipeline: Some(pipeline), display: display_urls, batch_bytes })
+    }
+
+    #[getter]
+    fn batch_bytes(&self) -> usize {
+        self.batch_bytes
+    }
+
+    /// Lends `nbytes` at address `ptr`. The caller keeps that memory alive and untouched until
+    /// the batch filled into it is returned by `next_batch` (or the loader is closed).
+    fn submit(&self, ptr: usize, nbytes: usize) -> PyResult<bool> {
+        if nbytes < self.batch_bytes {
+            return Err(PyValueError::new_err(format!("buffer of {nbytes} bytes; a batch needs {}", self.batch_bytes)));
+        }
+        let Some(p) = &self.pipeline else { return Ok(false) };
+        Ok(p.submit(OutBuffer { ptr: ptr as *mut u8, len: nbytes }))
+    }
+
+    /// (n, keys, texts, shard_urls) of the next batch, or None at the end of the epoch.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<(usize, Py<PyList>, Py<PyList>, Py<PyList>)>> {
+        let Some(p) = &self.pipeline else { return Ok(None) };
+        match py.detach(|| p.next_batch()) {
+            None => Ok(None),
+            Some(Err(mut fault)) => {
+                if let Some(rest) = fault.url.strip_prefix("shard #") {
+                    if let Some(u) = rest.parse::<usize>().ok().and_then(|i| self.display.get(i)) {
+                        fault.url = u.clone();
+                    }
+                }
+                Err(fault_to_py(fault))
+            }
+            Some(Ok(meta)) => {
+                let urls: Vec<&str> = meta.shards.iter().map(|&s| self.display.get(s as usize).map_or("", |u| u.as_str())).collect();
+                Ok(Some((
+                    meta.len,
+                    PyList::new(py, &meta.keys)?.unbind(),
+                    PyList::new(py, &meta.texts)?.unbind(),
+                    PyList::new(py, urls)?.unbind(),
+                )))
+            }
+        }
+    }
+
+    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.pipeline {
+            Some(p) => json_to_py(py, &p.stats.snapshot()),
+            None => Ok(PyDict::new(py).into_any().unbind()),
+        }
+    }
+
+    /// Stops every thread; afterwards no lent buffer is written any more.
+    fn close(&mut self, py: Python<'_>) {
+        if let Some(p) = self.pipeline.take() {
+            py.detach(move || drop(p));
+        }
+    }
+}
+
+fn phase_config(world_size: u32, workers: u32, batch_size: u64, block_size: u64, drop_last: bool) -> PhaseConfig {
+    PhaseConfig { world_size, workers, batch_size, block_size: block_size.max(1), drop_last }
+}
+
+fn plan_err(e: crate::plan::PlanError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// The seed derivation used everywhere in the crate (`rng::derive_seed`).
+#[pyfunction]
+fn derive_seed(parts: Vec<u64>) -> u64 {
+    rng::derive_seed(&parts)
+}
+
+/// One reader's shards without an index: see `plan::assign_shards`.
+/// Returns (shard ids in reading order, (stride, offset), batches, shuffle base seed).
+#[pyfunction]
+#[pyo3(signature = (num_shards, *, seed, epoch, world_size, workers, batch_size, block_size, samples_per_epoch, rank, worker))]
+#[allow(clippy::too_many_arguments)]
+fn assign_shards(
+    num_shards: usize,
+    seed: u64,
+    epoch: u64,
+    world_size: u32,
+    workers: u32,
+    batch_size: u64,
+    block_size: u64,
+    samples_per_epoch: u64,
+    rank: u32,
+    worker: u32,
+) -> PyResult<(Vec<u32>, (u64, u64), u64, u64)> {
+    let config = phase_config(world_size, workers, batch_size, block_size, true);
+    let a = plan::assign_shards(num_shards, seed, epoch, config, samples_per_epoch, rank, worker).map_err(plan_err)?;
+    Ok((a.shards, (a.stride, a.offset), a.num_batches, a.shuffle.base_seed()))
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("CoreFault", m.py().get_type::<CoreFault>())?;
+    m.add_class::<SampleIter>()?;
+    m.add_class::<Loader>()?;
+    m.add_function(wrap_pyfunction!(scan_shard, m)?)?;
+    m.add_function(wrap_pyfunction!(probe_image, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_image, m)?)?;
+    m.add_function(wrap_pyfunction!(py_redact_url, m)?)?;
+    m.add_function(wrap_pyfunction!(derive_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(assign_shards, m)?)?;
+    Ok(())
+}

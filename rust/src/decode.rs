@@ -1,0 +1,342 @@
+//! Image decoding to RGB8, with the checks that keep hostile files harmless.
+//!
+//! Dimensions are read from the header and checked against `max_pixels` before any pixel
+//! buffer is allocated. JPEGs are decoded by libjpeg-turbo at the smallest DCT scale
+//! (1/8, 1/4, 1/2, 1) that still covers what the crop needs, as Pillow's `draft()` does:
+//! a 1024 px photo headed for a 224 px crop costs a quarter of a full decode.
+//! PNG and WebP go through the pure-Rust decoders of the `image` crate.
+
+use std::io::Cursor;
+
+use turbojpeg::{Colorspace, Decompressor, Image, PixelFormat, ScalingFactor};
+
+use crate::error::Reason;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Jpeg,
+    Png,
+    Webp,
+    Unknown,
+}
+
+impl Format {
+    pub fn sniff(bytes: &[u8]) -> Format {
+        if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Format::Jpeg
+        } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Format::Png
+        } else if bytes.len() >= 12 && &bytes[0..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+            Format::Webp
+        } else {
+            Format::Unknown
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Jpeg => "jpeg",
+            Format::Png => "png",
+            Format::Webp => "webp",
+            Format::Unknown => "unknown",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    pub reason: Reason,
+    pub detail: String,
+}
+
+impl DecodeError {
+    fn corrupt(detail: impl Into<String>) -> Self {
+        Self { reason: Reason::CorruptImage, detail: detail.into() }
+    }
+}
+
+/// What the header says, before decoding: stored size and EXIF orientation (1..=8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub format: Format,
+    pub width: u32,
+    pub height: u32,
+    pub orientation: u8,
+}
+
+impl Probe {
+    /// Size as displayed, after the EXIF orientation is applied.
+    pub fn oriented_size(&self) -> (u32, u32) {
+        if self.orientation >= 5 {
+            (self.height, self.width)
+        } else {
+            (self.width, self.height)
+        }
+    }
+}
+
+/// A decoded RGB8 image, rows packed, in the decoder's scratch memory.
+pub struct Rgb<'a> {
+    pub width: u32,
+    pub height: u32,
+    pub pixels: &'a [u8],
+}
+
+/// Per-thread decoder state: the libjpeg-turbo handle and reusable pixel buffers, so the
+/// per-sample path allocates nothing once warmed up.
+pub struct Decoder {
+    jpeg: Option<Decompressor>,
+    pixels: Vec<u8>,
+    oriented: Vec<u8>,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn check_pixels(width: u32, height: u32, max_pixels: u64) -> Result<(), DecodeError> {
+    if width == 0 || height == 0 {
+        return Err(DecodeError::corrupt(format!("image has size {width}x{height}")));
+    }
+    let pixels = width as u64 * height as u64;
+    if pixels > max_pixels {
+        return Err(DecodeError {
+            reason: Reason::TooManyPixels,
+            detail: format!("{width}x{height} = {pixels} pixels exceeds max_pixels={max_pixels}"),
+        });
+    }
+    Ok(())
+}
+
+impl Decoder {
+    pub fn new() -> Self {
+        Self { jpeg: None, pixels: Vec::new(), oriented: Vec::new() }
+    }
+
+    fn jpeg(&mut self) -> Result<&mut Decompressor, DecodeError> {
+        if self.jpeg.is_none() {
+            let d = Decompressor::new().map_err(|e| DecodeError::corrupt(format!("libjpeg-turbo init: {e}")))?;
+            self.jpeg = Some(d);
+        }
+        Ok(self.jpeg.as_mut().expect("initialised above"))
+    }
+
+    /// Reads format, size and orientation from the header only.
+    pub fn probe(&mut self, bytes: &[u8]) -> Result<Probe, DecodeError> {
+        match Format::sniff(bytes) {
+            Format::Jpeg => {
+                let header = self.jpeg()?.read_header(bytes).map_err(|e| DecodeError::corrupt(format!("jpeg header: {e}")))?;
+                Ok(Probe {
+                    format: Format::Jpeg,
+                    width: header.width as u32,
+                    height: header.height as u32,
+                    orientation: jpeg_exif_orientation(bytes),
+                })
+            }
+            format @ (Format::Png | Format::Webp) => {
+                let reader = image::ImageReader::with_format(
+                    Cursor::new(bytes),
+                    if format == Format::Png { image::ImageFormat::Png } else { image::ImageFormat::WebP },
+                );
+                let (width, height) =
+                    reader.into_dimensions().map_err(|e| DecodeError::corrupt(format!("{} header: {e}", format.name())))?;
+                Ok(Probe { format, width, height, orientation: 1 })
+            }
+            Format::Unknown => Err(DecodeError {
+                reason: Reason::UnsupportedFormat,
+                detail: "not a JPEG, PNG or WebP image".into(),
+            }),
+        }
+    }
+
+    /// Decodes to RGB8, reduced by the largest power-of-two DCT factor that keeps a region of
+    /// `need_w x need_h` stored pixels at least `target` pixels on its shorter side
+    /// (`target == 0` asks for full size). Applies the EXIF orientation.
+    pub fn decode(&mut self, bytes: &[u8], probe: &Probe, min_region_side: u32, target: u32, max_pixels: u64) -> Result<Rgb<'_>, DecodeError> {
+        check_pixels(probe.width, probe.height, max_pixels)?;
+        let (w, h) = match probe.format {
+            Format::Jpeg => self.decode_jpeg(bytes, probe, min_region_side, target)?,
+            Format::Png | Format::Webp => self.decode_with_image_crate(bytes, probe, max_pixels)?,
+            Format::Unknown => unreachable!("probe rejects unknown formats"),
+        };
+        if probe.orientation > 1 && probe.orientation <= 8 {
+            let (ow, oh) = apply_orientation(&self.pixels, w, h, probe.orientation, &mut self.oriented);
+            return Ok(Rgb { width: ow, height: oh, pixels: &self.oriented[..ow as usize * oh as usize * 3] });
+        }
+        Ok(Rgb { width: w, height: h, pixels: &self.pixels[..w as usize * h as usize * 3] })
+    }
+
+    fn decode_jpeg(&mut self, bytes: &[u8], probe: &Probe, min_region_side: u32, target: u32) -> Result<(u32, u32), DecodeError> {
+        let mut denom = 1usize;
+        if target > 0 {
+            while denom < 8 && (min_region_side as usize).div_ceil(denom * 2) >= target as usize {
+                denom *= 2;
+            }
+        }
+        let scale = ScalingFactor::new(1, denom);
+        let dec = self.jpeg.as_mut().expect("probe initialised the decoder");
+        let header = dec.read_header(bytes).map_err(|e| DecodeError::corrupt(format!("jpeg header: {e}")))?;
+        let (scale, header) = if header.is_lossless {
+            (ScalingFactor::ONE, header)
+        } else {
+            (scale, header.scaled(scale))
+        };
+        dec.set_scaling_factor(scale).map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
+        let (w, h) = (header.width, header.height);
+        let cmyk = matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK);
+        let channels = if cmyk { 4 } else { 3 };
+        self.pixels.resize(w * h * channels, 0);
+        let image = Image {
+            pixels: &mut self.pixels[..w * h * channels],
+            width: w,
+            pitch: w * channels,
+            height: h,
+            format: if cmyk { PixelFormat::CMYK } else { PixelFormat::RGB },
+        };
+        dec.decompress(bytes, image).map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
+        if cmyk {
+            // Adobe CMYK JPEGs store inverted ink values, so RGB is a product, not a difference.
+            for i in 0..w * h {
+                let (c, m, y, k) = (self.pixels[4 * i] as u32, self.pixels[4 * i + 1] as u32, self.pixels[4 * i + 2] as u32, self.pixels[4 * i + 3] as u32);
+                self.pixels[3 * i] = ((c * k + 127) / 255) as u8;
+                self.pixels[3 * i + 1] = ((m * k + 127) / 255) as u8;
+                self.pixels[3 * i + 2] = ((y * k + 127) / 255) as u8;
+            }
+            self.pixels.truncate(w * h * 3);
+        }
+        let _ = probe;
+        Ok((w as u32, h as u32))
+    }
+
+    fn decode_with_image_crate(&mut self, bytes: &[u8], probe: &Probe, max_pixels: u64) -> Result<(u32, u32), DecodeError> {
+        let mut reader = image::ImageReader::with_format(
+            Cursor::new(bytes),
+            if probe.format == Format::Png { image::ImageFormat::Png } else { image::ImageFormat::WebP },
+        );
+        let mut limits = image::Limits::default();
+        // 16-bit RGBA is the widest layout the decoders produce: 8 bytes a pixel.
+        limits.max_alloc = Some(max_pixels.saturating_mul(8).max(1 << 20));
+        reader.limits(limits);
+        let img = reader.decode().map_err(|e| match e {
+            image::ImageError::Limits(_) => DecodeError { reason: Reason::TooManyPixels, detail: e.to_string() },
+            image::ImageError::Unsupported(_) => DecodeError { reason: Reason::UnsupportedFormat, detail: e.to_string() },
+            _ => DecodeError::corrupt(format!("{}: {e}", probe.format.name())),
+        })?;
+        let rgb = img.into_rgb8();
+        let (w, h) = rgb.dimensions();
+        self.pixels.clear();
+        self.pixels.extend_from_slice(rgb.as_raw());
+        Ok((w, h))
+    }
+}
+
+/// Rewrites `src` (w x h RGB) into `dst` as displayed under EXIF orientation `o`.
+fn apply_orientation(src: &[u8], w: u32, h: u32, o: u8, dst: &mut Vec<u8>) -> (u32, u32) {
+    let (w, h) = (w as usize, h as usize);
+    let (ow, oh) = if o >= 5 { (h, w) } else { (w, h) };
+    dst.resize(ow * oh * 3, 0);
+    for y2 in 0..oh {
+        for x2 in 0..ow {
+            let (x, y) = match o {
+                2 => (w - 1 - x2, y2),
+                3 => (w - 1 - x2, h - 1 - y2),
+                4 => (x2, h - 1 - y2),
+                5 => (y2, x2),
+                6 => (y2, h - 1 - x2),
+                7 => (w - 1 - y2, h - 1 - x2),
+                8 => (w - 1 - y2, x2),
+                _ => (x2, y2),
+            };
+            let s = (y * w + x) * 3;
+            let d = (y2 * ow + x2) * 3;
+            dst[d..d + 3].copy_from_slice(&src[s..s + 3]);
+        }
+    }
+    (ow as u32, oh as u32)
+}
+
+/// EXIF orientation from a JPEG's APP1 segment; 1 when absent or unreadable.
+pub fn jpeg_exif_orientation(bytes: &[u8]) -> u8 {
+    let mut i = 2;
+    while i + 4 <= bytes.len() {
+        if bytes[i] != 0xFF {
+            return 1;
+        }
+        let marker = bytes[i + 1];
+        if marker == 0xFF {
+            i += 1;
+            continue;
+        }
+        if marker == 0xDA || marker == 0xD9 {
+            return 1; // start of scan: no more metadata segments
+        }
+        let len = u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]) as usize;
+        let seg_end = (i + 2 + len).min(bytes.len());
+        if marker == 0xE1 && len >= 8 && bytes[i + 4..].starts_with(b"Exif\0\0") {
+            return tiff_orientation(&bytes[i + 10..seg_end]).unwrap_or(1);
+        }
+        i = i + 2 + len;
+    }
+    1
+}
+
+fn tiff_orientation(tiff: &[u8]) -> Option<u8> {
+    let le = match tiff.get(0..2)? {
+        b"II" => true,
+        b"MM" => false,
+        _ => return None,
+    };
+    let u16_at = |o: usize| -> Option<u16> {
+        let b = tiff.get(o..o + 2)?;
+        Some(if le { u16::from_le_bytes([b[0], b[1]]) } else { u16::from_be_bytes([b[0], b[1]]) })
+    };
+    let u32_at = |o: usize| -> Option<u32> {
+        let b = tiff.get(o..o + 4)?;
+        let a = [b[0], b[1], b[2], b[3]];
+        Some(if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) })
+    };
+    let ifd = u32_at(4)? as usize;
+    let count = u16_at(ifd)? as usize;
+    for e in 0..count.min(512) {
+        let entry = ifd + 2 + e * 12;
+        if u16_at(entry)? == 0x0112 {
+            let v = u16_at(entry + 8)?;
+            return (1..=8).contains(&v).then_some(v as u8);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orientation_6_rotates_clockwise() {
+        // 2x1 image: red, green -> displayed as 1x2: red on top, green below after 90° CW.
+        let src = [255, 0, 0, 0, 255, 0];
+        let mut dst = Vec::new();
+        assert_eq!(apply_orientation(&src, 2, 1, 6, &mut dst), (1, 2));
+        assert_eq!(dst, vec![255, 0, 0, 0, 255, 0]);
+        assert_eq!(apply_orientation(&src, 2, 1, 8, &mut dst), (1, 2));
+        assert_eq!(dst, vec![0, 255, 0, 255, 0, 0]);
+        assert_eq!(apply_orientation(&src, 2, 1, 2, &mut dst), (2, 1));
+        assert_eq!(dst, vec![0, 255, 0, 255, 0, 0]);
+    }
+
+    #[test]
+    fn pixel_limit_is_checked_before_decoding() {
+        let err = check_pixels(100_000, 100_000, 1 << 26).unwrap_err();
+        assert_eq!(err.reason, Reason::TooManyPixels);
+        assert!(check_pixels(0, 5, 10).is_err());
+    }
+
+    #[test]
+    fn unknown_bytes_are_unsupported() {
+        let mut d = Decoder::new();
+        assert_eq!(d.probe(b"GIF89a....").unwrap_err().reason, Reason::UnsupportedFormat);
+        assert_eq!(d.probe(b"\xFF\xD8\xFF garbage").unwrap_err().reason, Reason::CorruptImage);
+    }
+}

@@ -1,0 +1,95 @@
+//! Why a sample or a shard was rejected: one closed list of reasons, each with a stable name
+//! that appears in stats, validation reports and exception messages.
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The tar stream ended inside a header or a member.
+    TruncatedTar,
+    /// A tar header is malformed (bad checksum, bad size field) where a member was expected.
+    CorruptTar,
+    /// A member is larger than `max_member_bytes`.
+    MemberTooLarge,
+    /// Two members of one sample have the same extension.
+    DuplicateMember,
+    /// The same key appears in more than one sample of a shard.
+    DuplicateKey,
+    /// No member with an image extension.
+    MissingImage,
+    /// No caption member (or the configured JSON field is absent).
+    MissingCaption,
+    /// The caption is not valid UTF-8 (or the JSON is malformed).
+    BadUtf8,
+    /// The image bytes do not decode.
+    CorruptImage,
+    /// The image is in a format we do not decode.
+    UnsupportedFormat,
+    /// width x height exceeds `max_pixels` (checked from the header, before allocating).
+    TooManyPixels,
+    /// The shard could not be fetched (after the retry budget) or opened.
+    Unreadable,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 12] = [
+        Reason::TruncatedTar,
+        Reason::CorruptTar,
+        Reason::MemberTooLarge,
+        Reason::DuplicateMember,
+        Reason::DuplicateKey,
+        Reason::MissingImage,
+        Reason::MissingCaption,
+        Reason::BadUtf8,
+        Reason::CorruptImage,
+        Reason::UnsupportedFormat,
+        Reason::TooManyPixels,
+        Reason::Unreadable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::TruncatedTar => "truncated_tar",
+            Reason::CorruptTar => "corrupt_tar",
+            Reason::MemberTooLarge => "member_too_large",
+            Reason::DuplicateMember => "duplicate_member",
+            Reason::DuplicateKey => "duplicate_key",
+            Reason::MissingImage => "missing_image",
+            Reason::MissingCaption => "missing_caption",
+            Reason::BadUtf8 => "bad_utf8",
+            Reason::CorruptImage => "corrupt_image",
+            Reason::UnsupportedFormat => "unsupported_format",
+            Reason::TooManyPixels => "too_many_pixels",
+            Reason::Unreadable => "unreadable",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rejected sample (or shard, when `key` is empty): what, where and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fault {
+    pub reason: Reason,
+    /// The shard URL, already redacted.
+    pub url: String,
+    pub key: String,
+    pub detail: String,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{} in {}: {}", self.reason, self.url, self.detail)
+        } else {
+            write!(f, "{} in {} (key {:?}): {}", self.reason, self.url, self.key, self.detail)
+        }
+    }
+}
+
+impl std::error::Error for Fault {}

@@ -1,0 +1,764 @@
+//! The dataset index: per shard its URL, size, sample count, per-sample byte offsets and the
+//! invalid samples that validation found. Counts make exact epochs possible (see
+//! [`crate::plan`]); offsets let a reader seek to a sample (HTTP Range, file seek) instead of
+//! reading a shard from its start.
+//!
+//! The JSON format (versioned) is documented in `docs/epoch-plan.md`, "Index format".
+
+use crate::error::Reason;
+use crate::plan::{PlanInput, ShardCounts};
+use crate::rng::{hash_bytes, mix64};
+use crate::source::redact_url;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::io::{Read, Write};
+use std::path::Path;
+
+/// `format` of an index document.
+pub const INDEX_FORMAT: &str = "shardstream-index";
+/// The index version this code writes and reads.
+pub const INDEX_VERSION: u32 = 1;
+/// Tar headers start on 512-byte boundaries, so offsets are written in these units when they can be.
+const TAR_BLOCK: u64 = 512;
+/// The most bytes an index may have once decompressed (10 million samples take about 50 MB), so
+/// a hostile gzip file cannot exhaust memory.
+pub const MAX_INDEX_BYTES: u64 = 4 << 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("not a shardstream index: {0}")]
+    Format(String),
+    #[error(
+        "index version {found} is not supported (this shardstream reads version {INDEX_VERSION}); \
+         upgrade shardstream or rebuild the index"
+    )]
+    Version { found: u64 },
+    #[error("bad index entry for shard {url}: {message}")]
+    Shard { url: String, message: String },
+    #[error("cannot read index {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+fn shard_error(url: &str, message: impl Into<String>) -> IndexError {
+    IndexError::Shard {
+        url: redact_url(url),
+        message: message.into(),
+    }
+}
+
+/// A sample that validation rejected.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvalidSample {
+    /// Position of the sample in the shard, counting every sample from 0.
+    pub ordinal: u64,
+    pub key: String,
+    pub reason: Reason,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// One shard of the index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardEntry {
+    pub url: String,
+    /// Bytes of the shard file as stored (compressed size for `.tar.gz`), when known.
+    pub size: Option<u64>,
+    /// Samples in the shard, invalid ones included.
+    pub num_samples: u64,
+    /// gzip-compressed tar: offsets then count in the decompressed stream, so they cannot be used
+    /// to seek in the file, only to skip while reading.
+    pub compressed: bool,
+    /// `num_samples + 1` byte offsets in the (uncompressed) tar stream: entry i < n is where the
+    /// first header of sample i starts, entry n is where the data of the last sample ends (the
+    /// end-of-archive blocks or trailing bytes start there). None when unknown (img2dataset stats).
+    pub offsets: Option<Vec<u64>>,
+    /// Every sample's key in order, when the index was written with keys.
+    pub keys: Option<Vec<String>>,
+    /// Invalid samples, sorted by ordinal.
+    pub invalid: Vec<InvalidSample>,
+}
+
+impl ShardEntry {
+    /// A shard known only by its URL and sample count.
+    pub fn new(url: impl Into<String>, num_samples: u64) -> Self {
+        let url = url.into();
+        let compressed = is_gzip_name(&url);
+        Self {
+            url,
+            size: None,
+            num_samples,
+            compressed,
+            offsets: None,
+            keys: None,
+            invalid: Vec::new(),
+        }
+    }
+
+    pub fn num_valid(&self) -> u64 {
+        self.num_samples - self.invalid.len() as u64
+    }
+
+    /// Byte range `[from, to)` of samples `start..end` in the uncompressed tar stream (the bytes
+    /// an HTTP Range request fetches for an uncompressed shard), when offsets are known.
+    pub fn byte_range(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let offsets = self.offsets.as_ref()?;
+        if start > end || end > self.num_samples {
+            return None;
+        }
+        Some((offsets[start as usize], offsets[end as usize]))
+    }
+
+    pub fn key(&self, ordinal: u64) -> Option<&str> {
+        self.keys
+            .as_ref()?
+            .get(ordinal as usize)
+            .map(String::as_str)
+    }
+
+    fn validate(&mut self) -> Result<(), IndexError> {
+        if self.url.is_empty() {
+            return Err(shard_error("<empty>", "the URL is empty"));
+        }
+        let n = self.num_samples;
+        if let Some(offsets) = &self.offsets {
+            if offsets.len() as u64 != n + 1 {
+                return Err(shard_error(
+                    &self.url,
+                    format!(
+                        "{} offsets for {n} samples, expected {}",
+                        offsets.len(),
+                        n + 1
+                    ),
+                ));
+            }
+            if let Some(i) = offsets.windows(2).position(|w| w[1] < w[0]) {
+                return Err(shard_error(
+                    &self.url,
+                    format!("offset of sample {} is before the previous one", i + 1),
+                ));
+            }
+            if let (Some(size), false, Some(&last)) = (self.size, self.compressed, offsets.last()) {
+                if last > size {
+                    return Err(shard_error(
+                        &self.url,
+                        format!("offsets end at byte {last}, after the file's {size} bytes"),
+                    ));
+                }
+            }
+        }
+        if let Some(keys) = &self.keys {
+            if keys.len() as u64 != n {
+                return Err(shard_error(
+                    &self.url,
+                    format!("{} keys for {n} samples", keys.len()),
+                ));
+            }
+        }
+        self.invalid.sort_by_key(|s| s.ordinal);
+        for pair in self.invalid.windows(2) {
+            if pair[0].ordinal == pair[1].ordinal {
+                return Err(shard_error(
+                    &self.url,
+                    format!("sample {} is listed as invalid twice", pair[0].ordinal),
+                ));
+            }
+        }
+        if let Some(bad) = self.invalid.iter().find(|s| s.ordinal >= n) {
+            return Err(shard_error(
+                &self.url,
+                format!(
+                    "invalid sample {} (key {:?}) is beyond the {n} samples",
+                    bad.ordinal, bad.key
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn is_gzip_name(url: &str) -> bool {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    path.ends_with(".tar.gz") || path.ends_with(".tgz")
+}
+
+/// The last path component without query or fragment: what identifies a shard when a dataset
+/// moves (local disk, HTTP mirror, S3 bucket).
+fn shard_name(url: &str) -> &str {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    path.rsplit(['/', '\\']).next().unwrap_or(path)
+}
+
+/// The index of a dataset (its shards in a fixed order: the plan refers to shards by position).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Index {
+    shards: Vec<ShardEntry>,
+}
+
+#[derive(Deserialize)]
+struct Header {
+    format: Option<String>,
+    version: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireShard {
+    url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+    #[serde(default)]
+    compressed: bool,
+    num_samples: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    invalid: Vec<InvalidSample>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    keys: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    offsets: Option<WireOffsets>,
+}
+
+/// Offsets on disk: a plain list of byte offsets (accepted on input), or the compact form this
+/// code writes, `{"encoding": "delta", "unit": 512, "values": [...]}` where offset i is
+/// `unit * (values[0] + ... + values[i])`.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum WireOffsets {
+    Plain(Vec<u64>),
+    Delta {
+        encoding: String,
+        unit: u64,
+        values: Vec<u64>,
+    },
+}
+
+impl WireOffsets {
+    fn encode(offsets: &[u64]) -> Self {
+        let unit = if offsets.iter().all(|o| o % TAR_BLOCK == 0) {
+            TAR_BLOCK
+        } else {
+            1
+        };
+        let mut prev = 0;
+        let values = offsets
+            .iter()
+            .map(|&o| {
+                let d = (o - prev) / unit;
+                prev = o;
+                d
+            })
+            .collect();
+        WireOffsets::Delta {
+            encoding: "delta".into(),
+            unit,
+            values,
+        }
+    }
+
+    fn decode(self, url: &str) -> Result<Vec<u64>, IndexError> {
+        match self {
+            WireOffsets::Plain(offsets) => Ok(offsets),
+            WireOffsets::Delta {
+                encoding,
+                unit,
+                values,
+            } => {
+                if encoding != "delta" || unit == 0 {
+                    return Err(shard_error(
+                        url,
+                        format!("unknown offsets encoding {encoding:?} with unit {unit}"),
+                    ));
+                }
+                let mut sum: u64 = 0;
+                values
+                    .into_iter()
+                    .map(|d| {
+                        sum = d
+                            .checked_mul(unit)
+                            .and_then(|b| sum.checked_add(b))
+                            .ok_or_else(|| shard_error(url, "offsets overflow u64"))?;
+                        Ok(sum)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Reads the bytes as they are, or gunzipped when they start with the gzip magic.
+fn maybe_gunzip(bytes: &[u8], limit: u64) -> Result<Cow<'_, [u8]>, IndexError> {
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return Ok(Cow::Borrowed(bytes));
+    }
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(bytes)
+        .take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| IndexError::Format(format!("corrupt gzip: {e}")))?;
+    if out.len() as u64 > limit {
+        return Err(IndexError::Format(format!(
+            "more than {limit} bytes once decompressed"
+        )));
+    }
+    Ok(Cow::Owned(out))
+}
+
+impl Index {
+    /// An index of these shards, after checking each entry (sorts invalid samples by ordinal).
+    pub fn new(mut shards: Vec<ShardEntry>) -> Result<Self, IndexError> {
+        if shards.len() > u32::MAX as usize {
+            return Err(IndexError::Format(format!(
+                "{} shards, at most {} supported",
+                shards.len(),
+                u32::MAX
+            )));
+        }
+        for shard in &mut shards {
+            shard.validate()?;
+        }
+        Ok(Self { shards })
+    }
+
+    /// Parses an index document, plain or gzip-compressed JSON.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, IndexError> {
+        Self::parse(bytes, MAX_INDEX_BYTES)
+    }
+
+    fn parse(bytes: &[u8], limit: u64) -> Result<Self, IndexError> {
+        let bytes = maybe_gunzip(bytes, limit)?;
+        // The header first, so that a newer version is reported as such, not as a parse error.
+        let header: Header = serde_json::from_slice(&bytes)
+            .map_err(|e| IndexError::Format(format!("malformed JSON: {e}")))?;
+        if header.format.as_deref() != Some(INDEX_FORMAT) {
+            return Err(IndexError::Format(format!(
+                "\"format\" is {:?}, expected {INDEX_FORMAT:?}",
+                header.format.unwrap_or_default()
+            )));
+        }
+        match header.version {
+            Some(v) if v == INDEX_VERSION as u64 => {}
+            Some(found) => return Err(IndexError::Version { found }),
+            None => return Err(IndexError::Format("no \"version\"".into())),
+        }
+        #[derive(Deserialize)]
+        struct Body {
+            shards: Vec<WireShard>,
+        }
+        let body: Body = serde_json::from_slice(&bytes)
+            .map_err(|e| IndexError::Format(format!("bad index: {e}")))?;
+        let shards = body
+            .shards
+            .into_iter()
+            .map(|w| {
+                let offsets = w.offsets.map(|o| o.decode(&w.url)).transpose()?;
+                Ok(ShardEntry {
+                    url: w.url,
+                    size: w.size,
+                    num_samples: w.num_samples,
+                    compressed: w.compressed,
+                    offsets,
+                    keys: w.keys,
+                    invalid: w.invalid,
+                })
+            })
+            .collect::<Result<Vec<_>, IndexError>>()?;
+        Self::new(shards)
+    }
+
+    /// Reads an index file from local disk (plain or gzip JSON).
+    pub fn load_file(path: &Path) -> Result<Self, IndexError> {
+        let bytes = std::fs::read(path).map_err(|source| IndexError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_json(&bytes)
+    }
+
+    /// The JSON document: a header, then one shard per line (easy to diff and grep).
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        write!(
+            out,
+            "{{\"format\":\"{INDEX_FORMAT}\",\"version\":{INDEX_VERSION},\"shards\":["
+        )
+        .unwrap();
+        for (i, shard) in self.shards.iter().enumerate() {
+            out.extend_from_slice(if i == 0 { b"\n" } else { b",\n" });
+            let wire = WireShard {
+                url: shard.url.clone(),
+                size: shard.size,
+                compressed: shard.compressed,
+                num_samples: shard.num_samples,
+                invalid: shard.invalid.clone(),
+                keys: shard.keys.clone(),
+                offsets: shard.offsets.as_deref().map(WireOffsets::encode),
+            };
+            serde_json::to_writer(&mut out, &wire).expect("an index entry always serializes");
+        }
+        out.extend_from_slice(b"\n]}\n");
+        out
+    }
+
+    /// [`Index::to_json`], gzip-compressed (`from_json` reads both).
+    pub fn to_json_gz(&self) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder
+            .write_all(&self.to_json())
+            .expect("writing to memory cannot fail");
+        encoder.finish().expect("writing to memory cannot fail")
+    }
+
+    /// An index from img2dataset's per-shard `NNNNN_stats.json` files, given as (shard URL, stats
+    /// bytes). Their `successes` is the shard's sample count; there are no offsets, so the plan
+    /// is exact but readers read each shard from its start.
+    pub fn from_img2dataset_stats<'a>(
+        shards: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> Result<Self, IndexError> {
+        #[derive(Deserialize)]
+        struct Stats {
+            successes: u64,
+        }
+        let entries = shards
+            .into_iter()
+            .map(|(url, bytes)| {
+                let stats: Stats = serde_json::from_slice(bytes).map_err(|e| {
+                    shard_error(
+                        url,
+                        format!("img2dataset stats without a \"successes\" count: {e}"),
+                    )
+                })?;
+                Ok(ShardEntry::new(url, stats.successes))
+            })
+            .collect::<Result<Vec<_>, IndexError>>()?;
+        Self::new(entries)
+    }
+
+    pub fn shards(&self) -> &[ShardEntry] {
+        &self.shards
+    }
+
+    pub fn shard(&self, shard: u32) -> Option<&ShardEntry> {
+        self.shards.get(shard as usize)
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shards.is_empty()
+    }
+
+    /// Samples in all shards, invalid ones included.
+    pub fn num_samples(&self) -> u64 {
+        self.shards.iter().map(|s| s.num_samples).sum()
+    }
+
+    pub fn num_valid(&self) -> u64 {
+        self.shards.iter().map(ShardEntry::num_valid).sum()
+    }
+
+    /// True when every shard has offsets (readers can seek).
+    pub fn has_offsets(&self) -> bool {
+        self.shards.iter().all(|s| s.offsets.is_some())
+    }
+
+    /// A stable 64-bit hash of what the epoch plan depends on: the shard order, each shard's file
+    /// name (last path component, without query, so a dataset can move between disk, HTTP and
+    /// S3), its sample count and its invalid ordinals. A resume state saved for one index is
+    /// refused on an index with another fingerprint.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = mix64(0x5353_4944_5846_5031 ^ self.shards.len() as u64);
+        let mut feed = |x: u64| h = mix64(h ^ mix64(x));
+        for shard in &self.shards {
+            feed(hash_bytes(shard_name(&shard.url).as_bytes()));
+            feed(shard.num_samples);
+            feed(shard.invalid.len() as u64);
+            for bad in &shard.invalid {
+                feed(bad.ordinal);
+            }
+        }
+        h
+    }
+
+    /// What the epoch plan needs: counts and invalid ordinals per shard, and the fingerprint.
+    pub fn plan_input(&self) -> PlanInput {
+        let shards = self
+            .shards
+            .iter()
+            .map(|s| ShardCounts {
+                num_samples: s.num_samples,
+                invalid: s.invalid.iter().map(|b| b.ordinal).collect(),
+            })
+            .collect();
+        PlanInput::new(shards, self.fingerprint())
+            .expect("a validated index always gives valid counts")
+    }
+}
+
+/// Where img2dataset writes the stats of a shard: `.../00012.tar` -> `.../00012_stats.json`
+/// (query and fragment dropped). None when the name does not end in `.tar`, `.tar.gz` or `.tgz`.
+pub fn img2dataset_stats_url(shard_url: &str) -> Option<String> {
+    let path = shard_url.split(['?', '#']).next().unwrap_or(shard_url);
+    [".tar.gz", ".tgz", ".tar"]
+        .iter()
+        .find_map(|ext| path.strip_suffix(ext))
+        .map(|stem| format!("{stem}_stats.json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(url: &str, n: u64, bad: &[u64]) -> ShardEntry {
+        let mut e = ShardEntry::new(url, n);
+        e.size = Some(n * 2048 + 1024);
+        e.offsets = Some((0..=n).map(|i| i * 2048).collect());
+        e.invalid = bad
+            .iter()
+            .map(|&o| InvalidSample {
+                ordinal: o,
+                key: format!("{o:05}"),
+                reason: Reason::CorruptImage,
+                detail: String::new(),
+            })
+            .collect();
+        e
+    }
+
+    fn sample_index() -> Index {
+        let mut odd = entry("https://host/data/odd.tar?X-Amz-Signature=secret", 3, &[]);
+        odd.offsets = Some(vec![0, 700, 1400, 2100]); // not on 512-byte boundaries
+        odd.size = Some(3000);
+        let mut keyed = entry("/data/b/00001.tar", 2, &[1]);
+        keyed.keys = Some(vec!["a".into(), "b".into()]);
+        keyed.invalid[0].detail = "truncated JPEG".into();
+        Index::new(vec![
+            entry("/data/a/00000.tar", 5, &[3, 0]),
+            keyed,
+            odd,
+            entry("s3://b/p/00002.tar.gz", 0, &[]),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn json_round_trips_plain_and_gzip() {
+        let index = sample_index();
+        let json = index.to_json();
+        assert_eq!(Index::from_json(&json).unwrap(), index);
+        assert_eq!(Index::from_json(&index.to_json_gz()).unwrap(), index);
+        let text = String::from_utf8(json).unwrap();
+        assert!(text.starts_with("{\"format\":\"shardstream-index\",\"version\":1,"));
+        assert!(
+            text.contains(
+                "\"offsets\":{\"encoding\":\"delta\",\"unit\":512,\"values\":[0,4,4,4,4,4]}"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("\"unit\":1,\"values\":[0,700,700,700]"));
+        assert!(text.contains("\"reason\":\"corrupt_image\""));
+        assert_eq!(text.lines().count(), 6);
+        assert!(index.shards()[3].compressed);
+        assert_eq!(
+            index.shards()[0]
+                .invalid
+                .iter()
+                .map(|b| b.ordinal)
+                .collect::<Vec<_>>(),
+            vec![0, 3]
+        );
+    }
+
+    #[test]
+    fn plain_offset_lists_and_defaults_are_accepted() {
+        let json = br#"{"format": "shardstream-index", "version": 1, "future_field": 1,
+            "shards": [{"url": "x/0.tar", "num_samples": 2, "offsets": [0, 1536, 4096]}]}"#;
+        let index = Index::from_json(json).unwrap();
+        let shard = index.shard(0).unwrap();
+        assert_eq!(shard.offsets.as_deref(), Some(&[0, 1536, 4096][..]));
+        assert_eq!(shard.byte_range(1, 2), Some((1536, 4096)));
+        assert_eq!(shard.byte_range(0, 3), None);
+        assert!(!shard.compressed && shard.invalid.is_empty() && shard.size.is_none());
+    }
+
+    #[test]
+    fn compact_offsets_are_much_smaller_than_plain_ones() {
+        // 10 000 samples of about 60 kB: absolute offsets take 7-9 digits, deltas in tar blocks 3.
+        let offsets: Vec<u64> = (0..=10_000u64)
+            .map(|i| i * 60_416 + (i % 7) * 512)
+            .collect();
+        let mut shard = ShardEntry::new("s.tar", 10_000);
+        shard.offsets = Some(offsets.clone());
+        let compact = Index::new(vec![shard]).unwrap().to_json().len();
+        let plain = serde_json::to_vec(&offsets).unwrap().len();
+        assert!(compact * 2 < plain, "{compact} vs {plain}");
+    }
+
+    #[test]
+    fn wrong_documents_are_refused_with_clear_errors() {
+        let newer = br#"{"format": "shardstream-index", "version": 2, "shards": "whatever"}"#;
+        assert!(matches!(
+            Index::from_json(newer),
+            Err(IndexError::Version { found: 2 })
+        ));
+        let other = br#"{"format": "something-else", "version": 1, "shards": []}"#;
+        assert!(Index::from_json(other)
+            .unwrap_err()
+            .to_string()
+            .contains("something-else"));
+        assert!(matches!(
+            Index::from_json(b"{not json"),
+            Err(IndexError::Format(_))
+        ));
+        assert!(matches!(
+            Index::from_json(&[0x1f, 0x8b, 1, 2, 3]),
+            Err(IndexError::Format(_))
+        ));
+        let bad_reason =
+            br#"{"format": "shardstream-index", "version": 1, "shards": [{"url": "a.tar",
+            "num_samples": 1, "invalid": [{"ordinal": 0, "key": "k", "reason": "gremlins"}]}]}"#;
+        assert!(Index::from_json(bad_reason)
+            .unwrap_err()
+            .to_string()
+            .contains("gremlins"));
+    }
+
+    #[test]
+    fn inconsistent_entries_name_the_shard_without_secrets() {
+        let url = "https://host/d/00007.tar?X-Amz-Signature=secret";
+        let cases: Vec<(ShardEntry, &str)> = vec![
+            (
+                {
+                    let mut e = entry(url, 3, &[]);
+                    e.offsets.as_mut().unwrap().pop();
+                    e
+                },
+                "3 offsets for 3 samples",
+            ),
+            (
+                {
+                    let mut e = entry(url, 3, &[]);
+                    e.offsets = Some(vec![0, 10, 5, 20]);
+                    e
+                },
+                "before the previous",
+            ),
+            (
+                {
+                    let mut e = entry(url, 3, &[]);
+                    e.size = Some(100);
+                    e
+                },
+                "after the file's 100 bytes",
+            ),
+            (entry(url, 3, &[3]), "beyond the 3 samples"),
+            (entry(url, 3, &[1, 1]), "invalid twice"),
+            (
+                {
+                    let mut e = entry(url, 3, &[]);
+                    e.keys = Some(vec!["a".into()]);
+                    e
+                },
+                "1 keys for 3 samples",
+            ),
+        ];
+        for (bad, expected) in cases {
+            let message = Index::new(vec![bad]).unwrap_err().to_string();
+            assert!(message.contains(expected), "{message}");
+            assert!(
+                message.contains("00007.tar") && !message.contains("secret"),
+                "{message}"
+            );
+        }
+        let mut gz = entry("s3://b/x.tar.gz", 3, &[]);
+        gz.size = Some(10); // compressed: offsets count in the decompressed stream
+        assert!(Index::new(vec![gz]).is_ok());
+    }
+
+    #[test]
+    fn gzip_bombs_are_cut_off() {
+        let index = sample_index();
+        let gz = index.to_json_gz();
+        assert!(Index::parse(&gz, 100)
+            .unwrap_err()
+            .to_string()
+            .contains("more than 100 bytes"));
+        assert!(Index::parse(&gz, 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn fingerprint_is_stable_under_moves_and_changes_with_the_data() {
+        let index = sample_index();
+        let fp = index.fingerprint();
+        // Pinned: a change here breaks every saved loader state.
+        assert_eq!(fp, 0x732d_6f05_cd35_77e8, "fingerprint changed: {fp:#018x}");
+        let mut moved = index.shards().to_vec();
+        moved[0].url = "s3://bucket/elsewhere/00000.tar".into();
+        moved[2].url = "/local/odd.tar".into();
+        moved[1].offsets = None;
+        assert_eq!(Index::new(moved).unwrap().fingerprint(), fp);
+        let mut changed = index.shards().to_vec();
+        changed[0].num_samples += 1;
+        changed[0].offsets = None;
+        assert_ne!(Index::new(changed).unwrap().fingerprint(), fp);
+        let mut revalidated = index.shards().to_vec();
+        revalidated[0].invalid.pop();
+        assert_ne!(Index::new(revalidated).unwrap().fingerprint(), fp);
+        let mut reordered = index.shards().to_vec();
+        reordered.swap(0, 1);
+        assert_ne!(Index::new(reordered).unwrap().fingerprint(), fp);
+    }
+
+    #[test]
+    fn plan_input_carries_counts_and_fingerprint() {
+        let index = sample_index();
+        let input = index.plan_input();
+        assert_eq!(input.num_valid(), index.num_valid());
+        assert_eq!(index.num_valid(), 3 + 1 + 3);
+        assert_eq!(index.num_samples(), 10);
+        assert_eq!(input.fingerprint(), index.fingerprint());
+        assert_eq!(input.shards()[0].invalid, vec![0, 3]);
+        assert_eq!(index.shard(1).unwrap().key(0), Some("a"));
+        assert_eq!(index.shard(0).unwrap().key(0), None);
+    }
+
+    #[test]
+    fn img2dataset_stats_give_counts_without_offsets() {
+        // The fields img2dataset's write_stats writes.
+        let stats = |ok: u64| {
+            format!(
+                r#"{{"count": 10000, "successes": {ok}, "failed_to_download": {}, "failed_to_resize": 3,
+                "duration": 12.5, "status_dict": {{"success": {ok}}}}}"#,
+                9997 - ok
+            )
+        };
+        let (a, b) = (stats(9120), stats(8805));
+        let index = Index::from_img2dataset_stats([
+            ("s3://b/00000.tar", a.as_bytes()),
+            ("s3://b/00001.tar", b.as_bytes()),
+        ])
+        .unwrap();
+        assert_eq!(index.num_valid(), 9120 + 8805);
+        assert!(!index.has_offsets());
+        let back = Index::from_json(&index.to_json()).unwrap();
+        assert_eq!(back, index);
+        let err = Index::from_img2dataset_stats([("s3://b/00002.tar?sig=x", &b"{}"[..])])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("00002.tar") && err.contains("successes") && !err.contains("sig=x"),
+            "{err}"
+        );
+        assert_eq!(
+            img2dataset_stats_url("s3://b/p/00012.tar").as_deref(),
+            Some("s3://b/p/00012_stats.json")
+        );
+        assert_eq!(
+            img2dataset_stats_url("/d/00012.tar.gz?x=1").as_deref(),
+            Some("/d/00012_stats.json")
+        );
+        assert_eq!(img2dataset_stats_url("/d/00012.zip"), None);
+    }
+}

@@ -1,0 +1,20 @@
+//! shardstream core: streaming WebDataset shards into training batches.
+//!
+//! Each module has one job; none of them knows about Python. The PyO3 layer lives in
+//! `binding` and is compiled only with the `python` feature (maturin turns it on).
+
+pub mod decode;
+pub mod error;
+pub mod group;
+pub mod index;
+pub mod pipeline;
+pub mod plan;
+pub mod resize;
+pub mod rng;
+pub mod sample;
+pub mod scan;
+pub mod source;
+pub mod tar;
+
+#[cfg(feature = "python")]
+mod binding;

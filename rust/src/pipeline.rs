@@ -1,0 +1,721 @@
+//! The loader pipeline: shard spans in, finished batches out.
+//!
+//! ```text
+//! read-ahead threads (one shard span each, in turn) ──ordered merge──▶ block shuffle
+//!   ──▶ batcher: B samples decoded in parallel (rayon) straight into the caller's
+//!       [B,3,S,S] buffer ──▶ batch metadata queue
+//! ```
+//!
+//! Memory is bounded by configuration: `read_ahead` spans x `span_queue` samples, one shuffle
+//! block of compressed samples, and the output buffers the caller lends (`submit`). Nothing
+//! grows with shard or dataset size.
+//!
+//! Two modes share this code. *Planned* (an index is present): every span names exact
+//! ordinals, a sample that cannot be produced becomes a placeholder so block and batch
+//! boundaries never move, and a failed slot is refilled from the reserve spans, so every rank
+//! yields exactly `num_batches`. *Streaming* (no index): failures are skipped and the next
+//! sample takes their place.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use rayon::prelude::*;
+
+use crate::error::{Fault, Reason};
+use crate::group::{open_shard, RawSample};
+use crate::rng::{derive_seed, permutation};
+use crate::sample::{prepare, SampleSpec, Worker};
+use crate::source::{redact_url, SourceOptions, SourceStats};
+
+/// A contiguous piece of one shard to read.
+#[derive(Clone, Debug)]
+pub struct ShardSpan {
+    pub url: String,
+    /// Position of the shard in the dataset's shard list (reported with each sample).
+    pub shard: u32,
+    /// Byte offset of the first sample to read (from the index; 0 without one).
+    pub start_offset: u64,
+    pub first_ordinal: u64,
+    /// Exclusive end ordinal; `None` reads to the end of the shard.
+    pub end_ordinal: Option<u64>,
+    /// Keep only ordinals with `ordinal % modulus == remainder` (readers sharing a shard).
+    pub stride: Option<(u64, u64)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    Skip,
+    Raise,
+}
+
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    pub spec: SampleSpec,
+    pub batch_size: usize,
+    pub threads: usize,
+    pub read_ahead: usize,
+    pub span_queue: usize,
+    /// Samples per shuffle block; each block is emitted in a seeded permutation. 1 = in order.
+    pub block_size: usize,
+    /// Block j is permuted with `derive_seed([shuffle_seed, j])` (see plan::BlockShuffle).
+    pub shuffle_seed: u64,
+    /// Number of the first block read (non-zero when resuming a planned reader).
+    pub first_block: u64,
+    /// Random crops use `derive_seed([crop_seed, hash(key)])`.
+    pub crop_seed: u64,
+    /// Emitted samples to drop before the first batch (resume inside a block).
+    pub skip_emitted: u64,
+    /// Exactly this many batches (planned mode, or streaming with `samples_per_epoch`).
+    pub num_batches: Option<u64>,
+    /// Spans carry exact ordinals: keep positions with placeholders, refill from the reserve.
+    pub planned: bool,
+    /// Streaming with a quota: start over from the first span when the spans run out.
+    pub cycle: bool,
+    pub drop_last: bool,
+    pub on_error: OnError,
+    pub max_member_bytes: u64,
+    pub source: SourceOptions,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            spec: SampleSpec::default(),
+            batch_size: 32,
+            threads: 1,
+            read_ahead: 2,
+            span_queue: 64,
+            block_size: 1,
+            shuffle_seed: 0,
+            first_block: 0,
+            crop_seed: 0,
+            skip_emitted: 0,
+            num_batches: None,
+            planned: false,
+            cycle: false,
+            drop_last: true,
+            on_error: OnError::Skip,
+            max_member_bytes: 256 << 20,
+            source: SourceOptions::default(),
+        }
+    }
+}
+
+/// What the pipeline counted; readable at any time.
+#[derive(Default)]
+pub struct Stats {
+    pub samples: AtomicU64,
+    pub batches: AtomicU64,
+    pub decode_ns: AtomicU64,
+    pub replaced: AtomicU64,
+    pub padded: AtomicU64,
+    pub source: Arc<SourceStats>,
+    inner: Mutex<StatsInner>,
+}
+
+#[derive(Default)]
+struct StatsInner {
+    skipped: BTreeMap<&'static str, u64>,
+    shard_errors: BTreeMap<&'static str, u64>,
+    faults: Vec<Fault>,
+    remainder_keys: Vec<String>,
+}
+
+const MAX_FAULTS_KEPT: usize = 1000;
+
+impl Stats {
+    fn record_skip(&self, fault: Fault) {
+        let mut s = self.inner.lock().expect("stats lock");
+        *s.skipped.entry(fault.reason.as_str()).or_default() += 1;
+        if s.faults.len() < MAX_FAULTS_KEPT {
+            s.faults.push(fault);
+        }
+    }
+
+    fn record_shard_error(&self, fault: Fault) {
+        let mut s = self.inner.lock().expect("stats lock");
+        *s.shard_errors.entry(fault.reason.as_str()).or_default() += 1;
+        if s.faults.len() < MAX_FAULTS_KEPT {
+            s.faults.push(fault);
+        }
+    }
+
+    fn record_remainder(&self, keys: Vec<String>) {
+        self.inner.lock().expect("stats lock").remainder_keys.extend(keys);
+    }
+
+    pub fn snapshot(&self) -> serde_json::Value {
+        let s = self.inner.lock().expect("stats lock");
+        serde_json::json!({
+            "samples": self.samples.load(Ordering::Relaxed),
+            "batches": self.batches.load(Ordering::Relaxed),
+            "bytes": self.source.bytes.load(Ordering::Relaxed),
+            "retries": self.source.retries.load(Ordering::Relaxed),
+            "decode_seconds": self.decode_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            "skipped": s.skipped,
+            "skipped_total": s.skipped.values().sum::<u64>(),
+            "shard_errors": s.shard_errors,
+            "replaced": self.replaced.load(Ordering::Relaxed),
+            "padded": self.padded.load(Ordering::Relaxed),
+            "remainder": s.remainder_keys.len(),
+            "remainder_keys": s.remainder_keys,
+            "faults": s.faults,
+        })
+    }
+}
+
+/// A sample position in the shuffled stream: the sample, or a hole where a planned sample
+/// could not be read (kept so that positions never shift).
+enum Item {
+    Sample { shard: u32, raw: RawSample },
+    Hole { shard: u32, ordinal: u64 },
+}
+
+enum ReadMsg {
+    Item(Item),
+    EndOfSpan,
+}
+
+/// A caller-provided output buffer (raw pointer into memory the caller keeps alive until the
+/// matching batch is returned).
+pub struct OutBuffer {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: the buffer is written by exactly one batch at a time; the caller guarantees it stays
+// allocated and untouched until that batch is handed back.
+unsafe impl Send for OutBuffer {}
+
+pub struct BatchMeta {
+    pub len: usize,
+    pub keys: Vec<String>,
+    pub texts: Vec<String>,
+    pub shards: Vec<u32>,
+}
+
+pub type BatchResult = Result<BatchMeta, Fault>;
+
+pub struct Pipeline {
+    buffers: Option<Sender<OutBuffer>>,
+    batches: Receiver<BatchResult>,
+    stop: Arc<AtomicBool>,
+    pub stats: Arc<Stats>,
+    threads: Vec<JoinHandle<()>>,
+    slot_len: usize,
+}
+
+impl Pipeline {
+    pub fn start(spans: Vec<ShardSpan>, reserve: Vec<ShardSpan>, cfg: PipelineConfig) -> Pipeline {
+        let stats = Arc::new(Stats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let slot_len = 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
+        let mut threads = Vec::new();
+        let main = spawn_readers(spans, &cfg, &stats, &stop, &mut threads);
+        let (buf_tx, buf_rx) = bounded::<OutBuffer>(64);
+        let (out_tx, out_rx) = bounded::<BatchResult>(64);
+        {
+            let stats = stats.clone();
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(cfg.threads.max(1))
+                    .thread_name(|i| format!("shardstream-decode-{i}"))
+                    .build()
+                    .expect("decode thread pool");
+                let mut batcher = Batcher { cfg, stats, stop, main, reserve: ReserveReader::new(reserve), slot_len };
+                pool.install(|| batcher.run(buf_rx, out_tx));
+            }));
+        }
+        Pipeline { buffers: Some(buf_tx), batches: out_rx, stop, stats, threads, slot_len }
+    }
+
+    pub fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+
+    /// Lends an output buffer of `batch_size * slot_len` bytes; batches are filled in the order
+    /// buffers are submitted.
+    pub fn submit(&self, buffer: OutBuffer) -> bool {
+        self.buffers.as_ref().is_some_and(|b| b.send(buffer).is_ok())
+    }
+
+    /// The next finished batch; `None` at the end of the epoch.
+    pub fn next_batch(&self) -> Option<BatchResult> {
+        self.batches.recv().ok()
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.buffers.take();
+        // Unblock producers waiting on a full queue, then wait for every thread: after drop
+        // returns, no thread touches a caller's buffer any more.
+        while self.batches.try_recv().is_ok() {}
+        for t in self.threads.drain(..) {
+            while !t.is_finished() {
+                while self.batches.try_recv().is_ok() {}
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let _ = t.join();
+        }
+    }
+}
+
+fn shard_fault(url: &str, reason: Reason, detail: String) -> Fault {
+    Fault { reason, url: redact_url(url), key: String::new(), detail }
+}
+
+/// Reads one span, sending its samples (and holes, in planned mode) then `EndOfSpan`.
+/// Returns false when the receiver is gone.
+fn read_span(span: &ShardSpan, cfg: &PipelineConfig, stats: &Stats, tx: &Sender<ReadMsg>, stop: &AtomicBool) -> bool {
+    let send = |m: ReadMsg| tx.send(m).is_ok();
+    let mut next_expected = span.first_ordinal;
+    let mut fault: Option<Fault> = None;
+    match open_shard(&span.url, span.start_offset, span.first_ordinal, cfg.max_member_bytes, &cfg.source, &stats.source) {
+        Err(f) => fault = Some(shard_fault(&span.url, f.reason, f.detail)),
+        Ok(reader) => {
+            for item in reader {
+                if stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+                match item {
+                    Ok(raw) => {
+                        if span.end_ordinal.is_some_and(|end| raw.ordinal >= end) {
+                            break;
+                        }
+                        next_expected = raw.ordinal + 1;
+                        if let Some((m, r)) = span.stride {
+                            if raw.ordinal % m != r {
+                                continue;
+                            }
+                        }
+                        if !send(ReadMsg::Item(Item::Sample { shard: span.shard, raw })) {
+                            return false;
+                        }
+                    }
+                    Err(f) => {
+                        fault = Some(shard_fault(&span.url, f.reason, f.detail));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(f) = fault {
+        let planned_missing = match span.end_ordinal {
+            Some(end) if cfg.planned => end.saturating_sub(next_expected),
+            _ => 0,
+        };
+        if cfg.on_error == OnError::Raise {
+            let _ = tx.send(ReadMsg::Item(Item::Hole { shard: u32::MAX, ordinal: 0 }));
+            stats.record_shard_error(f);
+            return false;
+        }
+        if planned_missing == 0 {
+            stats.record_shard_error(f);
+        } else {
+            for ordinal in next_expected..span.end_ordinal.unwrap_or(next_expected) {
+                stats.record_skip(Fault { key: format!("#{ordinal}"), ..f.clone() });
+                if !send(ReadMsg::Item(Item::Hole { shard: span.shard, ordinal })) {
+                    return false;
+                }
+            }
+        }
+    }
+    send(ReadMsg::EndOfSpan)
+}
+
+/// Starts `read_ahead` threads; thread t reads spans t, t+R, t+2R, ... so the merge can take
+/// them back in order from the per-thread queues.
+fn spawn_readers(
+    spans: Vec<ShardSpan>,
+    cfg: &PipelineConfig,
+    stats: &Arc<Stats>,
+    stop: &Arc<AtomicBool>,
+    threads: &mut Vec<JoinHandle<()>>,
+) -> MergedReader {
+    let spans = Arc::new(spans);
+    let readers = cfg.read_ahead.max(1).min(spans.len().max(1));
+    let mut queues = Vec::new();
+    for t in 0..readers {
+        let (tx, rx) = bounded::<ReadMsg>(cfg.span_queue.max(1));
+        queues.push(rx);
+        let (spans, cfg, stats, stop) = (spans.clone(), cfg.clone(), stats.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            if spans.is_empty() {
+                return;
+            }
+            let mut i = t;
+            loop {
+                if i >= spans.len() && !cfg.cycle {
+                    return;
+                }
+                if stop.load(Ordering::Relaxed) || !read_span(&spans[i % spans.len()], &cfg, &stats, &tx, &stop) {
+                    return;
+                }
+                i += readers;
+            }
+        }));
+    }
+    MergedReader { queues, current: 0, span_count: spans.len(), cycle: cfg.cycle, spans_done: 0, items_since_cycle: 0 }
+}
+
+struct MergedReader {
+    queues: Vec<Receiver<ReadMsg>>,
+    current: usize,
+    span_count: usize,
+    cycle: bool,
+    spans_done: usize,
+    items_since_cycle: u64,
+}
+
+impl MergedReader {
+    /// Next item in span order; `Err` if a whole cycle over the spans produced nothing (a
+    /// quota could never be met: better an error than a hang).
+    fn next(&mut self) -> Result<Option<Item>, ()> {
+        loop {
+            if self.queues.is_empty() || (!self.cycle && self.spans_done >= self.span_count) {
+                return Ok(None);
+            }
+            let q = &self.queues[self.current % self.queues.len()];
+            match q.recv() {
+                Ok(ReadMsg::Item(item)) => {
+                    self.items_since_cycle += 1;
+                    return Ok(Some(item));
+                }
+                Ok(ReadMsg::EndOfSpan) => {
+                    self.current += 1;
+                    self.spans_done += 1;
+                    if self.cycle && self.spans_done % self.span_count == 0 {
+                        if self.items_since_cycle == 0 {
+                            return Err(());
+                        }
+                        self.items_since_cycle = 0;
+                    }
+                }
+                Err(_) => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Pulls blocks of `block_size` items and emits each in its seeded permutation.
+struct BlockShuffle {
+    source: MergedReader,
+    block_size: usize,
+    seed: u64,
+    block_index: u64,
+    pending: Vec<Option<Item>>,
+    order: Vec<u32>,
+    pos: usize,
+}
+
+impl BlockShuffle {
+    fn next(&mut self) -> Result<Option<Item>, ()> {
+        loop {
+            if self.pos < self.order.len() {
+                let i = self.order[self.pos] as usize;
+                self.pos += 1;
+                return Ok(self.pending[i].take());
+            }
+            self.pending.clear();
+            while self.pending.len() < self.block_size.max(1) {
+                match self.source.next()? {
+                    Some(item) => self.pending.push(Some(item)),
+                    None => break,
+                }
+            }
+            if self.pending.is_empty() {
+                return Ok(None);
+            }
+            self.order = if self.block_size > 1 {
+                permutation(self.pending.len(), derive_seed(&[self.seed, self.block_index]))
+            } else {
+                vec![0]
+            };
+            self.block_index += 1;
+            self.pos = 0;
+        }
+    }
+}
+
+/// Reads the reserve spans lazily, only when a planned slot needs a replacement.
+struct ReserveReader {
+    spans: Vec<ShardSpan>,
+    next_span: usize,
+    current: Option<crate::group::SampleReader>,
+}
+
+impl ReserveReader {
+    fn new(spans: Vec<ShardSpan>) -> Self {
+        Self { spans, next_span: 0, current: None }
+    }
+
+    fn next(&mut self, cfg: &PipelineConfig, stats: &Stats) -> Option<(u32, RawSample)> {
+        loop {
+            if let Some(reader) = self.current.as_mut() {
+                let span = &self.spans[self.next_span - 1];
+                match reader.next() {
+                    Some(Ok(raw)) if span.end_ordinal.is_none_or(|e| raw.ordinal < e) => return Some((span.shard, raw)),
+                    Some(Err(f)) => stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail)),
+                    _ => {}
+                }
+                self.current = None;
+            }
+            let span = self.spans.get(self.next_span)?;
+            self.next_span += 1;
+            match open_shard(&span.url, span.start_offset, span.first_ordinal, cfg.max_member_bytes, &cfg.source, &stats.source) {
+                Ok(r) => self.current = Some(r),
+                Err(f) => stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail)),
+            }
+        }
+    }
+}
+
+thread_local! {
+    static WORKER: std::cell::RefCell<Worker> = std::cell::RefCell::new(Worker::default());
+}
+
+fn prepare_into(raw: &RawSample, cfg: &PipelineConfig, slot: &mut [u8]) -> Result<String, (Reason, String)> {
+    WORKER.with(|w| prepare(raw, &cfg.spec, cfg.crop_seed, &mut w.borrow_mut(), slot))
+}
+
+struct Batcher {
+    cfg: PipelineConfig,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    main: MergedReader,
+    reserve: ReserveReader,
+    slot_len: usize,
+}
+
+struct Slot {
+    shard: u32,
+    key: String,
+    url_hint: u32,
+    text: Option<String>,
+}
+
+impl Batcher {
+    fn run(&mut self, buffers: Receiver<OutBuffer>, out: Sender<BatchResult>) {
+        let main = std::mem::replace(
+            &mut self.main,
+            MergedReader { queues: vec![], current: 0, span_count: 0, cycle: false, spans_done: 0, items_since_cycle: 0 },
+        );
+        let mut stream = BlockShuffle {
+            source: main,
+            block_size: self.cfg.block_size,
+            seed: self.cfg.shuffle_seed,
+            block_index: self.cfg.first_block,
+            pending: vec![],
+            order: vec![],
+            pos: 0,
+        };
+        for _ in 0..self.cfg.skip_emitted {
+            match stream.next() {
+                Ok(Some(_)) => {}
+                _ => break,
+            }
+        }
+        let b = self.cfg.batch_size;
+        let mut produced = 0u64;
+        loop {
+            if self.stop.load(Ordering::Relaxed) || self.cfg.num_batches.is_some_and(|n| produced >= n) {
+                return;
+            }
+            // Gather the batch's items first, so a short final batch is known before a buffer
+            // is taken.
+            let mut items: Vec<Item> = Vec::with_capacity(b);
+            while items.len() < b {
+                match stream.next() {
+                    Ok(Some(item)) => items.push(item),
+                    Ok(None) => break,
+                    Err(()) => {
+                        let _ = out.send(Err(Fault {
+                            reason: Reason::Unreadable,
+                            url: String::new(),
+                            key: String::new(),
+                            detail: "a full pass over every shard produced no sample; cannot fill the epoch".into(),
+                        }));
+                        return;
+                    }
+                }
+            }
+            if let Some(Item::Hole { shard: u32::MAX, .. }) = items.last() {
+                let fault = self.stats.inner.lock().expect("stats lock").faults.last().cloned();
+                let _ = out.send(Err(fault.unwrap_or(Fault {
+                    reason: Reason::Unreadable,
+                    url: String::new(),
+                    key: String::new(),
+                    detail: "shard failed".into(),
+                })));
+                return;
+            }
+            if items.is_empty() {
+                return;
+            }
+            let Ok(buffer) = buffers.recv() else { return };
+            assert!(buffer.len >= b * self.slot_len, "output buffer too small");
+            // SAFETY: see OutBuffer; the caller keeps the memory alive until this batch returns.
+            let memory = unsafe { std::slice::from_raw_parts_mut(buffer.ptr, b * self.slot_len) };
+            match self.fill(items, memory, &mut stream) {
+                Ok(Some(meta)) => {
+                    produced += 1;
+                    self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                    self.stats.samples.fetch_add(meta.len as u64, Ordering::Relaxed);
+                    if out.send(Ok(meta)).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(fault) => {
+                    let _ = out.send(Err(fault));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Decodes `items` into `memory`, replacing failures; `Ok(None)` when the stream ended
+    /// before a full batch and `drop_last` discards it.
+    fn fill(&mut self, items: Vec<Item>, memory: &mut [u8], stream: &mut BlockShuffle) -> Result<Option<BatchMeta>, Fault> {
+        let b = self.cfg.batch_size;
+        let cfg = &self.cfg;
+        let started = Instant::now();
+        let mut slots: Vec<(Slot, Result<String, (Reason, String)>)> = memory
+            .par_chunks_mut(self.slot_len)
+            .zip(items.into_par_iter())
+            .map(|(slot_mem, item)| match item {
+                Item::Sample { shard, raw } => {
+                    let r = prepare_into(&raw, cfg, slot_mem);
+                    (Slot { shard, key: raw.key, url_hint: shard, text: None }, r)
+                }
+                Item::Hole { shard, ordinal } => (
+                    Slot { shard, key: format!("#{ordinal}"), url_hint: shard, text: None },
+                    Err((Reason::Unreadable, "sample could not be read (counted when the shard failed)".into())),
+                ),
+            })
+            .collect();
+        self.stats.decode_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let urls: Vec<String> = vec![];
+        let _ = urls;
+        let mut filled = 0usize;
+        let mut good: Vec<bool> = Vec::with_capacity(b);
+        for i in 0..slots.len() {
+            let (slot, result) = &mut slots[i];
+            match std::mem::replace(result, Ok(String::new())) {
+                Ok(text) => {
+                    slot.text = Some(text);
+                    good.push(true);
+                    filled += 1;
+                }
+                Err((reason, detail)) => {
+                    let already_counted = reason == Reason::Unreadable && slot.key.starts_with('#');
+                    let fault = Fault { reason, url: format!("shard #{}", slot.url_hint), key: slot.key.clone(), detail };
+                    if cfg.on_error == OnError::Raise {
+                        return Err(fault);
+                    }
+                    if !already_counted {
+                        self.stats.record_skip(fault);
+                    }
+                    good.push(false);
+                }
+            }
+        }
+        // Refill failed slots: from the reserve when planned (positions are fixed), from the
+        // stream otherwise.
+        let slot_len = self.slot_len;
+        for i in 0..slots.len() {
+            if good[i] {
+                continue;
+            }
+            let slot_mem = &mut memory[i * slot_len..(i + 1) * slot_len];
+            loop {
+                let next = if cfg.planned {
+                    self.reserve.next(cfg, &self.stats)
+                } else {
+                    match stream.next() {
+                        Ok(Some(Item::Sample { shard, raw })) => Some((shard, raw)),
+                        Ok(Some(Item::Hole { .. })) => continue,
+                        _ => None,
+                    }
+                };
+                let Some((shard, raw)) = next else { break };
+                match prepare_into(&raw, cfg, slot_mem) {
+                    Ok(text) => {
+                        slots[i].0 = Slot { shard, key: raw.key, url_hint: shard, text: Some(text) };
+                        good[i] = true;
+                        filled += 1;
+                        if cfg.planned {
+                            self.stats.replaced.fetch_add(1, Ordering::Relaxed);
+                        }
+                        break;
+                    }
+                    Err((reason, detail)) => {
+                        let fault = Fault { reason, url: format!("shard #{shard}"), key: raw.key.clone(), detail };
+                        if cfg.on_error == OnError::Raise {
+                            return Err(fault);
+                        }
+                        self.stats.record_skip(fault);
+                    }
+                }
+            }
+        }
+        if filled < b && cfg.planned && filled > 0 {
+            // Reserve exhausted: repeat good samples of this batch so every rank still gets
+            // the same number of full batches; each repeat is counted as padding.
+            let donors: Vec<usize> = (0..slots.len()).filter(|&i| good[i]).collect();
+            let mut d = 0;
+            for i in 0..b {
+                if i < slots.len() && good[i] {
+                    continue;
+                }
+                let src = donors[d % donors.len()];
+                d += 1;
+                memory.copy_within(src * slot_len..(src + 1) * slot_len, i * slot_len);
+                let donor = &slots[src].0;
+                let copy = Slot { shard: donor.shard, key: donor.key.clone(), url_hint: donor.url_hint, text: donor.text.clone() };
+                if i < slots.len() {
+                    slots[i].0 = copy;
+                    good[i] = true;
+                } else {
+                    slots.push((copy, Ok(String::new())));
+                    good.push(true);
+                }
+                self.stats.padded.fetch_add(1, Ordering::Relaxed);
+                filled += 1;
+            }
+        }
+        // Compact the good slots to the front (only after failures in streaming mode).
+        let mut keys = Vec::with_capacity(filled);
+        let mut texts = Vec::with_capacity(filled);
+        let mut shards = Vec::with_capacity(filled);
+        let mut write = 0usize;
+        for (read, (slot, _)) in slots.into_iter().enumerate() {
+            if !good[read] {
+                continue;
+            }
+            if read != write {
+                memory.copy_within(read * slot_len..(read + 1) * slot_len, write * slot_len);
+            }
+            keys.push(slot.key);
+            texts.push(slot.text.unwrap_or_default());
+            shards.push(slot.shard);
+            write += 1;
+        }
+        if write < b && cfg.drop_last {
+            self.stats.record_remainder(keys);
+            return Ok(None);
+        }
+        if write == 0 {
+            return Ok(None);
+        }
+        Ok(Some(BatchMeta { len: write, keys, texts, shards }))
+    }
+}

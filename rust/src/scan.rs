@@ -1,0 +1,105 @@
+//! Whole-shard validation: the structural walk and (optionally) the loader's decode of every
+//! sample, producing what `shardstream validate` reports and `shardstream index` records.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::error::Reason;
+use crate::group::open_shard;
+use crate::sample::{caption, image_bytes, prepare, SampleSpec, Worker};
+use crate::source::{redact_url, SourceOptions, SourceStats};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct InvalidSample {
+    pub ordinal: u64,
+    pub key: String,
+    pub reason: Reason,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardFatal {
+    pub reason: Reason,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardReport {
+    pub url: String,
+    /// Bytes read from the source (compressed size for gzip shards).
+    pub bytes: u64,
+    pub samples: u64,
+    pub offsets: Vec<u64>,
+    pub keys: Vec<String>,
+    pub invalid: Vec<InvalidSample>,
+    pub fatal: Option<ShardFatal>,
+    pub compressed: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ScanOptions {
+    pub decode: bool,
+    pub require_caption: bool,
+    pub max_member_bytes: u64,
+    pub spec: SampleSpec,
+    pub source: SourceOptions,
+}
+
+pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
+    let stats = Arc::new(SourceStats::default());
+    let mut report = ShardReport {
+        url: redact_url(url),
+        bytes: 0,
+        samples: 0,
+        offsets: Vec::new(),
+        keys: Vec::new(),
+        invalid: Vec::new(),
+        fatal: None,
+        compressed: false,
+    };
+    let reader = match open_shard(url, 0, 0, opts.max_member_bytes, &opts.source, &stats) {
+        Ok(r) => r,
+        Err(f) => {
+            report.fatal = Some(ShardFatal { reason: f.reason, detail: f.detail });
+            return report;
+        }
+    };
+    report.compressed = reader.is_compressed();
+    let mut worker = Worker::default();
+    let size = opts.spec.image_size as usize;
+    let mut slot = vec![0u8; 3 * size * size];
+    let mut first_ordinal_of_key: HashMap<String, u64> = HashMap::new();
+    for item in reader {
+        let raw = match item {
+            Ok(raw) => raw,
+            Err(f) => {
+                report.fatal = Some(ShardFatal { reason: f.reason, detail: f.detail });
+                break;
+            }
+        };
+        report.samples += 1;
+        report.offsets.push(raw.offset);
+        report.keys.push(raw.key.clone());
+        let verdict = if let Some(&first) = first_ordinal_of_key.get(&raw.key) {
+            Err((Reason::DuplicateKey, format!("key already used by sample #{first}")))
+        } else if opts.decode {
+            prepare(&raw, &opts.spec, 0, &mut worker, &mut slot).map(|_| ())
+        } else if let Some(defect) = &raw.defect {
+            Err(defect.clone())
+        } else {
+            image_bytes(&raw, &opts.spec.image_keys)
+                .and_then(|_| if opts.require_caption { caption(&raw, &opts.spec.caption).map(|_| ()) } else { Ok(()) })
+        };
+        first_ordinal_of_key.entry(raw.key.clone()).or_insert(raw.ordinal);
+        if let Err((reason, detail)) = verdict {
+            if reason == Reason::MissingCaption && !opts.require_caption {
+                continue;
+            }
+            report.invalid.push(InvalidSample { ordinal: raw.ordinal, key: raw.key, reason, detail });
+        }
+    }
+    report.bytes = stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
+    report
+}

@@ -1,0 +1,380 @@
+//! Byte sources: open a shard URL at a byte offset and stream it sequentially.
+//!
+//! - local paths and `file://`: a buffered file;
+//! - `http://` / `https://` (S3 arrives here as presigned HTTPS URLs made by the Python side):
+//!   [`http::HttpReader`], which retries with backoff and resumes a broken stream with a Range
+//!   request at the exact byte where it stopped, refusing to splice two versions of an object;
+//! - optionally through [`cache::ShardCache`], a size-bounded on-disk cache shared by the
+//!   processes of one machine.
+//!
+//! Every message that leaves this module names the URL through [`redact_url`]: presigned URLs
+//! carry credentials in their query string.
+
+mod backoff;
+pub mod cache;
+pub mod http;
+#[cfg(test)]
+mod testserver;
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Buffer size for local files and for the HTTP body: large sequential reads keep syscalls and
+/// per-read overhead negligible next to decoding.
+pub const READ_BUFFER_BYTES: usize = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub struct SourceOptions {
+    /// Limit for TCP connect (and TLS handshake) of each attempt.
+    pub connect_timeout: Duration,
+    /// Limit for each single socket read: a stall longer than this breaks the stream, which is
+    /// then resumed. It is not a limit on the whole body (a 2 GB shard may take minutes).
+    pub read_timeout: Duration,
+    /// Consecutive failed attempts (without a byte of progress) before a stream gives up.
+    pub max_retries: u32,
+    /// First backoff delay; doubles per consecutive failure, with jitter, up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Optional on-disk shard cache for remote URLs (local files are never cached).
+    pub cache: Option<CacheOptions>,
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(30),
+            max_retries: 8,
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+            cache: None,
+        }
+    }
+}
+
+/// Where the shard cache lives and how large it may grow (least recently used shards go first).
+#[derive(Clone, Debug)]
+pub struct CacheOptions {
+    pub dir: PathBuf,
+    pub max_bytes: u64,
+}
+
+/// Counters shared by every stream of one pipeline.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// Bytes handed to readers (from any source, cache included).
+    pub bytes: AtomicU64,
+    /// Failed attempts that were retried (connect errors, resets, 5xx, throttling, stalls).
+    pub retries: AtomicU64,
+    /// Retries that continued a broken body with a Range request (a subset of `retries`).
+    pub resumes: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("not found: {url}")]
+    NotFound { url: String },
+    /// 401/403: missing, wrong or expired credentials (a presigned URL past its expiry).
+    #[error(
+        "access denied to {url} (HTTP {status}): check credentials, or the presigned URL expired"
+    )]
+    Denied { url: String, status: u16 },
+    /// The object was replaced while we were reading it; resuming would splice two versions.
+    #[error("{url} changed while it was being read (at byte {offset}): {message}")]
+    Changed {
+        url: String,
+        offset: u64,
+        message: String,
+    },
+    /// Still failing after the whole retry budget.
+    #[error("{url} unavailable at byte {offset} after {attempts} attempts: {message}")]
+    Unavailable {
+        url: String,
+        offset: u64,
+        attempts: u32,
+        message: String,
+    },
+    #[error("cannot open {url}: {message}")]
+    Open { url: String, message: String },
+    #[error("unsupported URL {url}: {message}")]
+    BadUrl { url: String, message: String },
+}
+
+impl SourceError {
+    /// The matching `io::ErrorKind`, for errors that surface through `Read::read`.
+    fn io_kind(&self) -> io::ErrorKind {
+        match self {
+            SourceError::NotFound { .. } => io::ErrorKind::NotFound,
+            SourceError::Denied { .. } => io::ErrorKind::PermissionDenied,
+            SourceError::Unavailable { .. } => io::ErrorKind::TimedOut,
+            SourceError::BadUrl { .. } => io::ErrorKind::InvalidInput,
+            SourceError::Changed { .. } | SourceError::Open { .. } => io::ErrorKind::Other,
+        }
+    }
+
+    /// Wraps into an `io::Error` that keeps this error inside (`get_ref()` + `downcast_ref`), so
+    /// a pipeline can tell "shard unavailable" from "tar truncated" after a failed `read`.
+    pub fn into_io(self) -> io::Error {
+        io::Error::new(self.io_kind(), self)
+    }
+}
+
+/// Removes what must never be printed: the query string (presigned URLs carry signatures there)
+/// and user:password in the authority.
+pub fn redact_url(url: &str) -> String {
+    let (without_query, had_query) = match url.find(['?', '#']) {
+        Some(i) => (&url[..i], true),
+        None => (url, false),
+    };
+    let mut out = match without_query.find("://") {
+        Some(scheme_end) => {
+            let rest = &without_query[scheme_end + 3..];
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{}://***@{}", &without_query[..scheme_end], &rest[at + 1..]),
+                None => without_query.to_string(),
+            }
+        }
+        None => without_query.to_string(),
+    };
+    if had_query {
+        out.push_str("?<redacted>");
+    }
+    out
+}
+
+/// Replaces any copy of `url` (or of its secret parts) inside a third-party message, because
+/// library errors may quote the URL they were given.
+pub(crate) fn scrub(message: &str, url: &str) -> String {
+    let mut out = message.replace(url, &redact_url(url));
+    if let Some(i) = url.find(['?', '#']) {
+        let secret = &url[i + 1..];
+        if !secret.is_empty() {
+            out = out.replace(secret, "<redacted>");
+        }
+    }
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        if let Some(at) = authority.rfind('@') {
+            out = out.replace(&authority[..at], "***");
+        }
+    }
+    out
+}
+
+pub(crate) struct CountingReader<R> {
+    inner: R,
+    stats: Arc<SourceStats>,
+}
+
+impl<R> CountingReader<R> {
+    pub(crate) fn new(inner: R, stats: &Arc<SourceStats>) -> Self {
+        Self {
+            inner,
+            stats: stats.clone(),
+        }
+    }
+}
+
+impl<R: Read> Read for CountingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// What a URL string refers to.
+enum Location<'a> {
+    Local(&'a str),
+    Http,
+}
+
+fn locate(url: &str) -> Result<Location<'_>, SourceError> {
+    if let Some(path) = url.strip_prefix("file://") {
+        return Ok(Location::Local(path));
+    }
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        return Ok(Location::Http);
+    }
+    let bad = |message: &str| {
+        Err(SourceError::BadUrl {
+            url: redact_url(url),
+            message: message.to_string(),
+        })
+    };
+    if url.starts_with("pipe:") {
+        return bad("pipe: URLs run shell commands and are refused");
+    }
+    if url.starts_with("s3://") {
+        return bad(
+            "s3:// URLs are presigned by shardstream.expand_urls before they reach the reader",
+        );
+    }
+    if let Some(scheme_end) = url.find("://") {
+        let scheme = &url[..scheme_end];
+        if !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        {
+            return bad(
+                "unknown scheme (supported: local paths, file://, http://, https://, s3://)",
+            );
+        }
+    }
+    Ok(Location::Local(url))
+}
+
+/// Opens `url` positioned at byte `start`, reading to its end.
+pub fn open(
+    url: &str,
+    start: u64,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    open_range(url, start, None, opts, stats)
+}
+
+/// Opens bytes `start..end` of `url` (`end = None`: to the end of the object). Knowing the end
+/// lets an HTTP source ask for exactly that span instead of the rest of a large shard.
+pub fn open_range(
+    url: &str,
+    start: u64,
+    end: Option<u64>,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    match locate(url)? {
+        Location::Local(path) => open_local(url, path, start, end, stats),
+        Location::Http => match &opts.cache {
+            Some(cache) => cache::ShardCache::new(cache.clone()).open(url, start, end, opts, stats),
+            None => {
+                let reader = http::HttpReader::open(url, start, end, opts, stats)?;
+                Ok(Box::new(CountingReader::new(
+                    io::BufReader::with_capacity(READ_BUFFER_BYTES, reader),
+                    stats,
+                )))
+            }
+        },
+    }
+}
+
+fn open_local(
+    url: &str,
+    path: &str,
+    start: u64,
+    end: Option<u64>,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => SourceError::NotFound {
+            url: redact_url(url),
+        },
+        _ => SourceError::Open {
+            url: redact_url(url),
+            message: e.to_string(),
+        },
+    })?;
+    open_file_at(url, file, start, end, stats)
+}
+
+/// Seeks `file` to `start` and bounds it at `end`; shared by local files and cached shards.
+pub(crate) fn open_file_at(
+    url: &str,
+    mut file: File,
+    start: u64,
+    end: Option<u64>,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    if start > 0 {
+        file.seek(SeekFrom::Start(start))
+            .map_err(|e| SourceError::Open {
+                url: redact_url(url),
+                message: e.to_string(),
+            })?;
+    }
+    let buffered = io::BufReader::with_capacity(READ_BUFFER_BYTES, file);
+    Ok(match end {
+        Some(end) => Box::new(CountingReader::new(
+            buffered.take(end.saturating_sub(start)),
+            stats,
+        )),
+        None => Box::new(CountingReader::new(buffered, stats)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_removes_signatures_and_passwords() {
+        assert_eq!(
+            redact_url("https://h/b/k.tar?X-Amz-Signature=abc&X-Amz-Credential=AKIA"),
+            "https://h/b/k.tar?<redacted>"
+        );
+        assert_eq!(
+            redact_url("http://user:pw@h:9/x.tar"),
+            "http://***@h:9/x.tar"
+        );
+        assert_eq!(redact_url("/data/x.tar"), "/data/x.tar");
+    }
+
+    #[test]
+    fn scrub_removes_quoted_secrets_from_library_messages() {
+        let url = "https://u:pw@h/b/k.tar?X-Amz-Signature=abc";
+        let msg = format!("bad uri {url}; query X-Amz-Signature=abc; user u:pw");
+        let clean = scrub(&msg, url);
+        assert!(!clean.contains("abc") && !clean.contains("pw"), "{clean}");
+    }
+
+    #[test]
+    fn pipe_and_unknown_schemes_are_refused() {
+        let stats = Arc::new(SourceStats::default());
+        let opts = SourceOptions::default();
+        for url in [
+            "pipe:curl http://x/a.tar",
+            "gs://b/a.tar",
+            "ftp://h/a.tar",
+            "s3://b/a.tar",
+        ] {
+            match open(url, 0, &opts, &stats) {
+                Err(SourceError::BadUrl { .. }) => {}
+                Err(other) => panic!("{url}: unexpected error {other}"),
+                Ok(_) => panic!("{url}: accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn local_file_opens_at_offset_and_stops_at_end() {
+        let dir = std::env::temp_dir().join(format!("ss-src-local-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.tar");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let stats = Arc::new(SourceStats::default());
+        let opts = SourceOptions::default();
+        let url = format!("file://{}", path.display());
+        let mut out = Vec::new();
+        open_range(&url, 3, Some(7), &opts, &stats)
+            .unwrap()
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, b"3456");
+        assert_eq!(stats.bytes.load(Ordering::Relaxed), 4);
+        match open("/definitely/not/here.tar", 0, &opts, &stats) {
+            Err(SourceError::NotFound { url }) => assert_eq!(url, "/definitely/not/here.tar"),
+            _ => panic!("expected NotFound"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Source this file: it makes sure the build tools and the cached virtual environment exist,
+# builds the extension into that environment, and activates it.
+# The venv lives outside the work tree, keyed by the hash of requirements/dev.txt, so the
+# ~3 GB torch install happens once per machine, not on every run.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+
+# cmake and nasm build libjpeg-turbo from source (turbojpeg-sys); nothing is linked from the system.
+if ! command -v cmake >/dev/null || ! command -v nasm >/dev/null; then
+  echo "[env] installing cmake and nasm (Debian packages)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq cmake nasm >/dev/null
+fi
+
+SPEC_HASH="$( (cat "$ROOT/requirements/dev.txt"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)"
+VENV="${SHARDSTREAM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/shardstream/venv-$SPEC_HASH}"
+if [ ! -f "$VENV/.complete" ]; then
+  echo "[env] creating $VENV (first run on this machine: downloads torch, several minutes)"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/dev.txt"
+  touch "$VENV/.complete"
+fi
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+export SHARDSTREAM_VENV="$VENV"
+
+# Build the extension in release mode into the venv (incremental: fast when nothing changed).
+(cd "$ROOT" && maturin develop --release -q >/dev/null 2>"$VENV/.maturin.log") || { cat "$VENV/.maturin.log" >&2; exit 1; }
