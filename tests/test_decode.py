@@ -134,3 +134,21 @@ def test_corrupt_and_unsupported_bytes(photos):
         ours(encode(photos[0].resize((50, 50)), "GIF"))
     with pytest.raises(ValueError, match="unsupported_format"):
         ours(b"definitely not an image")
+
+
+def test_a_corrupt_jpeg_does_not_poison_the_next_decode_on_the_same_thread(photos, tmp_path):
+    # Regression: the per-thread libjpeg-turbo handle kept state from a failed decode, so the
+    # following good JPEGs failed with "Bogus Huffman table definition".
+    import shardstream
+    from corpus import sample_members, tar_bytes, write_file
+
+    good = [encode(p.resize((120, 100)), "JPEG", quality=90) for p in photos[:4]]
+    members = sample_members("a", {"jpg": good[0], "txt": "a"})
+    members += sample_members("bad", {"jpg": good[1][:400], "txt": "cut"})
+    for i, data in enumerate(good[1:]):
+        members += sample_members(f"z{i}", {"jpg": data, "txt": "ok"})
+    path = write_file(str(tmp_path / "poison.tar"), tar_bytes(members))
+    loader = shardstream.ShardLoader(path, batch_size=1, image_size=32, threads=1, shuffle_buffer=1, drop_last=False)
+    keys = [k for b in loader for k in b.keys]
+    assert keys == ["a", "z0", "z1", "z2"]
+    assert loader.stats["skipped"] == {"corrupt_image": 1}

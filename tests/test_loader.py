@@ -107,7 +107,7 @@ def test_random_crop_is_seeded(tmp_path):
 def test_torch_dataloader_with_worker_processes(tmp_path):
     paths, captions = make_shards(tmp_path, [8, 8, 8, 8])
     loader = shardstream.ShardLoader(paths, batch_size=4, image_size=32, threads=1, samples_per_epoch=32)
-    dl = torch.utils.data.DataLoader(loader.dataset_view(), batch_size=None, num_workers=2)
+    dl = torch.utils.data.DataLoader(loader.dataset_view(num_workers=2), batch_size=None, num_workers=2)
     keys = []
     for batch in dl:
         assert batch.images.shape == (4, 3, 32, 32)

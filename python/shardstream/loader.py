@@ -61,7 +61,7 @@ class ShardLoader:
 
     def __init__(
         self,
-        urls: str | list[str],
+        urls: str | list[str] | None,
         *,
         batch_size: int,
         image_size: int = 224,
@@ -96,8 +96,10 @@ class ShardLoader:
             raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
         from shardstream.urls import expand_urls
 
-        self._shards = expand_urls(urls, **source_options)
-        if not self._shards:
+        if urls is None and index is None:
+            raise ValueError("give urls, an index, or both")
+        self._shards = expand_urls(urls, **source_options) if urls is not None else None
+        if self._shards is not None and not self._shards:
             raise ValueError(f"no shards match {urls!r}")
         self.batch_size = batch_size
         self.image_size = image_size
@@ -133,8 +135,10 @@ class ShardLoader:
         if index is not None:
             from shardstream.plan import EpochPlanner
 
-            self._plan = EpochPlanner(index, self._shards)
+            self._plan = EpochPlanner(index, self._shards, **source_options)
+            self._shards = self._plan.shards
         self._warned_inexact = False
+        self._num_workers = 0
 
     # -- distribution -------------------------------------------------------------------
     @property
@@ -152,7 +156,7 @@ class ShardLoader:
 
     def __len__(self) -> int:
         if self._plan is not None:
-            return self._plan.batches_per_rank(self._plan_params(workers=1))
+            return self._plan.plan(self._plan_params(self._num_workers), self._resume).num_batches
         if self.samples_per_epoch is not None:
             return self.samples_per_epoch // (self.world_size * self.batch_size)
         raise TypeError("len() needs an index or samples_per_epoch")
@@ -193,32 +197,27 @@ class ShardLoader:
                 stacklevel=3,
             )
         extra = {"num_batches": quota, "cycle": quota is not None, "shuffle_seed": shuffle_seed}
-        return [(self._shards[s].url, s, 0, 0, None, stride) for s, stride in spans], extra
+        return [(self._shards[s].url, s, 0, 0, 0, None, stride) for s, stride in spans], extra
 
     def _core_loader(self, worker: int, workers: int) -> Any:
         rank, world = self.rank, self.world_size
         config = dict(self._config, threads=self.threads)
         if self._plan is not None:
-            reader_plan = self._plan.reader(self._plan_params(workers), rank, worker, self._resume)
-            spans, reserve = reader_plan.spans, reader_plan.reserve
-            config.update(
-                planned=True,
-                num_batches=reader_plan.num_batches,
-                block_size=reader_plan.block_size,
-                shuffle_seed=reader_plan.shuffle_seed,
-                skip_emitted=reader_plan.skip_emitted,
-            )
+            # workers=0: one reader in this process; K DataLoader workers: reader `worker` of K.
+            reader = self._plan.reader(self._plan_params(workers if workers > 1 else self._num_workers), self._resume, rank, worker)
+            spans, reserve = reader.pop("spans"), reader.pop("reserve")
+            config.update(reader, planned=True)
         else:
             if self._resume is not None:
                 raise ValueError("mid-epoch resume needs an index (exact epochs); build one with `shardstream index`")
-            if world * workers > 1 and self.samples_per_epoch is None:
+            if world * max(workers, 1) > 1 and self.samples_per_epoch is None:
                 raise ValueError(
                     "several readers without an index need samples_per_epoch (equal batches on every rank); "
                     "or build an index with `shardstream index` for exact epochs"
                 )
             spans, extra = self._streaming_reader(worker, workers)
             reserve = []
-            config.update(extra, block_size=self.shuffle_buffer)
+            config.update(extra, block_size=self.shuffle_buffer, first_block=0)
         config["crop_seed"] = _seed(self.seed, self.epoch)
         display = [s.display for s in self._shards]
         return _core.Loader(spans, reserve, display, config)
@@ -237,6 +236,11 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         worker, workers = _worker()
+        if workers > 1 and self._num_workers != workers:
+            raise RuntimeError(
+                f"this loader runs in a DataLoader with {workers} workers: make it with "
+                f"loader.dataloader(num_workers={workers}) or loader.dataset_view(num_workers={workers})"
+            )
         return self._iterate(worker, workers)
 
     def _iterate(self, worker: int, workers: int) -> Iterator[Batch]:
@@ -270,34 +274,72 @@ class ShardLoader:
     @property
     def stats(self) -> dict[str, Any]:
         """Counters of the last (or current) pass: samples, bytes, skipped by reason, retries,
-        decode seconds, replaced/padded samples, and the dropped remainder with its keys."""
-        return self._last_stats
+        decode seconds, replaced/padded samples, and the dropped remainder with its keys
+        (with an index: the epoch's remainder across all ranks, from the plan)."""
+        stats = dict(self._last_stats)
+        if self._plan is not None:
+            plan = self._plan.plan(self._plan_params(self._num_workers), self._resume)
+            stats["remainder"] = plan.remainder_len
+            stats["remainder_keys"] = plan.remainder_keys()
+            stats["exact"] = True
+        else:
+            stats["exact"] = False
+        return stats
 
     # -- resume --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+        """The position in the epoch after the batches consumed so far (or ``batches``): small,
+        JSON-serialisable and identical on every rank, so rank 0 can save it."""
+        done = self._batches_done if batches is None else int(batches)
         if self._plan is None:
-            return {"epoch": self.epoch, "batches": self._batches_done, "exact": False}
-        return self._plan.state(self._plan_params(1), self._resume, self._batches_done)
+            return {"epoch": self.epoch, "batches": done, "exact": False}
+        return self._plan.state(self._plan_params(self._num_workers), self._resume, done)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self._plan is None:
-            raise ValueError("load_state_dict needs an index (exact epochs); build one with `shardstream index`")
+        """Continues the epoch of ``state`` with exactly the batches that would have followed;
+        with another world size or worker count, the rest of the epoch is re-planned exactly once."""
+        if self._plan is None or not state.get("version"):
+            raise ValueError("mid-epoch resume needs an index (exact epochs); build one with `shardstream index`")
         self.epoch = int(state["epoch"])
         self._resume = state
         self._batches_done = 0
 
-    def dataset_view(self) -> Any:
-        """An IterableDataset for a torch DataLoader with worker processes (batch_size=None):
-        each worker reads its own part of this rank's share."""
+    def dataset_view(self, num_workers: int) -> Any:
+        """An IterableDataset for a torch DataLoader with ``num_workers`` worker processes and
+        ``batch_size=None``: each worker reads its own part of this rank's share. The batch count
+        for ``state_dict`` is then the caller's to pass (``state_dict(batches=n)``)."""
         if torch is None:
             raise RuntimeError("dataset_view needs torch")
+        self._num_workers = int(num_workers)
         return _DatasetView(self)
+
+    def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
+        """A torch DataLoader over this loader with worker processes; iterating it keeps the
+        batch count that ``state_dict()`` needs."""
+        view = self.dataset_view(num_workers)
+        kwargs.setdefault("pin_memory", self._pin)
+        loader = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
+        return _CountingIterable(self, loader)
 
 
 def _seed(*parts: int) -> int:
     from shardstream.plan import derive_seed
 
     return derive_seed(list(parts))
+
+
+class _CountingIterable:
+    def __init__(self, owner: ShardLoader, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.owner._batches_done = 0
+        for batch in self.inner:
+            self.owner._batches_done += 1
+            yield batch
 
 
 if torch is not None:

@@ -3,6 +3,9 @@ single definition; the contract is documented in docs/epoch-plan.md)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from shardstream import _core
 
 
@@ -44,3 +47,38 @@ def streaming_spans(
     )
     stride_spec = (stride, offset) if stride > 1 else None
     return [(s, stride_spec) for s in shards], (batches if samples_per_epoch is not None else None), shuffle_seed
+
+
+class EpochPlanner:
+    """Exact epochs over an index: the shards of the index, mapped to the URLs to open."""
+
+    def __init__(self, index: Any, shards: list[Any] | None, **source_options: Any) -> None:
+        from shardstream.index import load_index
+        from shardstream.urls import expand_urls
+
+        self.index = load_index(index, **source_options)
+        names = list(self.index.urls)
+        if shards is None:
+            shards = expand_urls(names, **source_options)
+        by_name = {s.display: s for s in shards}
+        missing = [n for n in names if n not in by_name]
+        if missing or len(by_name) != len(names):
+            raise ValueError(
+                f"the loader's shards and the index's differ ({len(shards)} vs {len(names)} shards; "
+                f"first not found: {missing[:1]}); pass the same URLs, or urls=None to use the index's"
+            )
+        self.shards = [by_name[n] for n in names]
+        self._cache: dict[tuple, Any] = {}
+
+    def plan(self, params: dict[str, Any], state: dict[str, Any] | None) -> Any:
+        key = (tuple(sorted(params.items())), json.dumps(state, sort_keys=True) if state else None)
+        if key not in self._cache:
+            self._cache.clear()
+            self._cache[key] = self.index.plan(**params, state=json.dumps(state) if state else None)
+        return self._cache[key]
+
+    def reader(self, params: dict[str, Any], state: dict[str, Any] | None, rank: int, worker: int) -> dict[str, Any]:
+        return self.plan(params, state).reader(rank, worker, [s.url for s in self.shards])
+
+    def state(self, params: dict[str, Any], state: dict[str, Any] | None, batches: int) -> dict[str, Any]:
+        return json.loads(self.plan(params, state).state(batches))

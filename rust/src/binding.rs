@@ -11,7 +11,9 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use crate::decode::Decoder;
 use crate::error::Fault;
 use crate::group::{open_shard, SampleReader};
-use crate::plan::{self, PhaseConfig};
+use crate::index::Index;
+use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
+use crate::scan::ShardReport;
 use crate::rng;
 use crate::pipeline::{OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan};
 use crate::resize::CropMode;
@@ -256,19 +258,181 @@ fn py_redact_url(url: &str) -> String {
     redact_url(url)
 }
 
-type SpanTuple = (String, u32, u64, u64, Option<u64>, Option<(u64, u64)>);
+/// (url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)
+type SpanTuple = (String, u32, u64, u64, u64, Option<u64>, Option<(u64, u64)>);
 
 fn spans(list: Vec<SpanTuple>) -> Vec<ShardSpan> {
     list.into_iter()
-        .map(|(url, shard, start_offset, first_ordinal, end_ordinal, stride)| ShardSpan {
+        .map(|(url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)| ShardSpan {
             url,
             shard,
             start_offset,
             first_ordinal,
+            skip_before,
             end_ordinal,
             stride,
         })
         .collect()
+}
+
+fn index_err(e: crate::index::IndexError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// A dataset index (rust/src/index.rs defines the format).
+#[pyclass(module = "shardstream._core", frozen)]
+pub struct DatasetIndex {
+    index: Arc<Index>,
+}
+
+#[pymethods]
+impl DatasetIndex {
+    /// Parses an index document (JSON, optionally gzip-compressed).
+    #[staticmethod]
+    fn from_json(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
+        let index = py.detach(|| Index::from_json(data)).map_err(index_err)?;
+        Ok(Self { index: Arc::new(index) })
+    }
+
+    /// Builds an index from `scan_shard` reports (as JSON text) and the URLs users name them by.
+    #[staticmethod]
+    #[pyo3(signature = (reports_json, urls, with_keys = true))]
+    fn from_scan_reports(reports_json: &str, urls: Vec<String>, with_keys: bool) -> PyResult<Self> {
+        let reports: Vec<ShardReport> =
+            serde_json::from_str(reports_json).map_err(|e| PyValueError::new_err(format!("scan reports: {e}")))?;
+        if reports.len() != urls.len() {
+            return Err(PyValueError::new_err("one URL per scan report is needed"));
+        }
+        let entries = reports.iter().zip(&urls).map(|(r, u)| r.to_index_entry(u, with_keys)).collect();
+        Ok(Self { index: Arc::new(Index::new(entries).map_err(index_err)?) })
+    }
+
+    fn to_json(&self, py: Python<'_>) -> Py<PyBytes> {
+        PyBytes::new(py, &self.index.to_json()).unbind()
+    }
+
+    #[getter]
+    fn urls(&self) -> Vec<String> {
+        self.index.shards().iter().map(|s| s.url.clone()).collect()
+    }
+
+    #[getter]
+    fn num_samples(&self) -> u64 {
+        self.index.num_samples()
+    }
+
+    #[getter]
+    fn num_valid(&self) -> u64 {
+        self.index.num_valid()
+    }
+
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.index.fingerprint()
+    }
+
+    fn __len__(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The epoch plan for these settings; with `state` (a `state_dict` JSON), the rest of the
+    /// epoch it describes, re-planned onto these settings if they differ.
+    #[pyo3(signature = (*, seed, epoch, world_size, workers, batch_size, block_size, drop_last, state = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &self,
+        py: Python<'_>,
+        seed: u64,
+        epoch: u64,
+        world_size: u32,
+        workers: u32,
+        batch_size: u64,
+        block_size: u64,
+        drop_last: bool,
+        state: Option<&str>,
+    ) -> PyResult<EpochPlanView> {
+        let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
+        let input = self.index.plan_input();
+        let plan = py
+            .detach(|| match state {
+                None => EpochPlan::new(&input, seed, epoch, config),
+                Some(json) => EpochState::from_json(json.as_bytes()).and_then(|st| EpochPlan::resume(&input, &st, config)),
+            })
+            .map_err(plan_err)?;
+        Ok(EpochPlanView { plan, index: self.index.clone() })
+    }
+}
+
+/// One epoch's plan over an index: what each reader reads, and the resumable state.
+#[pyclass(module = "shardstream._core", frozen)]
+pub struct EpochPlanView {
+    plan: EpochPlan,
+    index: Arc<Index>,
+}
+
+impl EpochPlanView {
+    fn span_tuples(&self, runs: &[plan::Run], urls: &[String]) -> PyResult<Vec<SpanTuple>> {
+        runs.iter()
+            .map(|run| {
+                let entry = self.index.shard(run.shard).ok_or_else(|| PyValueError::new_err("plan names an unknown shard"))?;
+                let url = urls.get(run.shard as usize).cloned().unwrap_or_else(|| entry.url.clone());
+                // Gzip shards cannot be entered in the middle: their offsets only tell how much
+                // decompressed stream to skip, which open_shard does from the start.
+                let (start_offset, first_ordinal) = match &entry.offsets {
+                    Some(offsets) => (offsets[run.start as usize], run.start),
+                    None => (0, 0),
+                };
+                Ok((url, run.shard, start_offset, first_ordinal, run.start, Some(run.end), None))
+            })
+            .collect()
+    }
+}
+
+#[pymethods]
+impl EpochPlanView {
+    /// Batches per rank from here on (the same on every rank).
+    #[getter]
+    fn num_batches(&self) -> u64 {
+        self.plan.num_batches()
+    }
+
+    #[getter]
+    fn remainder_len(&self) -> u64 {
+        self.plan.remainder_len()
+    }
+
+    /// Keys of the samples left out of this epoch (the tail < one global batch), when the index
+    /// holds keys.
+    fn remainder_keys(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        for run in self.plan.remainder() {
+            if let Some(entry) = self.index.shard(run.shard) {
+                keys.extend((run.start..run.end).filter_map(|o| entry.key(o).map(str::to_string)));
+            }
+        }
+        keys
+    }
+
+    /// What reader (rank, worker) reads: spans (with byte offsets), reserve spans and the block
+    /// shuffle. `urls` are the concrete URLs to open, in index order.
+    fn reader(&self, py: Python<'_>, rank: u32, worker: u32, urls: Vec<String>) -> PyResult<Py<PyAny>> {
+        let r = self.plan.reader(rank, worker).map_err(plan_err)?;
+        let d = PyDict::new(py);
+        d.set_item("spans", self.span_tuples(r.runs(), &urls)?)?;
+        d.set_item("reserve", self.span_tuples(r.reserve(), &urls)?)?;
+        d.set_item("num_batches", r.num_batches)?;
+        d.set_item("last_batch_size", r.last_batch_size)?;
+        d.set_item("block_size", r.shuffle.block_size())?;
+        d.set_item("shuffle_seed", r.shuffle.base_seed())?;
+        d.set_item("first_block", r.first_block)?;
+        d.set_item("skip_emitted", r.skip_emitted)?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// The resumable state after `batches` batches of this plan were consumed on every rank.
+    fn state(&self, batches: u64) -> PyResult<String> {
+        Ok(self.plan.state(batches, &[]).map_err(plan_err)?.to_json())
+    }
 }
 
 /// The running pipeline of one reader. Python lends output buffers (`submit`) and takes back
@@ -311,6 +475,9 @@ impl Loader {
         take!(max_member_bytes);
         if let Some(v) = get("num_batches")? {
             cfg.num_batches = v.extract()?;
+        }
+        if let Some(v) = get("last_batch_size")? {
+            cfg.last_batch_size = v.extract()?;
         }
         if let Some(v) = get("on_error")? {
             cfg.on_error = on_error(&v.extract::<String>()?)?;
@@ -420,6 +587,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Loader>()?;
+    m.add_class::<DatasetIndex>()?;
+    m.add_class::<EpochPlanView>()?;
     m.add_function(wrap_pyfunction!(scan_shard, m)?)?;
     m.add_function(wrap_pyfunction!(probe_image, m)?)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;

@@ -127,7 +127,13 @@ impl Decoder {
     pub fn probe(&mut self, bytes: &[u8]) -> Result<Probe, DecodeError> {
         match Format::sniff(bytes) {
             Format::Jpeg => {
-                let header = self.jpeg()?.read_header(bytes).map_err(|e| DecodeError::corrupt(format!("jpeg header: {e}")))?;
+                let header = match self.jpeg()?.read_header(bytes) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        self.jpeg = None;
+                        return Err(DecodeError::corrupt(format!("jpeg header: {e}")));
+                    }
+                };
                 Ok(Probe {
                     format: Format::Jpeg,
                     width: header.width as u32,
@@ -157,7 +163,11 @@ impl Decoder {
     pub fn decode(&mut self, bytes: &[u8], probe: &Probe, min_region_side: u32, target: u32, max_pixels: u64) -> Result<Rgb<'_>, DecodeError> {
         check_pixels(probe.width, probe.height, max_pixels)?;
         let (w, h) = match probe.format {
-            Format::Jpeg => self.decode_jpeg(bytes, probe, min_region_side, target)?,
+            Format::Jpeg => self.decode_jpeg(bytes, probe, min_region_side, target).inspect_err(|_| {
+                // libjpeg-turbo keeps state (Huffman tables, scan progress) from a failed decode
+                // that poisons the next image on the same handle: start the next one afresh.
+                self.jpeg = None;
+            })?,
             Format::Png | Format::Webp => self.decode_with_image_crate(bytes, probe, max_pixels)?,
             Format::Unknown => unreachable!("probe rejects unknown formats"),
         };
@@ -169,14 +179,9 @@ impl Decoder {
     }
 
     fn decode_jpeg(&mut self, bytes: &[u8], probe: &Probe, min_region_side: u32, target: u32) -> Result<(u32, u32), DecodeError> {
-        let mut denom = 1usize;
-        if target > 0 {
-            while denom < 8 && (min_region_side as usize).div_ceil(denom * 2) >= target as usize {
-                denom *= 2;
-            }
-        }
-        let scale = ScalingFactor::new(1, denom);
-        let dec = self.jpeg.as_mut().expect("probe initialised the decoder");
+        let scale = dct_scale(min_region_side, target);
+        self.jpeg()?;
+        let dec = self.jpeg.as_mut().expect("initialised above");
         let header = dec.read_header(bytes).map_err(|e| DecodeError::corrupt(format!("jpeg header: {e}")))?;
         let (scale, header) = if header.is_lossless {
             (ScalingFactor::ONE, header)
@@ -230,6 +235,20 @@ impl Decoder {
         self.pixels.extend_from_slice(rgb.as_raw());
         Ok((w, h))
     }
+}
+
+/// The largest power-of-two reduction (1/8, 1/4, 1/2) that keeps a region whose shorter side is
+/// `region_side` stored pixels at least `target` pixels, as Pillow's `draft()` chooses.
+/// libjpeg-turbo has SIMD IDCTs for these factors; the other M/8 factors run its plain C code
+/// and measured slower than a full-size decode here.
+fn dct_scale(region_side: u32, target: u32) -> ScalingFactor {
+    let mut denom = 1usize;
+    if target > 0 {
+        while denom < 8 && (region_side as usize).div_ceil(denom * 2) >= target as usize {
+            denom *= 2;
+        }
+    }
+    ScalingFactor::new(1, denom)
 }
 
 /// Rewrites `src` (w x h RGB) into `dst` as displayed under EXIF orientation `o`.

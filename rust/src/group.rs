@@ -129,15 +129,22 @@ pub struct SampleReader {
     done: bool,
     pending_fault: Option<ShardFault>,
     compressed: bool,
+    data_end: u64,
 }
 
 impl SampleReader {
     pub fn new(tar: TarReader<Box<dyn Read + Send>>, first_ordinal: u64) -> Self {
-        Self { tar, current: None, next_ordinal: first_ordinal, done: false, pending_fault: None, compressed: false }
+        Self { tar, current: None, next_ordinal: first_ordinal, done: false, pending_fault: None, compressed: false, data_end: 0 }
     }
 
     pub fn is_compressed(&self) -> bool {
         self.compressed
+    }
+
+    /// Offset just past the data (and padding) of the last member read: where a shard's samples
+    /// end and its end-of-archive blocks begin.
+    pub fn data_end(&self) -> u64 {
+        self.data_end
     }
 
     pub fn trailing_garbage(&self) -> bool {
@@ -198,6 +205,7 @@ impl Iterator for SampleReader {
                     return Some(Err(fault));
                 }
             };
+            self.data_end = self.tar.position();
             let (name, data, offset, oversized) = match entry {
                 Entry::File(m) => (m.name, m.data, m.offset, None),
                 Entry::Oversized { name, size, offset } => (name, Vec::new(), offset, Some(size)),

@@ -40,6 +40,8 @@ pub struct ShardSpan {
     /// Byte offset of the first sample to read (from the index; 0 without one).
     pub start_offset: u64,
     pub first_ordinal: u64,
+    /// Samples with a smaller ordinal are read past (a shard without offsets read from 0).
+    pub skip_before: u64,
     /// Exclusive end ordinal; `None` reads to the end of the shard.
     pub end_ordinal: Option<u64>,
     /// Keep only ordinals with `ordinal % modulus == remainder` (readers sharing a shard).
@@ -71,6 +73,8 @@ pub struct PipelineConfig {
     pub skip_emitted: u64,
     /// Exactly this many batches (planned mode, or streaming with `samples_per_epoch`).
     pub num_batches: Option<u64>,
+    /// Planned mode: size of the last batch (the plan's short batch with `drop_last=False`).
+    pub last_batch_size: Option<usize>,
     /// Spans carry exact ordinals: keep positions with placeholders, refill from the reserve.
     pub planned: bool,
     /// Streaming with a quota: start over from the first span when the spans run out.
@@ -95,6 +99,7 @@ impl Default for PipelineConfig {
             crop_seed: 0,
             skip_emitted: 0,
             num_batches: None,
+            last_batch_size: None,
             planned: false,
             cycle: false,
             drop_last: true,
@@ -275,7 +280,7 @@ fn shard_fault(url: &str, reason: Reason, detail: String) -> Fault {
 /// Returns false when the receiver is gone.
 fn read_span(span: &ShardSpan, cfg: &PipelineConfig, stats: &Stats, tx: &Sender<ReadMsg>, stop: &AtomicBool) -> bool {
     let send = |m: ReadMsg| tx.send(m).is_ok();
-    let mut next_expected = span.first_ordinal;
+    let mut next_expected = span.first_ordinal.max(span.skip_before);
     let mut fault: Option<Fault> = None;
     match open_shard(&span.url, span.start_offset, span.first_ordinal, cfg.max_member_bytes, &cfg.source, &stats.source) {
         Err(f) => fault = Some(shard_fault(&span.url, f.reason, f.detail)),
@@ -288,6 +293,9 @@ fn read_span(span: &ShardSpan, cfg: &PipelineConfig, stats: &Stats, tx: &Sender<
                     Ok(raw) => {
                         if span.end_ordinal.is_some_and(|end| raw.ordinal >= end) {
                             break;
+                        }
+                        if raw.ordinal < span.skip_before {
+                            continue;
                         }
                         next_expected = raw.ordinal + 1;
                         if let Some((m, r)) = span.stride {
@@ -462,6 +470,7 @@ impl ReserveReader {
             if let Some(reader) = self.current.as_mut() {
                 let span = &self.spans[self.next_span - 1];
                 match reader.next() {
+                    Some(Ok(raw)) if raw.ordinal < span.skip_before => continue,
                     Some(Ok(raw)) if span.end_ordinal.is_none_or(|e| raw.ordinal < e) => return Some((span.shard, raw)),
                     Some(Err(f)) => stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail)),
                     _ => {}
@@ -531,8 +540,12 @@ impl Batcher {
             }
             // Gather the batch's items first, so a short final batch is known before a buffer
             // is taken.
-            let mut items: Vec<Item> = Vec::with_capacity(b);
-            while items.len() < b {
+            let target = match (self.cfg.num_batches, self.cfg.last_batch_size) {
+                (Some(n), Some(last)) if self.cfg.planned && produced + 1 == n => last.min(b),
+                _ => b,
+            };
+            let mut items: Vec<Item> = Vec::with_capacity(target);
+            while items.len() < target {
                 match stream.next() {
                     Ok(Some(item)) => items.push(item),
                     Ok(None) => break,
@@ -564,7 +577,7 @@ impl Batcher {
             assert!(buffer.len >= b * self.slot_len, "output buffer too small");
             // SAFETY: see OutBuffer; the caller keeps the memory alive until this batch returns.
             let memory = unsafe { std::slice::from_raw_parts_mut(buffer.ptr, b * self.slot_len) };
-            match self.fill(items, memory, &mut stream) {
+            match self.fill(items, memory, &mut stream, target) {
                 Ok(Some(meta)) => {
                     produced += 1;
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -584,8 +597,8 @@ impl Batcher {
 
     /// Decodes `items` into `memory`, replacing failures; `Ok(None)` when the stream ended
     /// before a full batch and `drop_last` discards it.
-    fn fill(&mut self, items: Vec<Item>, memory: &mut [u8], stream: &mut BlockShuffle) -> Result<Option<BatchMeta>, Fault> {
-        let b = self.cfg.batch_size;
+    fn fill(&mut self, items: Vec<Item>, memory: &mut [u8], stream: &mut BlockShuffle, target: usize) -> Result<Option<BatchMeta>, Fault> {
+        let b = target;
         let cfg = &self.cfg;
         let started = Instant::now();
         let mut slots: Vec<(Slot, Result<String, (Reason, String)>)> = memory
@@ -603,8 +616,6 @@ impl Batcher {
             })
             .collect();
         self.stats.decode_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let urls: Vec<String> = vec![];
-        let _ = urls;
         let mut filled = 0usize;
         let mut good: Vec<bool> = Vec::with_capacity(b);
         for i in 0..slots.len() {
@@ -709,7 +720,7 @@ impl Batcher {
             shards.push(slot.shard);
             write += 1;
         }
-        if write < b && cfg.drop_last {
+        if write < b && cfg.drop_last && !cfg.planned {
             self.stats.record_remainder(keys);
             return Ok(None);
         }

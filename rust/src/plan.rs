@@ -938,7 +938,7 @@ fn check_record(layout: &Layout, record: &PhaseRecord) -> Result<(), PlanError> 
         let (a, b) = layout.reserve_range(u.rank as u64, u.reader as u64);
         if find_reserve_use(&record.reserve_used, u.rank, u.reader) > b - a {
             return Err(PlanError::State(format!(
-                "reader {} of rank {} used more reserve samples than its {} ",
+                "reader {} of rank {} used more than its {} reserve samples",
                 u.reader,
                 u.rank,
                 b - a

@@ -4,14 +4,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::Reason;
 use crate::group::open_shard;
+use crate::index::{InvalidSample as IndexInvalid, ShardEntry};
 use crate::sample::{caption, image_bytes, prepare, SampleSpec, Worker};
 use crate::source::{redact_url, SourceOptions, SourceStats};
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct InvalidSample {
     pub ordinal: u64,
     pub key: String,
@@ -19,18 +20,19 @@ pub struct InvalidSample {
     pub detail: String,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShardFatal {
     pub reason: Reason,
     pub detail: String,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShardReport {
     pub url: String,
     /// Bytes read from the source (compressed size for gzip shards).
     pub bytes: u64,
     pub samples: u64,
+    /// Byte offset of each sample's first header, then the end of the last sample's data.
     pub offsets: Vec<u64>,
     pub keys: Vec<String>,
     pub invalid: Vec<InvalidSample>,
@@ -67,11 +69,12 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         }
     };
     report.compressed = reader.is_compressed();
+    let mut reader = reader;
     let mut worker = Worker::default();
     let size = opts.spec.image_size as usize;
     let mut slot = vec![0u8; 3 * size * size];
     let mut first_ordinal_of_key: HashMap<String, u64> = HashMap::new();
-    for item in reader {
+    while let Some(item) = reader.next() {
         let raw = match item {
             Ok(raw) => raw,
             Err(f) => {
@@ -100,6 +103,34 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
             report.invalid.push(InvalidSample { ordinal: raw.ordinal, key: raw.key, reason, detail });
         }
     }
+    if report.fatal.is_none() {
+        report.offsets.push(reader.data_end());
+    }
     report.bytes = stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
     report
+}
+
+impl ShardReport {
+    /// The index entry of this shard under `url` (the URL users give, not a presigned one).
+    /// A shard that could not be read completely has no offsets: training will read it from the
+    /// start and treat missing samples as run-time failures.
+    pub fn to_index_entry(&self, url: &str, with_keys: bool) -> ShardEntry {
+        let mut entry = ShardEntry::new(url, self.samples);
+        entry.size = Some(self.bytes);
+        entry.compressed = self.compressed;
+        if self.fatal.is_none() && self.offsets.len() as u64 == self.samples + 1 {
+            entry.offsets = Some(self.offsets.clone());
+        }
+        if with_keys {
+            entry.keys = Some(self.keys.clone());
+        }
+        entry.invalid = self
+            .invalid
+            .iter()
+            .map(|i| IndexInvalid { ordinal: i.ordinal, key: i.key.clone(), reason: i.reason, detail: i.detail.clone() })
+            .collect();
+        entry.invalid.sort_by_key(|i| i.ordinal);
+        entry.invalid.dedup_by_key(|i| i.ordinal);
+        entry
+    }
 }

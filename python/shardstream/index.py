@@ -1,0 +1,90 @@
+"""The dataset index: per shard its URL, size, sample count, per-sample byte offsets and the
+samples validation rejected. It makes epochs exact (see ``shardstream.plan``).
+
+The format is defined once, in rust/src/index.rs, and documented in docs/epoch-plan.md; this
+module loads, builds and writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import urllib.request
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from shardstream import _core
+from shardstream.errors import ShardError
+from shardstream.urls import expand_urls, redact, scheme_of
+
+DatasetIndex = _core.DatasetIndex
+
+
+def load_index(source: Any, *, timeout: float = 60.0, **source_options: Any) -> DatasetIndex:
+    """An index from a DatasetIndex, bytes, a local path, or an http(s)/s3 URL."""
+    if isinstance(source, DatasetIndex):
+        return source
+    if isinstance(source, (bytes, bytearray)):
+        data = bytes(source)
+        where = "<bytes>"
+    else:
+        where = os.fspath(source)
+        if scheme_of(where) == "local" or where.startswith("file://"):
+            path = where.removeprefix("file://")
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise ShardError("unreadable", where, "", f"cannot read index: {e.strerror}") from None
+        else:
+            (url,) = expand_urls(where, **source_options)
+            try:
+                with urllib.request.urlopen(url.url, timeout=timeout) as response:  # noqa: S310 - http(s) only
+                    data = response.read()
+            except OSError as e:
+                raise ShardError("unreadable", url.display, "", f"cannot fetch index: {e}") from None
+    try:
+        return DatasetIndex.from_json(data)
+    except ValueError as e:
+        raise ShardError("corrupt_tar", redact(where), "", f"not a shardstream index: {e}") from None
+
+
+def scan_shards(urls: Iterable[Any], *, threads: int | None = None, **scan_options: Any) -> list[dict[str, Any]]:
+    """``_core.scan_shard`` over shards in parallel (the scan releases the GIL)."""
+    shards = list(urls)
+    workers = threads or len(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(lambda u: _core.scan_shard(str(u), **scan_options), shards))
+
+
+def index_from_reports(reports: list[dict[str, Any]], urls: list[str] | None = None, *, with_keys: bool = True) -> DatasetIndex:
+    """An index from scan reports; ``urls`` are the names users give the shards (default: the
+    reports' own, already redacted, URLs)."""
+    names = urls if urls is not None else [r["url"] for r in reports]
+    return DatasetIndex.from_scan_reports(json.dumps(reports), [str(n) for n in names], with_keys)
+
+
+def build_index(spec: Any, *, decode: bool = True, threads: int | None = None, with_keys: bool = True, **options: Any) -> DatasetIndex:
+    """Scans every shard of ``spec`` (validating samples unless ``decode=False``) and indexes them."""
+    shards = expand_urls(spec, **options.pop("source_options", {}))
+    reports = scan_shards(shards, threads=threads, decode=decode, **options)
+    return index_from_reports(reports, [s.display for s in shards], with_keys=with_keys)
+
+
+def write_index(index_or_reports: Any, path: str, *, urls: list[str] | None = None) -> str:
+    """Writes an index atomically (temp file + rename); accepts an index or scan reports."""
+    index = index_or_reports if isinstance(index_or_reports, DatasetIndex) else index_from_reports(index_or_reports, urls)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".index-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(index.to_json())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

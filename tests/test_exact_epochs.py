@@ -1,0 +1,134 @@
+"""Exact epochs with an index, in one process per simulated rank (the torchrun tests in
+test_distributed.py run the same contracts across real processes)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from corpus import good_samples, photo_jpegs, sample_members, tar_bytes, write_file
+
+import shardstream
+from shardstream.index import build_index, load_index, write_index
+
+COUNTS = [1, 7, 3, 12, 5, 9]  # deliberately uneven, one single-sample shard
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("exact")
+    paths, keys = [], []
+    for i, n in enumerate(COUNTS):
+        samples = good_samples(n, seed=100 + i, prefix=f"s{i}_")
+        members = [m for k, s in samples for m in sample_members(k, s)]
+        if i == 3:  # one sample that validation rejects: the index excludes it
+            members += [("s3_bad.jpg", photo_jpegs(1)[0][:300]), ("s3_bad.txt", b"truncated jpeg")]
+        paths.append(write_file(str(d / f"shard-{i:02d}.tar"), tar_bytes(members)))
+        keys += [k for k, _ in samples]
+    index_path = write_index(build_index(paths), str(d / "index.json"))
+    return paths, keys, index_path
+
+
+def run(paths, index, *, rank, world, batch=4, seed=0, epoch=0, state=None, stop_after=None, **kw):
+    loader = shardstream.ShardLoader(paths, index=index, batch_size=batch, image_size=32, seed=seed,
+                                     rank=rank, world_size=world, shuffle_buffer=5, threads=1, **kw)
+    loader.set_epoch(epoch)
+    if state is not None:
+        loader.load_state_dict(state)
+    batches = []
+    for b in loader:
+        batches.append(list(b.keys))
+        if stop_after is not None and len(batches) == stop_after:
+            return batches, loader.state_dict(), loader
+    return batches, None, loader
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_valid_sample_exactly_once_with_equal_batches(dataset, world):
+    paths, keys, index = dataset
+    per_rank = [run(paths, index, rank=r, world=world)[0] for r in range(world)]
+    assert len({len(b) for b in per_rank}) == 1, "every rank yields the same number of batches"
+    seen = [k for batches in per_rank for b in batches for k in b]
+    assert len(seen) == len(set(seen))
+    loader = run(paths, index, rank=0, world=world)[2]
+    remainder = loader.stats["remainder_keys"]
+    assert loader.stats["remainder"] == len(remainder) < world * 4
+    assert sorted(seen + remainder) == sorted(keys), "union is the dataset minus the reported remainder"
+    assert "s3_bad" not in seen
+    assert len(loader) == len(per_rank[0])
+
+
+def test_deterministic_and_fresh_per_epoch(dataset):
+    paths, _, index = dataset
+    a = run(paths, index, rank=1, world=2, seed=7)[0]
+    assert a == run(paths, index, rank=1, world=2, seed=7)[0]
+    assert a != run(paths, index, rank=1, world=2, seed=7, epoch=1)[0]
+    assert a != run(paths, index, rank=1, world=2, seed=8)[0]
+
+
+@pytest.mark.parametrize("stop", [1, 2, 4])
+def test_resume_continues_with_the_exact_next_batches(dataset, stop):
+    paths, _, index = dataset
+    full = run(paths, index, rank=0, world=2, seed=3)[0]
+    first, state, _ = run(paths, index, rank=0, world=2, seed=3, stop_after=stop)
+    states = [run(paths, index, rank=r, world=2, seed=3, stop_after=stop)[1] for r in range(2)]
+    assert states[0] == states[1] == state, "the state is identical on every rank"
+    assert len(str(state)) < 1000, "the state is small"
+    rest = run(paths, index, rank=0, world=2, seed=3, state=state)[0]
+    assert first + rest == full
+
+
+def test_elastic_resume_onto_another_world_size(dataset):
+    paths, keys, index = dataset
+    before = [run(paths, index, rank=r, world=3, seed=5, stop_after=1) for r in range(3)]
+    state = before[0][1]
+    seen = [k for batches, _, _ in before for b in batches for k in b]
+    after = [run(paths, index, rank=r, world=2, seed=5, state=state) for r in range(2)]
+    assert len({len(b) for b, _, _ in after}) == 1
+    seen += [k for batches, _, _ in after for b in batches for k in b]
+    assert len(seen) == len(set(seen)), "nothing seen twice"
+    remainder = after[0][2].stats["remainder_keys"]
+    assert sorted(seen + remainder) == sorted(keys), "nothing lost but the reported remainder"
+
+
+def test_sample_corrupt_only_at_run_time_keeps_batches_equal(tmp_path):
+    paths = []
+    for i in range(3):
+        samples = good_samples(6, seed=200 + i, prefix=f"r{i}_")
+        members = [m for k, s in samples for m in sample_members(k, s)]
+        if i == 1:
+            members[0] = (members[0][0], members[0][1][:400])  # r1_0000.jpg cut short
+        paths.append(write_file(str(tmp_path / f"rt-{i}.tar"), tar_bytes(members)))
+    index = write_index(build_index(paths, decode=False), str(tmp_path / "index.json"))  # structural only
+    assert load_index(index).num_valid == 18
+    results = [run(paths, index, rank=r, world=2, batch=4) for r in range(2)]
+    assert [len(b) for b, _, _ in results] == [2, 2]
+    assert all(len(batch) == 4 for b, _, _ in results for batch in b)
+    stats = [loader.stats for _, _, loader in results]
+    assert sum(s["skipped"].get("corrupt_image", 0) for s in stats) == 1
+    assert sum(s["replaced"] + s["padded"] for s in stats) == 1
+    seen = [k for b, _, _ in results for batch in b for k in batch]
+    assert "r1_0000" not in seen
+
+
+def test_dataloader_workers_split_a_rank_exactly(dataset):
+    paths, keys, index = dataset
+    plain = run(paths, index, rank=0, world=1, batch=3)[0]
+    loader = shardstream.ShardLoader(paths, index=index, batch_size=3, image_size=32, shuffle_buffer=5, threads=1)
+    batches = [list(b.keys) for b in loader.dataloader(num_workers=2)]
+    assert len(batches) == len(plain) == len(loader)
+    got = collections.Counter(k for b in batches for k in b)
+    assert got == collections.Counter(k for b in plain for k in b)
+    assert max(got.values()) == 1
+    assert isinstance(loader.state_dict(), dict) and torch.is_tensor(torch.zeros(1))
+
+
+def test_index_round_trip_and_mismatched_urls(dataset, tmp_path):
+    paths, keys, index = dataset
+    idx = load_index(index)
+    assert idx.num_samples == len(keys) + 1 and idx.num_valid == len(keys)
+    with pytest.raises(ValueError, match="differ"):
+        shardstream.ShardLoader(paths[:2], index=index, batch_size=2)
+    # urls may be omitted: the index names the shards
+    assert run(None, index, rank=0, world=1)[0] == run(paths, index, rank=0, world=1)[0]
