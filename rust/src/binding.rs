@@ -12,16 +12,21 @@ use crate::decode::Decoder;
 use crate::error::Fault;
 use crate::group::{open_shard, SampleReader};
 use crate::index::Index;
-use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
-use crate::scan::ShardReport;
-use crate::rng;
 use crate::pipeline::{OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan};
+use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
 use crate::resize::CropMode;
+use crate::rng;
 use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
+use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
 use crate::source::{redact_url, SourceOptions, SourceStats};
 
-create_exception!(_core, CoreFault, PyException, "A shard or sample fault: args = (reason, url, key, detail).");
+create_exception!(
+    _core,
+    CoreFault,
+    PyException,
+    "A shard or sample fault: args = (reason, url, key, detail)."
+);
 
 fn fault_to_py(f: Fault) -> PyErr {
     CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail))
@@ -36,15 +41,22 @@ fn on_error(s: &str) -> PyResult<OnError> {
     match s {
         "skip" => Ok(OnError::Skip),
         "raise" => Ok(OnError::Raise),
-        other => Err(PyValueError::new_err(format!("on_error must be 'skip' or 'raise', not {other:?}"))),
+        other => Err(PyValueError::new_err(format!(
+            "on_error must be 'skip' or 'raise', not {other:?}"
+        ))),
     }
 }
 
 fn crop_mode(crop: &str, scale: (f64, f64)) -> PyResult<CropMode> {
     match crop {
         "center" => Ok(CropMode::Center),
-        "random" => Ok(CropMode::RandomResized { scale, ratio: (3.0 / 4.0, 4.0 / 3.0) }),
-        other => Err(PyValueError::new_err(format!("crop must be 'center' or 'random', not {other:?}"))),
+        "random" => Ok(CropMode::RandomResized {
+            scale,
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+        }),
+        other => Err(PyValueError::new_err(format!(
+            "crop must be 'center' or 'random', not {other:?}"
+        ))),
     }
 }
 
@@ -114,7 +126,9 @@ impl SampleIter {
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         if urls.len() != display_urls.len() {
-            return Err(PyValueError::new_err("urls and display_urls differ in length"));
+            return Err(PyValueError::new_err(
+                "urls and display_urls differ in length",
+            ));
         }
         let source = match config {
             Some(c) => source_options(c)?,
@@ -148,20 +162,36 @@ impl SampleIter {
             let shard = self.next_shard;
             let item = {
                 let current = &self.current;
-                py.detach(|| current.lock().expect("reader lock").as_mut().and_then(|r| r.next()))
+                py.detach(|| {
+                    current
+                        .lock()
+                        .expect("reader lock")
+                        .as_mut()
+                        .and_then(|r| r.next())
+                })
             };
             let Some(item) = item else {
                 // Current shard exhausted (or none open yet): open the next one.
                 if shard >= self.urls.len() {
                     return Ok(None);
                 }
-                let (url, max, opts, stats) = (&self.urls[shard], self.max_member_bytes, &self.source, &self.stats);
+                let (url, max, opts, stats) = (
+                    &self.urls[shard],
+                    self.max_member_bytes,
+                    &self.source,
+                    &self.stats,
+                );
                 let opened = py.detach(|| open_shard(url, 0, 0, max, opts, stats));
                 self.next_shard += 1;
                 match opened {
                     Ok(r) => *self.current.lock().expect("reader lock") = Some(r),
                     Err(f) => {
-                        let fault = Fault { reason: f.reason, url: self.display[shard].clone(), key: String::new(), detail: f.detail };
+                        let fault = Fault {
+                            reason: f.reason,
+                            url: self.display[shard].clone(),
+                            key: String::new(),
+                            detail: f.detail,
+                        };
                         if self.on_error == OnError::Raise {
                             return Err(fault_to_py(fault));
                         }
@@ -175,14 +205,24 @@ impl SampleIter {
                 Err(f) => {
                     *self.current.lock().expect("reader lock") = None;
                     if self.on_error == OnError::Raise {
-                        return Err(fault_to_py(Fault { reason: f.reason, url: display.clone(), key: String::new(), detail: f.detail }));
+                        return Err(fault_to_py(Fault {
+                            reason: f.reason,
+                            url: display.clone(),
+                            key: String::new(),
+                            detail: f.detail,
+                        }));
                     }
                     self.skipped += 1;
                 }
                 Ok(raw) => {
                     if let Some((reason, detail)) = raw.defect {
                         if self.on_error == OnError::Raise {
-                            return Err(fault_to_py(Fault { reason, url: display.clone(), key: raw.key, detail }));
+                            return Err(fault_to_py(Fault {
+                                reason,
+                                url: display.clone(),
+                                key: raw.key,
+                                detail,
+                            }));
                         }
                         self.skipped += 1;
                         continue;
@@ -216,11 +256,22 @@ fn scan_shard(
     max_member_bytes: u64,
     image_size: u32,
 ) -> PyResult<Py<PyAny>> {
-    let mut spec = SampleSpec { caption: CaptionSource::parse(caption_key), max_pixels, image_size, ..SampleSpec::default() };
+    let mut spec = SampleSpec {
+        caption: CaptionSource::parse(caption_key),
+        max_pixels,
+        image_size,
+        ..SampleSpec::default()
+    };
     if let Some(keys) = image_keys {
         spec.image_keys = keys;
     }
-    let opts = ScanOptions { decode, require_caption, max_member_bytes, spec, source: SourceOptions::default() };
+    let opts = ScanOptions {
+        decode,
+        require_caption,
+        max_member_bytes,
+        spec,
+        source: SourceOptions::default(),
+    };
     let report = py.detach(|| scan(url, &opts));
     let value = serde_json::to_value(&report).map_err(|e| PyValueError::new_err(e.to_string()))?;
     json_to_py(py, &value)
@@ -229,7 +280,9 @@ fn scan_shard(
 /// (format, width, height) from an image's header, without decoding pixels.
 #[pyfunction]
 fn probe_image(data: &[u8]) -> PyResult<(String, u32, u32)> {
-    let probe = Decoder::new().probe(data).map_err(|e| PyValueError::new_err(format!("{}: {}", e.reason, e.detail)))?;
+    let probe = Decoder::new()
+        .probe(data)
+        .map_err(|e| PyValueError::new_err(format!("{}: {}", e.reason, e.detail)))?;
     let (w, h) = probe.oriented_size();
     Ok((probe.format.name().to_string(), w, h))
 }
@@ -245,7 +298,11 @@ fn decode_image(py: Python<'_>, data: &[u8], size: u32, max_pixels: u64) -> PyRe
         ordinal: 0,
         defect: None,
     };
-    let spec = SampleSpec { image_size: size, max_pixels, ..SampleSpec::default() };
+    let spec = SampleSpec {
+        image_size: size,
+        max_pixels,
+        ..SampleSpec::default()
+    };
     let mut out = vec![0u8; 3 * size as usize * size as usize];
     py.detach(|| prepare(&raw, &spec, 0, &mut Worker::default(), &mut out))
         .map_err(|(reason, detail)| PyValueError::new_err(format!("{reason}: {detail}")))?;
@@ -263,15 +320,19 @@ type SpanTuple = (String, u32, u64, u64, u64, Option<u64>, Option<(u64, u64)>);
 
 fn spans(list: Vec<SpanTuple>) -> Vec<ShardSpan> {
     list.into_iter()
-        .map(|(url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)| ShardSpan {
-            url,
-            shard,
-            start_offset,
-            first_ordinal,
-            skip_before,
-            end_ordinal,
-            stride,
-        })
+        .map(
+            |(url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)| {
+                ShardSpan {
+                    url,
+                    shard,
+                    start_offset,
+                    first_ordinal,
+                    skip_before,
+                    end_ordinal,
+                    stride,
+                }
+            },
+        )
         .collect()
 }
 
@@ -291,20 +352,28 @@ impl DatasetIndex {
     #[staticmethod]
     fn from_json(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
         let index = py.detach(|| Index::from_json(data)).map_err(index_err)?;
-        Ok(Self { index: Arc::new(index) })
+        Ok(Self {
+            index: Arc::new(index),
+        })
     }
 
     /// Builds an index from `scan_shard` reports (as JSON text) and the URLs users name them by.
     #[staticmethod]
     #[pyo3(signature = (reports_json, urls, with_keys = true))]
     fn from_scan_reports(reports_json: &str, urls: Vec<String>, with_keys: bool) -> PyResult<Self> {
-        let reports: Vec<ShardReport> =
-            serde_json::from_str(reports_json).map_err(|e| PyValueError::new_err(format!("scan reports: {e}")))?;
+        let reports: Vec<ShardReport> = serde_json::from_str(reports_json)
+            .map_err(|e| PyValueError::new_err(format!("scan reports: {e}")))?;
         if reports.len() != urls.len() {
             return Err(PyValueError::new_err("one URL per scan report is needed"));
         }
-        let entries = reports.iter().zip(&urls).map(|(r, u)| r.to_index_entry(u, with_keys)).collect();
-        Ok(Self { index: Arc::new(Index::new(entries).map_err(index_err)?) })
+        let entries = reports
+            .iter()
+            .zip(&urls)
+            .map(|(r, u)| r.to_index_entry(u, with_keys))
+            .collect();
+        Ok(Self {
+            index: Arc::new(Index::new(entries).map_err(index_err)?),
+        })
     }
 
     fn to_json(&self, py: Python<'_>) -> Py<PyBytes> {
@@ -356,10 +425,14 @@ impl DatasetIndex {
         let plan = py
             .detach(|| match state {
                 None => EpochPlan::new(&input, seed, epoch, config),
-                Some(json) => EpochState::from_json(json.as_bytes()).and_then(|st| EpochPlan::resume(&input, &st, config)),
+                Some(json) => EpochState::from_json(json.as_bytes())
+                    .and_then(|st| EpochPlan::resume(&input, &st, config)),
             })
             .map_err(plan_err)?;
-        Ok(EpochPlanView { plan, index: self.index.clone() })
+        Ok(EpochPlanView {
+            plan,
+            index: self.index.clone(),
+        })
     }
 }
 
@@ -374,15 +447,29 @@ impl EpochPlanView {
     fn span_tuples(&self, runs: &[plan::Run], urls: &[String]) -> PyResult<Vec<SpanTuple>> {
         runs.iter()
             .map(|run| {
-                let entry = self.index.shard(run.shard).ok_or_else(|| PyValueError::new_err("plan names an unknown shard"))?;
-                let url = urls.get(run.shard as usize).cloned().unwrap_or_else(|| entry.url.clone());
+                let entry = self
+                    .index
+                    .shard(run.shard)
+                    .ok_or_else(|| PyValueError::new_err("plan names an unknown shard"))?;
+                let url = urls
+                    .get(run.shard as usize)
+                    .cloned()
+                    .unwrap_or_else(|| entry.url.clone());
                 // Gzip shards cannot be entered in the middle: their offsets only tell how much
                 // decompressed stream to skip, which open_shard does from the start.
                 let (start_offset, first_ordinal) = match &entry.offsets {
                     Some(offsets) => (offsets[run.start as usize], run.start),
                     None => (0, 0),
                 };
-                Ok((url, run.shard, start_offset, first_ordinal, run.start, Some(run.end), None))
+                Ok((
+                    url,
+                    run.shard,
+                    start_offset,
+                    first_ordinal,
+                    run.start,
+                    Some(run.end),
+                    None,
+                ))
             })
             .collect()
     }
@@ -415,7 +502,13 @@ impl EpochPlanView {
 
     /// What reader (rank, worker) reads: spans (with byte offsets), reserve spans and the block
     /// shuffle. `urls` are the concrete URLs to open, in index order.
-    fn reader(&self, py: Python<'_>, rank: u32, worker: u32, urls: Vec<String>) -> PyResult<Py<PyAny>> {
+    fn reader(
+        &self,
+        py: Python<'_>,
+        rank: u32,
+        worker: u32,
+        urls: Vec<String>,
+    ) -> PyResult<Py<PyAny>> {
         let r = self.plan.reader(rank, worker).map_err(plan_err)?;
         let d = PyDict::new(py);
         d.set_item("spans", self.span_tuples(r.runs(), &urls)?)?;
@@ -435,6 +528,12 @@ impl EpochPlanView {
     }
 }
 
+/// (samples, keys, texts, shard URLs) of one batch.
+type BatchTuple = (usize, Py<PyList>, Py<PyList>, Py<PyList>);
+
+/// (shard ids in reading order, (stride, offset), batches, shuffle base seed).
+type ShardAssignmentTuple = (Vec<u32>, (u64, u64), u64, u64);
+
 /// The running pipeline of one reader. Python lends output buffers (`submit`) and takes back
 /// finished batches (`next_batch`) in the same order.
 #[pyclass(module = "shardstream._core")]
@@ -448,9 +547,18 @@ pub struct Loader {
 impl Loader {
     /// `spans`/`reserve`: (url, shard, start_offset, first_ordinal, end_ordinal, stride).
     #[new]
-    fn new(spans_list: Vec<SpanTuple>, reserve: Vec<SpanTuple>, display_urls: Vec<String>, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+    fn new(
+        spans_list: Vec<SpanTuple>,
+        reserve: Vec<SpanTuple>,
+        display_urls: Vec<String>,
+        config: &Bound<'_, PyDict>,
+    ) -> PyResult<Self> {
         let get = |k: &str| config.get_item(k);
-        let mut cfg = PipelineConfig { spec: sample_spec(config)?, source: source_options(config)?, ..PipelineConfig::default() };
+        let mut cfg = PipelineConfig {
+            spec: sample_spec(config)?,
+            source: source_options(config)?,
+            ..PipelineConfig::default()
+        };
         macro_rules! take {
             ($field:ident) => {
                 if let Some(v) = get(stringify!($field))? {
@@ -485,9 +593,14 @@ impl Loader {
         if cfg.batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be positive"));
         }
-        let batch_bytes = cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
+        let batch_bytes =
+            cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
         let pipeline = Pipeline::start(spans(spans_list), spans(reserve), cfg);
-        Ok(Self { pipeline: Some(pipeline), display: display_urls, batch_bytes })
+        Ok(Self {
+            pipeline: Some(pipeline),
+            display: display_urls,
+            batch_bytes,
+        })
     }
 
     #[getter]
@@ -499,15 +612,25 @@ impl Loader {
     /// the batch filled into it is returned by `next_batch` (or the loader is closed).
     fn submit(&self, ptr: usize, nbytes: usize) -> PyResult<bool> {
         if nbytes < self.batch_bytes {
-            return Err(PyValueError::new_err(format!("buffer of {nbytes} bytes; a batch needs {}", self.batch_bytes)));
+            return Err(PyValueError::new_err(format!(
+                "buffer of {nbytes} bytes; a batch needs {}",
+                self.batch_bytes
+            )));
         }
-        let Some(p) = &self.pipeline else { return Ok(false) };
-        Ok(p.submit(OutBuffer { ptr: ptr as *mut u8, len: nbytes }))
+        let Some(p) = &self.pipeline else {
+            return Ok(false);
+        };
+        Ok(p.submit(OutBuffer {
+            ptr: ptr as *mut u8,
+            len: nbytes,
+        }))
     }
 
     /// (n, keys, texts, shard_urls) of the next batch, or None at the end of the epoch.
-    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<(usize, Py<PyList>, Py<PyList>, Py<PyList>)>> {
-        let Some(p) = &self.pipeline else { return Ok(None) };
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchTuple>> {
+        let Some(p) = &self.pipeline else {
+            return Ok(None);
+        };
         match py.detach(|| p.next_batch()) {
             None => Ok(None),
             Some(Err(mut fault)) => {
@@ -519,7 +642,11 @@ impl Loader {
                 Err(fault_to_py(fault))
             }
             Some(Ok(meta)) => {
-                let urls: Vec<&str> = meta.shards.iter().map(|&s| self.display.get(s as usize).map_or("", |u| u.as_str())).collect();
+                let urls: Vec<&str> = meta
+                    .shards
+                    .iter()
+                    .map(|&s| self.display.get(s as usize).map_or("", |u| u.as_str()))
+                    .collect();
                 Ok(Some((
                     meta.len,
                     PyList::new(py, &meta.keys)?.unbind(),
@@ -545,8 +672,20 @@ impl Loader {
     }
 }
 
-fn phase_config(world_size: u32, workers: u32, batch_size: u64, block_size: u64, drop_last: bool) -> PhaseConfig {
-    PhaseConfig { world_size, workers, batch_size, block_size: block_size.max(1), drop_last }
+fn phase_config(
+    world_size: u32,
+    workers: u32,
+    batch_size: u64,
+    block_size: u64,
+    drop_last: bool,
+) -> PhaseConfig {
+    PhaseConfig {
+        world_size,
+        workers,
+        batch_size,
+        block_size: block_size.max(1),
+        drop_last,
+    }
 }
 
 fn plan_err(e: crate::plan::PlanError) -> PyErr {
@@ -575,10 +714,24 @@ fn assign_shards(
     samples_per_epoch: u64,
     rank: u32,
     worker: u32,
-) -> PyResult<(Vec<u32>, (u64, u64), u64, u64)> {
+) -> PyResult<ShardAssignmentTuple> {
     let config = phase_config(world_size, workers, batch_size, block_size, true);
-    let a = plan::assign_shards(num_shards, seed, epoch, config, samples_per_epoch, rank, worker).map_err(plan_err)?;
-    Ok((a.shards, (a.stride, a.offset), a.num_batches, a.shuffle.base_seed()))
+    let a = plan::assign_shards(
+        num_shards,
+        seed,
+        epoch,
+        config,
+        samples_per_epoch,
+        rank,
+        worker,
+    )
+    .map_err(plan_err)?;
+    Ok((
+        a.shards,
+        (a.stride, a.offset),
+        a.num_batches,
+        a.shuffle.base_seed(),
+    ))
 }
 
 #[pymodule]

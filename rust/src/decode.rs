@@ -51,7 +51,10 @@ pub struct DecodeError {
 
 impl DecodeError {
     fn corrupt(detail: impl Into<String>) -> Self {
-        Self { reason: Reason::CorruptImage, detail: detail.into() }
+        Self {
+            reason: Reason::CorruptImage,
+            detail: detail.into(),
+        }
     }
 }
 
@@ -98,7 +101,9 @@ impl Default for Decoder {
 
 fn check_pixels(width: u32, height: u32, max_pixels: u64) -> Result<(), DecodeError> {
     if width == 0 || height == 0 {
-        return Err(DecodeError::corrupt(format!("image has size {width}x{height}")));
+        return Err(DecodeError::corrupt(format!(
+            "image has size {width}x{height}"
+        )));
     }
     let pixels = width as u64 * height as u64;
     if pixels > max_pixels {
@@ -112,12 +117,17 @@ fn check_pixels(width: u32, height: u32, max_pixels: u64) -> Result<(), DecodeEr
 
 impl Decoder {
     pub fn new() -> Self {
-        Self { jpeg: None, pixels: Vec::new(), oriented: Vec::new() }
+        Self {
+            jpeg: None,
+            pixels: Vec::new(),
+            oriented: Vec::new(),
+        }
     }
 
     fn jpeg(&mut self) -> Result<&mut Decompressor, DecodeError> {
         if self.jpeg.is_none() {
-            let d = Decompressor::new().map_err(|e| DecodeError::corrupt(format!("libjpeg-turbo init: {e}")))?;
+            let d = Decompressor::new()
+                .map_err(|e| DecodeError::corrupt(format!("libjpeg-turbo init: {e}")))?;
             self.jpeg = Some(d);
         }
         Ok(self.jpeg.as_mut().expect("initialised above"))
@@ -144,11 +154,21 @@ impl Decoder {
             format @ (Format::Png | Format::Webp) => {
                 let reader = image::ImageReader::with_format(
                     Cursor::new(bytes),
-                    if format == Format::Png { image::ImageFormat::Png } else { image::ImageFormat::WebP },
+                    if format == Format::Png {
+                        image::ImageFormat::Png
+                    } else {
+                        image::ImageFormat::WebP
+                    },
                 );
-                let (width, height) =
-                    reader.into_dimensions().map_err(|e| DecodeError::corrupt(format!("{} header: {e}", format.name())))?;
-                Ok(Probe { format, width, height, orientation: 1 })
+                let (width, height) = reader
+                    .into_dimensions()
+                    .map_err(|e| DecodeError::corrupt(format!("{} header: {e}", format.name())))?;
+                Ok(Probe {
+                    format,
+                    width,
+                    height,
+                    orientation: 1,
+                })
             }
             Format::Unknown => Err(DecodeError {
                 reason: Reason::UnsupportedFormat,
@@ -160,35 +180,62 @@ impl Decoder {
     /// Decodes to RGB8, reduced by the largest power-of-two DCT factor that keeps a region of
     /// `need_w x need_h` stored pixels at least `target` pixels on its shorter side
     /// (`target == 0` asks for full size). Applies the EXIF orientation.
-    pub fn decode(&mut self, bytes: &[u8], probe: &Probe, min_region_side: u32, target: u32, max_pixels: u64) -> Result<Rgb<'_>, DecodeError> {
+    pub fn decode(
+        &mut self,
+        bytes: &[u8],
+        probe: &Probe,
+        min_region_side: u32,
+        target: u32,
+        max_pixels: u64,
+    ) -> Result<Rgb<'_>, DecodeError> {
         check_pixels(probe.width, probe.height, max_pixels)?;
         let (w, h) = match probe.format {
-            Format::Jpeg => self.decode_jpeg(bytes, probe, min_region_side, target).inspect_err(|_| {
-                // libjpeg-turbo keeps state (Huffman tables, scan progress) from a failed decode
-                // that poisons the next image on the same handle: start the next one afresh.
-                self.jpeg = None;
-            })?,
+            Format::Jpeg => self
+                .decode_jpeg(bytes, probe, min_region_side, target)
+                .inspect_err(|_| {
+                    // libjpeg-turbo keeps state (Huffman tables, scan progress) from a failed decode
+                    // that poisons the next image on the same handle: start the next one afresh.
+                    self.jpeg = None;
+                })?,
             Format::Png | Format::Webp => self.decode_with_image_crate(bytes, probe, max_pixels)?,
             Format::Unknown => unreachable!("probe rejects unknown formats"),
         };
         if probe.orientation > 1 && probe.orientation <= 8 {
-            let (ow, oh) = apply_orientation(&self.pixels, w, h, probe.orientation, &mut self.oriented);
-            return Ok(Rgb { width: ow, height: oh, pixels: &self.oriented[..ow as usize * oh as usize * 3] });
+            let (ow, oh) =
+                apply_orientation(&self.pixels, w, h, probe.orientation, &mut self.oriented);
+            return Ok(Rgb {
+                width: ow,
+                height: oh,
+                pixels: &self.oriented[..ow as usize * oh as usize * 3],
+            });
         }
-        Ok(Rgb { width: w, height: h, pixels: &self.pixels[..w as usize * h as usize * 3] })
+        Ok(Rgb {
+            width: w,
+            height: h,
+            pixels: &self.pixels[..w as usize * h as usize * 3],
+        })
     }
 
-    fn decode_jpeg(&mut self, bytes: &[u8], probe: &Probe, min_region_side: u32, target: u32) -> Result<(u32, u32), DecodeError> {
+    fn decode_jpeg(
+        &mut self,
+        bytes: &[u8],
+        probe: &Probe,
+        min_region_side: u32,
+        target: u32,
+    ) -> Result<(u32, u32), DecodeError> {
         let scale = dct_scale(min_region_side, target);
         self.jpeg()?;
         let dec = self.jpeg.as_mut().expect("initialised above");
-        let header = dec.read_header(bytes).map_err(|e| DecodeError::corrupt(format!("jpeg header: {e}")))?;
+        let header = dec
+            .read_header(bytes)
+            .map_err(|e| DecodeError::corrupt(format!("jpeg header: {e}")))?;
         let (scale, header) = if header.is_lossless {
             (ScalingFactor::ONE, header)
         } else {
             (scale, header.scaled(scale))
         };
-        dec.set_scaling_factor(scale).map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
+        dec.set_scaling_factor(scale)
+            .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
         let (w, h) = (header.width, header.height);
         let cmyk = matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK);
         let channels = if cmyk { 4 } else { 3 };
@@ -198,13 +245,23 @@ impl Decoder {
             width: w,
             pitch: w * channels,
             height: h,
-            format: if cmyk { PixelFormat::CMYK } else { PixelFormat::RGB },
+            format: if cmyk {
+                PixelFormat::CMYK
+            } else {
+                PixelFormat::RGB
+            },
         };
-        dec.decompress(bytes, image).map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
+        dec.decompress(bytes, image)
+            .map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
         if cmyk {
             // Adobe CMYK JPEGs store inverted ink values, so RGB is a product, not a difference.
             for i in 0..w * h {
-                let (c, m, y, k) = (self.pixels[4 * i] as u32, self.pixels[4 * i + 1] as u32, self.pixels[4 * i + 2] as u32, self.pixels[4 * i + 3] as u32);
+                let (c, m, y, k) = (
+                    self.pixels[4 * i] as u32,
+                    self.pixels[4 * i + 1] as u32,
+                    self.pixels[4 * i + 2] as u32,
+                    self.pixels[4 * i + 3] as u32,
+                );
                 self.pixels[3 * i] = ((c * k + 127) / 255) as u8;
                 self.pixels[3 * i + 1] = ((m * k + 127) / 255) as u8;
                 self.pixels[3 * i + 2] = ((y * k + 127) / 255) as u8;
@@ -215,18 +272,33 @@ impl Decoder {
         Ok((w as u32, h as u32))
     }
 
-    fn decode_with_image_crate(&mut self, bytes: &[u8], probe: &Probe, max_pixels: u64) -> Result<(u32, u32), DecodeError> {
+    fn decode_with_image_crate(
+        &mut self,
+        bytes: &[u8],
+        probe: &Probe,
+        max_pixels: u64,
+    ) -> Result<(u32, u32), DecodeError> {
         let mut reader = image::ImageReader::with_format(
             Cursor::new(bytes),
-            if probe.format == Format::Png { image::ImageFormat::Png } else { image::ImageFormat::WebP },
+            if probe.format == Format::Png {
+                image::ImageFormat::Png
+            } else {
+                image::ImageFormat::WebP
+            },
         );
         let mut limits = image::Limits::default();
         // 16-bit RGBA is the widest layout the decoders produce: 8 bytes a pixel.
         limits.max_alloc = Some(max_pixels.saturating_mul(8).max(1 << 20));
         reader.limits(limits);
         let img = reader.decode().map_err(|e| match e {
-            image::ImageError::Limits(_) => DecodeError { reason: Reason::TooManyPixels, detail: e.to_string() },
-            image::ImageError::Unsupported(_) => DecodeError { reason: Reason::UnsupportedFormat, detail: e.to_string() },
+            image::ImageError::Limits(_) => DecodeError {
+                reason: Reason::TooManyPixels,
+                detail: e.to_string(),
+            },
+            image::ImageError::Unsupported(_) => DecodeError {
+                reason: Reason::UnsupportedFormat,
+                detail: e.to_string(),
+            },
             _ => DecodeError::corrupt(format!("{}: {e}", probe.format.name())),
         })?;
         let rgb = img.into_rgb8();
@@ -309,12 +381,20 @@ fn tiff_orientation(tiff: &[u8]) -> Option<u8> {
     };
     let u16_at = |o: usize| -> Option<u16> {
         let b = tiff.get(o..o + 2)?;
-        Some(if le { u16::from_le_bytes([b[0], b[1]]) } else { u16::from_be_bytes([b[0], b[1]]) })
+        Some(if le {
+            u16::from_le_bytes([b[0], b[1]])
+        } else {
+            u16::from_be_bytes([b[0], b[1]])
+        })
     };
     let u32_at = |o: usize| -> Option<u32> {
         let b = tiff.get(o..o + 4)?;
         let a = [b[0], b[1], b[2], b[3]];
-        Some(if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) })
+        Some(if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        })
     };
     let ifd = u32_at(4)? as usize;
     let count = u16_at(ifd)? as usize;
@@ -355,7 +435,13 @@ mod tests {
     #[test]
     fn unknown_bytes_are_unsupported() {
         let mut d = Decoder::new();
-        assert_eq!(d.probe(b"GIF89a....").unwrap_err().reason, Reason::UnsupportedFormat);
-        assert_eq!(d.probe(b"\xFF\xD8\xFF garbage").unwrap_err().reason, Reason::CorruptImage);
+        assert_eq!(
+            d.probe(b"GIF89a....").unwrap_err().reason,
+            Reason::UnsupportedFormat
+        );
+        assert_eq!(
+            d.probe(b"\xFF\xD8\xFF garbage").unwrap_err().reason,
+            Reason::CorruptImage
+        );
     }
 }

@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// The tar stream ended inside a header or a member.
@@ -87,7 +89,11 @@ impl fmt::Display for Fault {
         if self.key.is_empty() {
             write!(f, "{} in {}: {}", self.reason, self.url, self.detail)
         } else {
-            write!(f, "{} in {} (key {:?}): {}", self.reason, self.url, self.key, self.detail)
+            write!(
+                f,
+                "{} in {} (key {:?}): {}",
+                self.reason, self.url, self.key, self.detail
+            )
         }
     }
 }

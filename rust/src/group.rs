@@ -54,7 +54,10 @@ pub struct RawSample {
 
 impl RawSample {
     pub fn get(&self, ext: &str) -> Option<&[u8]> {
-        self.members.iter().find(|(e, _)| e == ext).map(|(_, d)| d.as_slice())
+        self.members
+            .iter()
+            .find(|(e, _)| e == ext)
+            .map(|(_, d)| d.as_slice())
     }
 
     pub fn byte_len(&self) -> usize {
@@ -71,7 +74,11 @@ pub struct ShardFault {
 }
 
 fn is_gzip_name(url: &str) -> bool {
-    let path = url.split(['?', '#']).next().unwrap_or(url).to_ascii_lowercase();
+    let path = url
+        .split(['?', '#'])
+        .next()
+        .unwrap_or(url)
+        .to_ascii_lowercase();
     path.ends_with(".gz") || path.ends_with(".tgz")
 }
 
@@ -86,37 +93,49 @@ pub fn open_shard(
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<SampleReader, ShardFault> {
-    let unreadable = |e: source::SourceError| ShardFault { reason: Reason::Unreadable, detail: e.to_string(), offset: start };
+    let unreadable = |e: source::SourceError| ShardFault {
+        reason: Reason::Unreadable,
+        detail: e.to_string(),
+        offset: start,
+    };
     let gz_by_name = is_gzip_name(url);
-    let stream = source::open(url, if gz_by_name { 0 } else { start }, opts, stats).map_err(unreadable)?;
+    let stream =
+        source::open(url, if gz_by_name { 0 } else { start }, opts, stats).map_err(unreadable)?;
     let mut buffered = BufReader::with_capacity(256 * 1024, stream);
     let gz_by_magic = !gz_by_name && start == 0 && {
-        let head = buffered
-            .fill_buf()
-            .map_err(|e| ShardFault { reason: Reason::Unreadable, detail: format!("{}: {e}", redact_url(url)), offset: 0 })?;
+        let head = buffered.fill_buf().map_err(|e| ShardFault {
+            reason: Reason::Unreadable,
+            detail: format!("{}: {e}", redact_url(url)),
+            offset: 0,
+        })?;
         head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b
     };
-    let reader: Box<dyn Read + Send> = if gz_by_name || gz_by_magic {
-        let mut gz: Box<dyn Read + Send> = Box::new(MultiGzDecoder::new(buffered));
-        if start > 0 {
-            let skipped = std::io::copy(&mut (&mut gz).take(start), &mut std::io::sink()).map_err(|e| ShardFault {
-                reason: Reason::TruncatedTar,
-                detail: format!("gzip stream: {e}"),
-                offset: 0,
-            })?;
-            if skipped < start {
-                return Err(ShardFault {
-                    reason: Reason::TruncatedTar,
-                    detail: format!("gzip stream ended at {skipped} before offset {start}"),
-                    offset: skipped,
-                });
+    let reader: Box<dyn Read + Send> =
+        if gz_by_name || gz_by_magic {
+            let mut gz: Box<dyn Read + Send> = Box::new(MultiGzDecoder::new(buffered));
+            if start > 0 {
+                let skipped = std::io::copy(&mut (&mut gz).take(start), &mut std::io::sink())
+                    .map_err(|e| ShardFault {
+                        reason: Reason::TruncatedTar,
+                        detail: format!("gzip stream: {e}"),
+                        offset: 0,
+                    })?;
+                if skipped < start {
+                    return Err(ShardFault {
+                        reason: Reason::TruncatedTar,
+                        detail: format!("gzip stream ended at {skipped} before offset {start}"),
+                        offset: skipped,
+                    });
+                }
             }
-        }
-        gz
-    } else {
-        Box::new(buffered)
-    };
-    let mut samples = SampleReader::new(TarReader::new(reader, start, max_member_bytes), first_ordinal);
+            gz
+        } else {
+            Box::new(buffered)
+        };
+    let mut samples = SampleReader::new(
+        TarReader::new(reader, start, max_member_bytes),
+        first_ordinal,
+    );
     samples.compressed = gz_by_name || gz_by_magic;
     Ok(samples)
 }
@@ -134,7 +153,15 @@ pub struct SampleReader {
 
 impl SampleReader {
     pub fn new(tar: TarReader<Box<dyn Read + Send>>, first_ordinal: u64) -> Self {
-        Self { tar, current: None, next_ordinal: first_ordinal, done: false, pending_fault: None, compressed: false, data_end: 0 }
+        Self {
+            tar,
+            current: None,
+            next_ordinal: first_ordinal,
+            done: false,
+            pending_fault: None,
+            compressed: false,
+            data_end: 0,
+        }
     }
 
     pub fn is_compressed(&self) -> bool {
@@ -171,7 +198,11 @@ impl SampleReader {
             TarError::Corrupt { .. } => Reason::CorruptTar,
             TarError::Io { .. } => Reason::Unreadable,
         };
-        ShardFault { reason, detail: e.to_string(), offset }
+        ShardFault {
+            reason,
+            detail: e.to_string(),
+            offset,
+        }
     }
 }
 
@@ -210,17 +241,29 @@ impl Iterator for SampleReader {
                 Entry::File(m) => (m.name, m.data, m.offset, None),
                 Entry::Oversized { name, size, offset } => (name, Vec::new(), offset, Some(size)),
             };
-            let Some((key, ext)) = split_key(&name) else { continue };
+            let Some((key, ext)) = split_key(&name) else {
+                continue;
+            };
             let same_sample = self.current.as_ref().is_some_and(|c| c.key == key);
-            let finished = if same_sample { None } else { self.start_sample(key, offset) };
+            let finished = if same_sample {
+                None
+            } else {
+                self.start_sample(key, offset)
+            };
             let cur = self.current.as_mut().expect("a sample is open");
             if let Some(size) = oversized {
                 if cur.defect.is_none() {
-                    cur.defect = Some((Reason::MemberTooLarge, format!("member {name:?} has {size} bytes")));
+                    cur.defect = Some((
+                        Reason::MemberTooLarge,
+                        format!("member {name:?} has {size} bytes"),
+                    ));
                 }
             } else if cur.members.iter().any(|(e, _)| *e == ext) {
                 if cur.defect.is_none() {
-                    cur.defect = Some((Reason::DuplicateMember, format!("member {name:?} repeats extension {ext:?}")));
+                    cur.defect = Some((
+                        Reason::DuplicateMember,
+                        format!("member {name:?} repeats extension {ext:?}"),
+                    ));
                 }
             } else {
                 cur.members.push((ext, data));

@@ -28,7 +28,7 @@ use rayon::prelude::*;
 use crate::error::{Fault, Reason};
 use crate::group::{open_shard, RawSample};
 use crate::rng::{derive_seed, permutation};
-use crate::sample::{prepare, SampleSpec, Worker};
+use crate::sample::{prepare, Rejection, SampleSpec, Worker};
 use crate::source::{redact_url, SourceOptions, SourceStats};
 
 /// A contiguous piece of one shard to read.
@@ -150,7 +150,11 @@ impl Stats {
     }
 
     fn record_remainder(&self, keys: Vec<String>) {
-        self.inner.lock().expect("stats lock").remainder_keys.extend(keys);
+        self.inner
+            .lock()
+            .expect("stats lock")
+            .remainder_keys
+            .extend(keys);
     }
 
     pub fn snapshot(&self) -> serde_json::Value {
@@ -232,11 +236,25 @@ impl Pipeline {
                     .thread_name(|i| format!("shardstream-decode-{i}"))
                     .build()
                     .expect("decode thread pool");
-                let mut batcher = Batcher { cfg, stats, stop, main, reserve: ReserveReader::new(reserve), slot_len };
+                let mut batcher = Batcher {
+                    cfg,
+                    stats,
+                    stop,
+                    main,
+                    reserve: ReserveReader::new(reserve),
+                    slot_len,
+                };
                 pool.install(|| batcher.run(buf_rx, out_tx));
             }));
         }
-        Pipeline { buffers: Some(buf_tx), batches: out_rx, stop, stats, threads, slot_len }
+        Pipeline {
+            buffers: Some(buf_tx),
+            batches: out_rx,
+            stop,
+            stats,
+            threads,
+            slot_len,
+        }
     }
 
     pub fn slot_len(&self) -> usize {
@@ -246,7 +264,9 @@ impl Pipeline {
     /// Lends an output buffer of `batch_size * slot_len` bytes; batches are filled in the order
     /// buffers are submitted.
     pub fn submit(&self, buffer: OutBuffer) -> bool {
-        self.buffers.as_ref().is_some_and(|b| b.send(buffer).is_ok())
+        self.buffers
+            .as_ref()
+            .is_some_and(|b| b.send(buffer).is_ok())
     }
 
     /// The next finished batch; `None` at the end of the epoch.
@@ -273,16 +293,34 @@ impl Drop for Pipeline {
 }
 
 fn shard_fault(url: &str, reason: Reason, detail: String) -> Fault {
-    Fault { reason, url: redact_url(url), key: String::new(), detail }
+    Fault {
+        reason,
+        url: redact_url(url),
+        key: String::new(),
+        detail,
+    }
 }
 
 /// Reads one span, sending its samples (and holes, in planned mode) then `EndOfSpan`.
 /// Returns false when the receiver is gone.
-fn read_span(span: &ShardSpan, cfg: &PipelineConfig, stats: &Stats, tx: &Sender<ReadMsg>, stop: &AtomicBool) -> bool {
+fn read_span(
+    span: &ShardSpan,
+    cfg: &PipelineConfig,
+    stats: &Stats,
+    tx: &Sender<ReadMsg>,
+    stop: &AtomicBool,
+) -> bool {
     let send = |m: ReadMsg| tx.send(m).is_ok();
     let mut next_expected = span.first_ordinal.max(span.skip_before);
     let mut fault: Option<Fault> = None;
-    match open_shard(&span.url, span.start_offset, span.first_ordinal, cfg.max_member_bytes, &cfg.source, &stats.source) {
+    match open_shard(
+        &span.url,
+        span.start_offset,
+        span.first_ordinal,
+        cfg.max_member_bytes,
+        &cfg.source,
+        &stats.source,
+    ) {
         Err(f) => fault = Some(shard_fault(&span.url, f.reason, f.detail)),
         Ok(reader) => {
             for item in reader {
@@ -303,7 +341,10 @@ fn read_span(span: &ShardSpan, cfg: &PipelineConfig, stats: &Stats, tx: &Sender<
                                 continue;
                             }
                         }
-                        if !send(ReadMsg::Item(Item::Sample { shard: span.shard, raw })) {
+                        if !send(ReadMsg::Item(Item::Sample {
+                            shard: span.shard,
+                            raw,
+                        })) {
                             return false;
                         }
                     }
@@ -321,7 +362,10 @@ fn read_span(span: &ShardSpan, cfg: &PipelineConfig, stats: &Stats, tx: &Sender<
             _ => 0,
         };
         if cfg.on_error == OnError::Raise {
-            let _ = tx.send(ReadMsg::Item(Item::Hole { shard: u32::MAX, ordinal: 0 }));
+            let _ = tx.send(ReadMsg::Item(Item::Hole {
+                shard: u32::MAX,
+                ordinal: 0,
+            }));
             stats.record_shard_error(f);
             return false;
         }
@@ -329,8 +373,14 @@ fn read_span(span: &ShardSpan, cfg: &PipelineConfig, stats: &Stats, tx: &Sender<
             stats.record_shard_error(f);
         } else {
             for ordinal in next_expected..span.end_ordinal.unwrap_or(next_expected) {
-                stats.record_skip(Fault { key: format!("#{ordinal}"), ..f.clone() });
-                if !send(ReadMsg::Item(Item::Hole { shard: span.shard, ordinal })) {
+                stats.record_skip(Fault {
+                    key: format!("#{ordinal}"),
+                    ..f.clone()
+                });
+                if !send(ReadMsg::Item(Item::Hole {
+                    shard: span.shard,
+                    ordinal,
+                })) {
                     return false;
                 }
             }
@@ -364,14 +414,23 @@ fn spawn_readers(
                 if i >= spans.len() && !cfg.cycle {
                     return;
                 }
-                if stop.load(Ordering::Relaxed) || !read_span(&spans[i % spans.len()], &cfg, &stats, &tx, &stop) {
+                if stop.load(Ordering::Relaxed)
+                    || !read_span(&spans[i % spans.len()], &cfg, &stats, &tx, &stop)
+                {
                     return;
                 }
                 i += readers;
             }
         }));
     }
-    MergedReader { queues, current: 0, span_count: spans.len(), cycle: cfg.cycle, spans_done: 0, items_since_cycle: 0 }
+    MergedReader {
+        queues,
+        current: 0,
+        span_count: spans.len(),
+        cycle: cfg.cycle,
+        spans_done: 0,
+        items_since_cycle: 0,
+    }
 }
 
 struct MergedReader {
@@ -400,7 +459,7 @@ impl MergedReader {
                 Ok(ReadMsg::EndOfSpan) => {
                     self.current += 1;
                     self.spans_done += 1;
-                    if self.cycle && self.spans_done % self.span_count == 0 {
+                    if self.cycle && self.spans_done.is_multiple_of(self.span_count) {
                         if self.items_since_cycle == 0 {
                             return Err(());
                         }
@@ -443,7 +502,10 @@ impl BlockShuffle {
                 return Ok(None);
             }
             self.order = if self.block_size > 1 {
-                permutation(self.pending.len(), derive_seed(&[self.seed, self.block_index]))
+                permutation(
+                    self.pending.len(),
+                    derive_seed(&[self.seed, self.block_index]),
+                )
             } else {
                 vec![0]
             };
@@ -462,7 +524,11 @@ struct ReserveReader {
 
 impl ReserveReader {
     fn new(spans: Vec<ShardSpan>) -> Self {
-        Self { spans, next_span: 0, current: None }
+        Self {
+            spans,
+            next_span: 0,
+            current: None,
+        }
     }
 
     fn next(&mut self, cfg: &PipelineConfig, stats: &Stats) -> Option<(u32, RawSample)> {
@@ -471,15 +537,26 @@ impl ReserveReader {
                 let span = &self.spans[self.next_span - 1];
                 match reader.next() {
                     Some(Ok(raw)) if raw.ordinal < span.skip_before => continue,
-                    Some(Ok(raw)) if span.end_ordinal.is_none_or(|e| raw.ordinal < e) => return Some((span.shard, raw)),
-                    Some(Err(f)) => stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail)),
+                    Some(Ok(raw)) if span.end_ordinal.is_none_or(|e| raw.ordinal < e) => {
+                        return Some((span.shard, raw))
+                    }
+                    Some(Err(f)) => {
+                        stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail))
+                    }
                     _ => {}
                 }
                 self.current = None;
             }
             let span = self.spans.get(self.next_span)?;
             self.next_span += 1;
-            match open_shard(&span.url, span.start_offset, span.first_ordinal, cfg.max_member_bytes, &cfg.source, &stats.source) {
+            match open_shard(
+                &span.url,
+                span.start_offset,
+                span.first_ordinal,
+                cfg.max_member_bytes,
+                &cfg.source,
+                &stats.source,
+            ) {
                 Ok(r) => self.current = Some(r),
                 Err(f) => stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail)),
             }
@@ -491,7 +568,11 @@ thread_local! {
     static WORKER: std::cell::RefCell<Worker> = std::cell::RefCell::new(Worker::default());
 }
 
-fn prepare_into(raw: &RawSample, cfg: &PipelineConfig, slot: &mut [u8]) -> Result<String, (Reason, String)> {
+fn prepare_into(
+    raw: &RawSample,
+    cfg: &PipelineConfig,
+    slot: &mut [u8],
+) -> Result<String, Rejection> {
     WORKER.with(|w| prepare(raw, &cfg.spec, cfg.crop_seed, &mut w.borrow_mut(), slot))
 }
 
@@ -515,7 +596,14 @@ impl Batcher {
     fn run(&mut self, buffers: Receiver<OutBuffer>, out: Sender<BatchResult>) {
         let main = std::mem::replace(
             &mut self.main,
-            MergedReader { queues: vec![], current: 0, span_count: 0, cycle: false, spans_done: 0, items_since_cycle: 0 },
+            MergedReader {
+                queues: vec![],
+                current: 0,
+                span_count: 0,
+                cycle: false,
+                spans_done: 0,
+                items_since_cycle: 0,
+            },
         );
         let mut stream = BlockShuffle {
             source: main,
@@ -535,7 +623,9 @@ impl Batcher {
         let b = self.cfg.batch_size;
         let mut produced = 0u64;
         loop {
-            if self.stop.load(Ordering::Relaxed) || self.cfg.num_batches.is_some_and(|n| produced >= n) {
+            if self.stop.load(Ordering::Relaxed)
+                || self.cfg.num_batches.is_some_and(|n| produced >= n)
+            {
                 return;
             }
             // Gather the batch's items first, so a short final batch is known before a buffer
@@ -560,8 +650,18 @@ impl Batcher {
                     }
                 }
             }
-            if let Some(Item::Hole { shard: u32::MAX, .. }) = items.last() {
-                let fault = self.stats.inner.lock().expect("stats lock").faults.last().cloned();
+            if let Some(Item::Hole {
+                shard: u32::MAX, ..
+            }) = items.last()
+            {
+                let fault = self
+                    .stats
+                    .inner
+                    .lock()
+                    .expect("stats lock")
+                    .faults
+                    .last()
+                    .cloned();
                 let _ = out.send(Err(fault.unwrap_or(Fault {
                     reason: Reason::Unreadable,
                     url: String::new(),
@@ -581,7 +681,9 @@ impl Batcher {
                 Ok(Some(meta)) => {
                     produced += 1;
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
-                    self.stats.samples.fetch_add(meta.len as u64, Ordering::Relaxed);
+                    self.stats
+                        .samples
+                        .fetch_add(meta.len as u64, Ordering::Relaxed);
                     if out.send(Ok(meta)).is_err() {
                         return;
                     }
@@ -597,29 +699,52 @@ impl Batcher {
 
     /// Decodes `items` into `memory`, replacing failures; `Ok(None)` when the stream ended
     /// before a full batch and `drop_last` discards it.
-    fn fill(&mut self, items: Vec<Item>, memory: &mut [u8], stream: &mut BlockShuffle, target: usize) -> Result<Option<BatchMeta>, Fault> {
+    fn fill(
+        &mut self,
+        items: Vec<Item>,
+        memory: &mut [u8],
+        stream: &mut BlockShuffle,
+        target: usize,
+    ) -> Result<Option<BatchMeta>, Fault> {
         let b = target;
         let cfg = &self.cfg;
         let started = Instant::now();
-        let mut slots: Vec<(Slot, Result<String, (Reason, String)>)> = memory
+        let mut slots: Vec<(Slot, Result<String, Rejection>)> = memory
             .par_chunks_mut(self.slot_len)
             .zip(items.into_par_iter())
             .map(|(slot_mem, item)| match item {
                 Item::Sample { shard, raw } => {
                     let r = prepare_into(&raw, cfg, slot_mem);
-                    (Slot { shard, key: raw.key, url_hint: shard, text: None }, r)
+                    (
+                        Slot {
+                            shard,
+                            key: raw.key,
+                            url_hint: shard,
+                            text: None,
+                        },
+                        r,
+                    )
                 }
                 Item::Hole { shard, ordinal } => (
-                    Slot { shard, key: format!("#{ordinal}"), url_hint: shard, text: None },
-                    Err((Reason::Unreadable, "sample could not be read (counted when the shard failed)".into())),
+                    Slot {
+                        shard,
+                        key: format!("#{ordinal}"),
+                        url_hint: shard,
+                        text: None,
+                    },
+                    Err((
+                        Reason::Unreadable,
+                        "sample could not be read (counted when the shard failed)".into(),
+                    )),
                 ),
             })
             .collect();
-        self.stats.decode_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.stats
+            .decode_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut filled = 0usize;
         let mut good: Vec<bool> = Vec::with_capacity(b);
-        for i in 0..slots.len() {
-            let (slot, result) = &mut slots[i];
+        for (slot, result) in slots.iter_mut() {
             match std::mem::replace(result, Ok(String::new())) {
                 Ok(text) => {
                     slot.text = Some(text);
@@ -628,7 +753,12 @@ impl Batcher {
                 }
                 Err((reason, detail)) => {
                     let already_counted = reason == Reason::Unreadable && slot.key.starts_with('#');
-                    let fault = Fault { reason, url: format!("shard #{}", slot.url_hint), key: slot.key.clone(), detail };
+                    let fault = Fault {
+                        reason,
+                        url: format!("shard #{}", slot.url_hint),
+                        key: slot.key.clone(),
+                        detail,
+                    };
                     if cfg.on_error == OnError::Raise {
                         return Err(fault);
                     }
@@ -660,7 +790,12 @@ impl Batcher {
                 let Some((shard, raw)) = next else { break };
                 match prepare_into(&raw, cfg, slot_mem) {
                     Ok(text) => {
-                        slots[i].0 = Slot { shard, key: raw.key, url_hint: shard, text: Some(text) };
+                        slots[i].0 = Slot {
+                            shard,
+                            key: raw.key,
+                            url_hint: shard,
+                            text: Some(text),
+                        };
                         good[i] = true;
                         filled += 1;
                         if cfg.planned {
@@ -669,7 +804,12 @@ impl Batcher {
                         break;
                     }
                     Err((reason, detail)) => {
-                        let fault = Fault { reason, url: format!("shard #{shard}"), key: raw.key.clone(), detail };
+                        let fault = Fault {
+                            reason,
+                            url: format!("shard #{shard}"),
+                            key: raw.key.clone(),
+                            detail,
+                        };
                         if cfg.on_error == OnError::Raise {
                             return Err(fault);
                         }
@@ -691,7 +831,12 @@ impl Batcher {
                 d += 1;
                 memory.copy_within(src * slot_len..(src + 1) * slot_len, i * slot_len);
                 let donor = &slots[src].0;
-                let copy = Slot { shard: donor.shard, key: donor.key.clone(), url_hint: donor.url_hint, text: donor.text.clone() };
+                let copy = Slot {
+                    shard: donor.shard,
+                    key: donor.key.clone(),
+                    url_hint: donor.url_hint,
+                    text: donor.text.clone(),
+                };
                 if i < slots.len() {
                     slots[i].0 = copy;
                     good[i] = true;
@@ -727,6 +872,11 @@ impl Batcher {
         if write == 0 {
             return Ok(None);
         }
-        Ok(Some(BatchMeta { len: write, keys, texts, shards }))
+        Ok(Some(BatchMeta {
+            len: write,
+            keys,
+            texts,
+            shards,
+        }))
     }
 }

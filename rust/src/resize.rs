@@ -18,7 +18,10 @@ pub enum CropMode {
     Center,
     /// Random area fraction and aspect ratio, then resized to a square: training augmentation
     /// (the torchvision RandomResizedCrop rule), seeded per sample.
-    RandomResized { scale: (f64, f64), ratio: (f64, f64) },
+    RandomResized {
+        scale: (f64, f64),
+        ratio: (f64, f64),
+    },
 }
 
 /// A region of the displayed image, in pixels (fractional edges allowed).
@@ -41,13 +44,23 @@ impl CropBox {
         let sy = to.1 as f64 / from.1 as f64;
         let x = (self.x * sx).max(0.0);
         let y = (self.y * sy).max(0.0);
-        CropBox { x, y, w: (self.w * sx).min(to.0 as f64 - x), h: (self.h * sy).min(to.1 as f64 - y) }
+        CropBox {
+            x,
+            y,
+            w: (self.w * sx).min(to.0 as f64 - x),
+            h: (self.h * sy).min(to.1 as f64 - y),
+        }
     }
 }
 
 pub fn crop_box(width: u32, height: u32, mode: CropMode, rng: &mut SplitMix64) -> CropBox {
     let (w, h) = (width as f64, height as f64);
-    let center = |cw: f64, ch: f64| CropBox { x: (w - cw) / 2.0, y: (h - ch) / 2.0, w: cw, h: ch };
+    let center = |cw: f64, ch: f64| CropBox {
+        x: (w - cw) / 2.0,
+        y: (h - ch) / 2.0,
+        w: cw,
+        h: ch,
+    };
     match mode {
         CropMode::Center => {
             let side = w.min(h);
@@ -94,22 +107,38 @@ impl Default for Transformer {
 
 impl Transformer {
     pub fn new() -> Self {
-        Self { resizer: Resizer::new(), hwc: Vec::new() }
+        Self {
+            resizer: Resizer::new(),
+            hwc: Vec::new(),
+        }
     }
 
     /// Resizes `region` of `img` to `size x size` (Catmull-Rom = Pillow's BICUBIC, antialiased
     /// when shrinking) and writes it as [3, size, size] into `out`.
-    pub fn resize_into_chw(&mut self, img: &Rgb<'_>, region: CropBox, size: u32, out: &mut [u8]) -> Result<(), DecodeError> {
+    pub fn resize_into_chw(
+        &mut self,
+        img: &Rgb<'_>,
+        region: CropBox,
+        size: u32,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
         let n = size as usize * size as usize;
         assert_eq!(out.len(), 3 * n, "slot must hold one [3, size, size] image");
-        let fail = |e: String| DecodeError { reason: Reason::CorruptImage, detail: format!("resize: {e}") };
-        let src = ImageRef::new(img.width, img.height, img.pixels, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
+        let fail = |e: String| DecodeError {
+            reason: Reason::CorruptImage,
+            detail: format!("resize: {e}"),
+        };
+        let src = ImageRef::new(img.width, img.height, img.pixels, PixelType::U8x3)
+            .map_err(|e| fail(e.to_string()))?;
         self.hwc.resize(3 * n, 0);
-        let mut dst = Image::from_slice_u8(size, size, &mut self.hwc, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
+        let mut dst = Image::from_slice_u8(size, size, &mut self.hwc, PixelType::U8x3)
+            .map_err(|e| fail(e.to_string()))?;
         let options = ResizeOptions::new()
             .resize_alg(ResizeAlg::Convolution(FilterType::CatmullRom))
             .crop(region.x, region.y, region.w.max(1.0), region.h.max(1.0));
-        self.resizer.resize(&src, &mut dst, &options).map_err(|e| fail(e.to_string()))?;
+        self.resizer
+            .resize(&src, &mut dst, &options)
+            .map_err(|e| fail(e.to_string()))?;
         let (r, rest) = out.split_at_mut(n);
         let (g, b) = rest.split_at_mut(n);
         for (i, px) in self.hwc.chunks_exact(3).enumerate() {
@@ -128,12 +157,23 @@ mod tests {
     #[test]
     fn center_box_is_the_centred_square() {
         let b = crop_box(400, 300, CropMode::Center, &mut SplitMix64::new(0));
-        assert_eq!(b, CropBox { x: 50.0, y: 0.0, w: 300.0, h: 300.0 });
+        assert_eq!(
+            b,
+            CropBox {
+                x: 50.0,
+                y: 0.0,
+                w: 300.0,
+                h: 300.0
+            }
+        );
     }
 
     #[test]
     fn random_boxes_stay_inside_and_are_seeded() {
-        let mode = CropMode::RandomResized { scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0) };
+        let mode = CropMode::RandomResized {
+            scale: (0.08, 1.0),
+            ratio: (0.75, 4.0 / 3.0),
+        };
         for seed in 0..200 {
             let a = crop_box(640, 480, mode, &mut SplitMix64::new(seed));
             let b = crop_box(640, 480, mode, &mut SplitMix64::new(seed));
@@ -144,11 +184,20 @@ mod tests {
 
     #[test]
     fn uniform_image_stays_uniform_and_is_planar() {
-        let pixels: Vec<u8> = std::iter::repeat([10u8, 20, 30]).take(64 * 48).flatten().collect();
-        let img = Rgb { width: 64, height: 48, pixels: &pixels };
+        let pixels: Vec<u8> = std::iter::repeat([10u8, 20, 30])
+            .take(64 * 48)
+            .flatten()
+            .collect();
+        let img = Rgb {
+            width: 64,
+            height: 48,
+            pixels: &pixels,
+        };
         let mut out = vec![0u8; 3 * 16 * 16];
         let region = crop_box(64, 48, CropMode::Center, &mut SplitMix64::new(0));
-        Transformer::new().resize_into_chw(&img, region, 16, &mut out).unwrap();
+        Transformer::new()
+            .resize_into_chw(&img, region, 16, &mut out)
+            .unwrap();
         assert!(out[..256].iter().all(|&v| v == 10));
         assert!(out[256..512].iter().all(|&v| v == 20));
         assert!(out[512..].iter().all(|&v| v == 30));

@@ -12,7 +12,10 @@ use crate::rng::{derive_seed, hash_bytes, SplitMix64};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CaptionSource {
     Member(String),
-    JsonField { member: String, field: String },
+    JsonField {
+        member: String,
+        field: String,
+    },
     /// No caption wanted (image-only datasets).
     None,
 }
@@ -23,7 +26,10 @@ impl CaptionSource {
             return CaptionSource::None;
         }
         match spec.split_once(':') {
-            Some((member, field)) => CaptionSource::JsonField { member: member.to_string(), field: field.to_string() },
+            Some((member, field)) => CaptionSource::JsonField {
+                member: member.to_string(),
+                field: field.to_string(),
+            },
             None => CaptionSource::Member(spec.to_string()),
         }
     }
@@ -42,7 +48,10 @@ pub struct SampleSpec {
 impl Default for SampleSpec {
     fn default() -> Self {
         Self {
-            image_keys: ["jpg", "jpeg", "png", "webp"].iter().map(|s| s.to_string()).collect(),
+            image_keys: ["jpg", "jpeg", "png", "webp"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             caption: CaptionSource::Member("txt".into()),
             image_size: 224,
             crop: CropMode::Center,
@@ -65,18 +74,29 @@ pub fn caption(raw: &RawSample, source: &CaptionSource) -> Result<String, Reject
     match source {
         CaptionSource::None => Ok(String::new()),
         CaptionSource::Member(ext) => {
-            let bytes = raw.get(ext).ok_or_else(|| (Reason::MissingCaption, format!("no {ext:?} member")))?;
+            let bytes = raw
+                .get(ext)
+                .ok_or_else(|| (Reason::MissingCaption, format!("no {ext:?} member")))?;
             String::from_utf8(bytes.to_vec())
                 .map(|s| s.trim().to_string())
                 .map_err(|e| (Reason::BadUtf8, format!("{ext:?} member: {e}")))
         }
         CaptionSource::JsonField { member, field } => {
-            let bytes = raw.get(member).ok_or_else(|| (Reason::MissingCaption, format!("no {member:?} member")))?;
-            let value: serde_json::Value =
-                serde_json::from_slice(bytes).map_err(|e| (Reason::BadUtf8, format!("{member:?} member is not valid JSON: {e}")))?;
+            let bytes = raw
+                .get(member)
+                .ok_or_else(|| (Reason::MissingCaption, format!("no {member:?} member")))?;
+            let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+                (
+                    Reason::BadUtf8,
+                    format!("{member:?} member is not valid JSON: {e}"),
+                )
+            })?;
             match value.get(field) {
                 Some(serde_json::Value::String(s)) => Ok(s.trim().to_string()),
-                Some(serde_json::Value::Null) | None => Err((Reason::MissingCaption, format!("{member:?} has no field {field:?}"))),
+                Some(serde_json::Value::Null) | None => Err((
+                    Reason::MissingCaption,
+                    format!("{member:?} has no field {field:?}"),
+                )),
                 Some(other) => Ok(other.to_string()),
             }
         }
@@ -85,24 +105,39 @@ pub fn caption(raw: &RawSample, source: &CaptionSource) -> Result<String, Reject
 
 /// The image member of a sample.
 pub fn image_bytes<'a>(raw: &'a RawSample, keys: &[String]) -> Result<&'a [u8], Rejection> {
-    keys.iter()
-        .find_map(|k| raw.get(k))
-        .ok_or_else(|| (Reason::MissingImage, format!("no member with extension {keys:?}")))
+    keys.iter().find_map(|k| raw.get(k)).ok_or_else(|| {
+        (
+            Reason::MissingImage,
+            format!("no member with extension {keys:?}"),
+        )
+    })
 }
 
 /// Validates and decodes `raw`, writing [3, S, S] pixels into `slot`; returns the caption.
 /// `crop_seed` makes random crops a function of (seed, epoch, key), independent of threading.
-pub fn prepare(raw: &RawSample, spec: &SampleSpec, crop_seed: u64, worker: &mut Worker, slot: &mut [u8]) -> Result<String, Rejection> {
+pub fn prepare(
+    raw: &RawSample,
+    spec: &SampleSpec,
+    crop_seed: u64,
+    worker: &mut Worker,
+    slot: &mut [u8],
+) -> Result<String, Rejection> {
     if let Some(defect) = &raw.defect {
         return Err(defect.clone());
     }
     let text = caption(raw, &spec.caption)?;
     let bytes = image_bytes(raw, &spec.image_keys)?;
-    let probe = worker.decoder.probe(bytes).map_err(|e| (e.reason, e.detail))?;
+    let probe = worker
+        .decoder
+        .probe(bytes)
+        .map_err(|e| (e.reason, e.detail))?;
     if probe.width as u64 * probe.height as u64 > spec.max_pixels {
         return Err((
             Reason::TooManyPixels,
-            format!("{}x{} exceeds max_pixels={}", probe.width, probe.height, spec.max_pixels),
+            format!(
+                "{}x{} exceeds max_pixels={}",
+                probe.width, probe.height, spec.max_pixels
+            ),
         ));
     }
     let displayed = probe.oriented_size();
@@ -110,7 +145,13 @@ pub fn prepare(raw: &RawSample, spec: &SampleSpec, crop_seed: u64, worker: &mut 
     let region = crop_box(displayed.0, displayed.1, spec.crop, &mut rng);
     let img = worker
         .decoder
-        .decode(bytes, &probe, region.min_side(), spec.image_size, spec.max_pixels)
+        .decode(
+            bytes,
+            &probe,
+            region.min_side(),
+            spec.image_size,
+            spec.max_pixels,
+        )
         .map_err(|e| (e.reason, e.detail))?;
     let scaled = region.rescaled(displayed, (img.width, img.height));
     worker

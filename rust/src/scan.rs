@@ -64,7 +64,10 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
     let reader = match open_shard(url, 0, 0, opts.max_member_bytes, &opts.source, &stats) {
         Ok(r) => r,
         Err(f) => {
-            report.fatal = Some(ShardFatal { reason: f.reason, detail: f.detail });
+            report.fatal = Some(ShardFatal {
+                reason: f.reason,
+                detail: f.detail,
+            });
             return report;
         }
     };
@@ -74,11 +77,14 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
     let size = opts.spec.image_size as usize;
     let mut slot = vec![0u8; 3 * size * size];
     let mut first_ordinal_of_key: HashMap<String, u64> = HashMap::new();
-    while let Some(item) = reader.next() {
+    for item in reader.by_ref() {
         let raw = match item {
             Ok(raw) => raw,
             Err(f) => {
-                report.fatal = Some(ShardFatal { reason: f.reason, detail: f.detail });
+                report.fatal = Some(ShardFatal {
+                    reason: f.reason,
+                    detail: f.detail,
+                });
                 break;
             }
         };
@@ -86,21 +92,36 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         report.offsets.push(raw.offset);
         report.keys.push(raw.key.clone());
         let verdict = if let Some(&first) = first_ordinal_of_key.get(&raw.key) {
-            Err((Reason::DuplicateKey, format!("key already used by sample #{first}")))
+            Err((
+                Reason::DuplicateKey,
+                format!("key already used by sample #{first}"),
+            ))
         } else if opts.decode {
             prepare(&raw, &opts.spec, 0, &mut worker, &mut slot).map(|_| ())
         } else if let Some(defect) = &raw.defect {
             Err(defect.clone())
         } else {
-            image_bytes(&raw, &opts.spec.image_keys)
-                .and_then(|_| if opts.require_caption { caption(&raw, &opts.spec.caption).map(|_| ()) } else { Ok(()) })
+            image_bytes(&raw, &opts.spec.image_keys).and_then(|_| {
+                if opts.require_caption {
+                    caption(&raw, &opts.spec.caption).map(|_| ())
+                } else {
+                    Ok(())
+                }
+            })
         };
-        first_ordinal_of_key.entry(raw.key.clone()).or_insert(raw.ordinal);
+        first_ordinal_of_key
+            .entry(raw.key.clone())
+            .or_insert(raw.ordinal);
         if let Err((reason, detail)) = verdict {
             if reason == Reason::MissingCaption && !opts.require_caption {
                 continue;
             }
-            report.invalid.push(InvalidSample { ordinal: raw.ordinal, key: raw.key, reason, detail });
+            report.invalid.push(InvalidSample {
+                ordinal: raw.ordinal,
+                key: raw.key,
+                reason,
+                detail,
+            });
         }
     }
     if report.fatal.is_none() {
@@ -127,7 +148,12 @@ impl ShardReport {
         entry.invalid = self
             .invalid
             .iter()
-            .map(|i| IndexInvalid { ordinal: i.ordinal, key: i.key.clone(), reason: i.reason, detail: i.detail.clone() })
+            .map(|i| IndexInvalid {
+                ordinal: i.ordinal,
+                key: i.key.clone(),
+                reason: i.reason,
+                detail: i.detail.clone(),
+            })
             .collect();
         entry.invalid.sort_by_key(|i| i.ordinal);
         entry.invalid.dedup_by_key(|i| i.ordinal);

@@ -23,7 +23,11 @@ pub struct Member {
 #[derive(Debug)]
 pub enum Entry {
     File(Member),
-    Oversized { name: String, size: u64, offset: u64 },
+    Oversized {
+        name: String,
+        size: u64,
+        offset: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,9 +43,9 @@ pub enum TarError {
 impl TarError {
     pub fn offset(&self) -> u64 {
         match self {
-            TarError::Truncated { offset, .. } | TarError::Corrupt { offset, .. } | TarError::Io { offset, .. } => {
-                *offset
-            }
+            TarError::Truncated { offset, .. }
+            | TarError::Corrupt { offset, .. }
+            | TarError::Io { offset, .. } => *offset,
         }
     }
 }
@@ -83,7 +87,12 @@ impl<R: Read> TarReader<R> {
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(TarError::Io { offset: self.pos + filled as u64, source: e }),
+                Err(e) => {
+                    return Err(TarError::Io {
+                        offset: self.pos + filled as u64,
+                        source: e,
+                    })
+                }
             }
         }
         self.pos += filled as u64;
@@ -94,7 +103,10 @@ impl<R: Read> TarReader<R> {
         let start = self.pos;
         let n = self.read_full(buf)?;
         if n < buf.len() {
-            return Err(TarError::Truncated { offset: start + n as u64, what: what.to_string() });
+            return Err(TarError::Truncated {
+                offset: start + n as u64,
+                what: what.to_string(),
+            });
         }
         Ok(())
     }
@@ -144,7 +156,10 @@ impl<R: Read> TarReader<R> {
                     self.finished = true;
                     return Ok(None);
                 }
-                return Err(TarError::Truncated { offset: header_offset + n as u64, what: "a header".into() });
+                return Err(TarError::Truncated {
+                    offset: header_offset + n as u64,
+                    what: "a header".into(),
+                });
             }
             if header.iter().all(|&b| b == 0) {
                 if entry_offset.is_some() {
@@ -164,14 +179,19 @@ impl<R: Read> TarReader<R> {
                     self.finished = true;
                     return Ok(None);
                 }
-                return Err(TarError::Corrupt { offset: header_offset, message: "header checksum mismatch".into() });
+                return Err(TarError::Corrupt {
+                    offset: header_offset,
+                    message: "header checksum mismatch".into(),
+                });
             }
             entry_offset.get_or_insert(header_offset);
             let typeflag = header[156];
             let size = match pax_size.take() {
                 Some(s) => s,
-                None => parse_numeric(&header[124..136])
-                    .ok_or_else(|| TarError::Corrupt { offset: header_offset, message: "bad size field".into() })?,
+                None => parse_numeric(&header[124..136]).ok_or_else(|| TarError::Corrupt {
+                    offset: header_offset,
+                    message: "bad size field".into(),
+                })?,
             };
             match typeflag {
                 b'x' => {
@@ -186,7 +206,10 @@ impl<R: Read> TarReader<R> {
                 }
                 b'L' => {
                     if size > 1 << 20 {
-                        return Err(TarError::Corrupt { offset: header_offset, message: "GNU long name over 1 MiB".into() });
+                        return Err(TarError::Corrupt {
+                            offset: header_offset,
+                            message: "GNU long name over 1 MiB".into(),
+                        });
                     }
                     let data = self.read_data(size, "a GNU long name")?;
                     let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
@@ -199,7 +222,10 @@ impl<R: Read> TarReader<R> {
                 }
                 _ => {}
             }
-            let name = pax_path.take().or(long_name.take()).unwrap_or_else(|| header_name(&header));
+            let name = pax_path
+                .take()
+                .or(long_name.take())
+                .unwrap_or_else(|| header_name(&header));
             let offset = entry_offset.unwrap_or(header_offset);
             let is_regular = matches!(typeflag, b'0' | 0 | b'7');
             // Links, directories and device nodes carry no data (Python's tarfile agrees).
@@ -220,11 +246,12 @@ impl<R: Read> TarReader<R> {
             return Ok(Some(Entry::File(Member { name, data, offset })));
         }
     }
-
 }
 
 fn checksum_ok(header: &[u8; BLOCK]) -> bool {
-    let Some(stored) = parse_octal(&header[148..156]) else { return false };
+    let Some(stored) = parse_octal(&header[148..156]) else {
+        return false;
+    };
     let mut unsigned: u64 = 0;
     let mut signed: i64 = 0;
     for (i, &b) in header.iter().enumerate() {
@@ -236,7 +263,12 @@ fn checksum_ok(header: &[u8; BLOCK]) -> bool {
 }
 
 fn parse_octal(field: &[u8]) -> Option<u64> {
-    let s: Vec<u8> = field.iter().copied().skip_while(|&b| b == b' ').take_while(|&b| b != 0 && b != b' ').collect();
+    let s: Vec<u8> = field
+        .iter()
+        .copied()
+        .skip_while(|&b| b == b' ')
+        .take_while(|&b| b != 0 && b != b' ')
+        .collect();
     if s.is_empty() {
         return Some(0);
     }
@@ -274,11 +306,19 @@ fn header_name(header: &[u8; BLOCK]) -> String {
     let name = cstr(&header[0..100]);
     // POSIX ustar splits long paths into prefix + name; GNU tar uses that area for other fields.
     let is_posix_ustar = &header[257..263] == b"ustar\0";
-    let prefix = if is_posix_ustar { cstr(&header[345..500]) } else { &[] };
+    let prefix = if is_posix_ustar {
+        cstr(&header[345..500])
+    } else {
+        &[]
+    };
     if prefix.is_empty() {
         String::from_utf8_lossy(name).into_owned()
     } else {
-        format!("{}/{}", String::from_utf8_lossy(prefix), String::from_utf8_lossy(name))
+        format!(
+            "{}/{}",
+            String::from_utf8_lossy(prefix),
+            String::from_utf8_lossy(name)
+        )
     }
 }
 
@@ -286,8 +326,13 @@ fn header_name(header: &[u8; BLOCK]) -> String {
 fn parse_pax(data: &[u8], path: &mut Option<String>, size: &mut Option<u64>) {
     let mut rest = data;
     while !rest.is_empty() {
-        let Some(space) = rest.iter().position(|&b| b == b' ') else { break };
-        let Some(len) = std::str::from_utf8(&rest[..space]).ok().and_then(|s| s.parse::<usize>().ok()) else {
+        let Some(space) = rest.iter().position(|&b| b == b' ') else {
+            break;
+        };
+        let Some(len) = std::str::from_utf8(&rest[..space])
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+        else {
             break;
         };
         if len <= space || len > rest.len() {
@@ -353,7 +398,13 @@ mod tests {
         t.extend(entry("link", b"", b'2'));
         t.extend(entry("a.jpg", &[1u8; 600], b'0'));
         let got = names(&t).unwrap();
-        assert_eq!(got, vec![("a.txt".to_string(), 512), ("a.jpg".to_string(), 1536 + 512)]);
+        assert_eq!(
+            got,
+            vec![
+                ("a.txt".to_string(), 512),
+                ("a.jpg".to_string(), 1536 + 512)
+            ]
+        );
     }
 
     #[test]
@@ -364,7 +415,11 @@ mod tests {
         let pax = format!("{len} {pax_record}");
         let mut t = entry("PaxHeader", pax.as_bytes(), b'x');
         t.extend(entry("short", b"v", b'0'));
-        t.extend(entry("././@LongLink", format!("{long}.jpg\0").as_bytes(), b'L'));
+        t.extend(entry(
+            "././@LongLink",
+            format!("{long}.jpg\0").as_bytes(),
+            b'L',
+        ));
         t.extend(entry("trunc", b"w", b'0'));
         t.extend([0u8; 1024]);
         let got = names(&t).unwrap();
@@ -387,7 +442,10 @@ mod tests {
         assert!(r.trailing_garbage);
 
         let garbage_first = vec![0xABu8; 2000];
-        assert!(matches!(names(&garbage_first), Err(TarError::Corrupt { .. })));
+        assert!(matches!(
+            names(&garbage_first),
+            Err(TarError::Corrupt { .. })
+        ));
     }
 
     #[test]
@@ -395,7 +453,10 @@ mod tests {
         let mut t = entry("big.jpg", &[1u8; 5000], b'0');
         t.extend(entry("big.txt", b"ok", b'0'));
         let mut r = TarReader::new(&t[..], 0, 4096);
-        assert!(matches!(r.next_entry().unwrap(), Some(Entry::Oversized { size: 5000, .. })));
+        assert!(matches!(
+            r.next_entry().unwrap(),
+            Some(Entry::Oversized { size: 5000, .. })
+        ));
         assert!(matches!(r.next_entry().unwrap(), Some(Entry::File(m)) if m.name == "big.txt"));
     }
 
