@@ -128,3 +128,27 @@ def test_memory_is_lent_not_copied(tmp_path):
     batch = next(iter(shardstream.ShardLoader(paths, batch_size=4, image_size=32)))
     # the tensor owns the memory the Rust pipeline wrote into: contiguous, no view of a copy
     assert batch.images.is_contiguous() and batch.images.storage_offset() == 0
+
+
+def _threads() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_breaking_out_early_stops_every_pipeline_thread(tmp_path):
+    import time
+
+    paths, _ = make_shards(tmp_path, [12, 12])
+    baseline = _threads()
+    kept = []
+    for _ in range(4):
+        it = iter(shardstream.ShardLoader(paths, batch_size=2, image_size=32, prefetch=4, threads=2))
+        kept.append(next(it))
+        it.close()  # what `break` in a for loop does
+    deadline = time.time() + 10
+    while _threads() > baseline and time.time() < deadline:
+        time.sleep(0.05)
+    assert _threads() <= baseline
+    # batches handed out before the stop stay intact
+    assert all(b.images.float().std() > 5 for b in kept)

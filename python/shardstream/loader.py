@@ -251,7 +251,7 @@ class ShardLoader:
             # writes to a buffer after handing it back.
             for _ in range(self.prefetch):
                 buf = self._alloc()
-                core.submit(*self._address(buf))
+                core.submit(buf, *self._address(buf))
                 lent.append(buf)
             while True:
                 try:
@@ -265,7 +265,7 @@ class ShardLoader:
                 self._batches_done += 1
                 yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls)
                 nxt = self._alloc()
-                core.submit(*self._address(nxt))
+                core.submit(nxt, *self._address(nxt))
                 lent.append(nxt)
         finally:
             self._last_stats = core.stats()

@@ -608,9 +608,10 @@ impl Loader {
         self.batch_bytes
     }
 
-    /// Lends `nbytes` at address `ptr`. The caller keeps that memory alive and untouched until
-    /// the batch filled into it is returned by `next_batch` (or the loader is closed).
-    fn submit(&self, ptr: usize, nbytes: usize) -> PyResult<bool> {
+    /// Lends `nbytes` at address `ptr`, inside `owner` (the tensor or array that holds that
+    /// memory; the pipeline keeps a reference to it while it may write there). The caller leaves
+    /// the memory untouched until the batch filled into it is returned by `next_batch`.
+    fn submit(&self, owner: Py<PyAny>, ptr: usize, nbytes: usize) -> PyResult<bool> {
         if nbytes < self.batch_bytes {
             return Err(PyValueError::new_err(format!(
                 "buffer of {nbytes} bytes; a batch needs {}",
@@ -623,6 +624,7 @@ impl Loader {
         Ok(p.submit(OutBuffer {
             ptr: ptr as *mut u8,
             len: nbytes,
+            owner: Some(Box::new(owner)),
         }))
     }
 

@@ -194,10 +194,13 @@ enum ReadMsg {
 pub struct OutBuffer {
     pub ptr: *mut u8,
     pub len: usize,
+    /// Keeps the memory alive for as long as the pipeline may write to it (the binding puts a
+    /// reference to the Python buffer object here), even if the caller stops waiting.
+    pub owner: Option<Box<dyn std::any::Any + Send>>,
 }
 
-// SAFETY: the buffer is written by exactly one batch at a time; the caller guarantees it stays
-// allocated and untouched until that batch is handed back.
+// SAFETY: the buffer is written by exactly one batch at a time; the caller keeps it untouched
+// until that batch is handed back, and `owner` keeps it allocated.
 unsafe impl Send for OutBuffer {}
 
 pub struct BatchMeta {
@@ -214,23 +217,27 @@ pub struct Pipeline {
     batches: Receiver<BatchResult>,
     stop: Arc<AtomicBool>,
     pub stats: Arc<Stats>,
-    threads: Vec<JoinHandle<()>>,
+    batcher: Option<JoinHandle<()>>,
     slot_len: usize,
 }
+
+/// How long `drop` waits for the batcher before leaving it to finish on its own (it may be
+/// inside a network read with its own timeouts; the buffers it holds stay alive through
+/// `OutBuffer::owner`).
+const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Pipeline {
     pub fn start(spans: Vec<ShardSpan>, reserve: Vec<ShardSpan>, cfg: PipelineConfig) -> Pipeline {
         let stats = Arc::new(Stats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let slot_len = 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
-        let mut threads = Vec::new();
-        let main = spawn_readers(spans, &cfg, &stats, &stop, &mut threads);
+        let main = spawn_readers(spans, &cfg, &stats, &stop);
         let (buf_tx, buf_rx) = bounded::<OutBuffer>(64);
         let (out_tx, out_rx) = bounded::<BatchResult>(64);
-        {
+        let batcher = {
             let stats = stats.clone();
             let stop = stop.clone();
-            threads.push(std::thread::spawn(move || {
+            std::thread::spawn(move || {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(cfg.threads.max(1))
                     .thread_name(|i| format!("shardstream-decode-{i}"))
@@ -245,14 +252,14 @@ impl Pipeline {
                     slot_len,
                 };
                 pool.install(|| batcher.run(buf_rx, out_tx));
-            }));
-        }
+            })
+        };
         Pipeline {
             buffers: Some(buf_tx),
             batches: out_rx,
             stop,
             stats,
-            threads,
+            batcher: Some(batcher),
             slot_len,
         }
     }
@@ -279,15 +286,19 @@ impl Drop for Pipeline {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         self.buffers.take();
-        // Unblock producers waiting on a full queue, then wait for every thread: after drop
-        // returns, no thread touches a caller's buffer any more.
-        while self.batches.try_recv().is_ok() {}
-        for t in self.threads.drain(..) {
-            while !t.is_finished() {
-                while self.batches.try_recv().is_ok() {}
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            let _ = t.join();
+        // Reader threads end on their own once the batcher drops their queues. The batcher is
+        // waited for (draining its output so it never blocks), so that normally no thread
+        // touches a lent buffer after this returns.
+        let Some(batcher) = self.batcher.take() else {
+            return;
+        };
+        let deadline = Instant::now() + DROP_WAIT;
+        while !batcher.is_finished() && Instant::now() < deadline {
+            while self.batches.try_recv().is_ok() {}
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if batcher.is_finished() {
+            let _ = batcher.join();
         }
     }
 }
@@ -396,7 +407,6 @@ fn spawn_readers(
     cfg: &PipelineConfig,
     stats: &Arc<Stats>,
     stop: &Arc<AtomicBool>,
-    threads: &mut Vec<JoinHandle<()>>,
 ) -> MergedReader {
     let spans = Arc::new(spans);
     let readers = cfg.read_ahead.max(1).min(spans.len().max(1));
@@ -405,7 +415,7 @@ fn spawn_readers(
         let (tx, rx) = bounded::<ReadMsg>(cfg.span_queue.max(1));
         queues.push(rx);
         let (spans, cfg, stats, stop) = (spans.clone(), cfg.clone(), stats.clone(), stop.clone());
-        threads.push(std::thread::spawn(move || {
+        std::thread::spawn(move || {
             if spans.is_empty() {
                 return;
             }
@@ -421,7 +431,7 @@ fn spawn_readers(
                 }
                 i += readers;
             }
-        }));
+        });
     }
     MergedReader {
         queues,
