@@ -48,7 +48,11 @@ def run_webdataset(paths: list[str]) -> int:
     import webdataset as wds
 
     n = 0
-    ds = wds.WebDataset(paths, shardshuffle=False).to_tuple("jpg", "txt").map_tuple(pil_transform, bytes.decode)
+    ds = (
+        wds.WebDataset(paths, shardshuffle=False)
+        .to_tuple("jpg", "txt")
+        .map_tuple(pil_transform, bytes.decode)
+    )
     for img, _text in ds:
         assert img.shape == (3, SIZE, SIZE)
         n += 1
@@ -74,7 +78,9 @@ def run_simplejpeg(paths: list[str]) -> tuple[int, float]:
 def run_shardstream(paths: list[str], threads: int) -> int:
     import shardstream
 
-    loader = shardstream.ShardLoader(paths, batch_size=64, image_size=SIZE, threads=threads, shuffle_buffer=1, drop_last=False)
+    loader = shardstream.ShardLoader(
+        paths, batch_size=64, image_size=SIZE, threads=threads, shuffle_buffer=1, drop_last=False
+    )
     n = 0
     for batch in loader:
         n += len(batch.keys)
@@ -98,7 +104,16 @@ def worker(args) -> None:
 
 
 def launch(python: str, name: str, paths: list[str], cpus: list[int]) -> dict | None:
-    cmd = [python, os.path.abspath(__file__), "--worker", name, "--paths", json.dumps(paths), "--cpus", json.dumps(cpus)]
+    cmd = [
+        python,
+        os.path.abspath(__file__),
+        "--worker",
+        name,
+        "--paths",
+        json.dumps(paths),
+        "--cpus",
+        json.dumps(cpus),
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True).stdout
     except (subprocess.CalledProcessError, FileNotFoundError) as e:
@@ -111,7 +126,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardstream-bench"))
-    ap.add_argument("--simd-python", default=os.environ.get("PILLOW_SIMD_PYTHON"), help="python of a venv with pillow-simd + webdataset")
+    ap.add_argument(
+        "--simd-python",
+        default=os.environ.get("PILLOW_SIMD_PYTHON"),
+        help="python of a venv with pillow-simd + webdataset",
+    )
     ap.add_argument("--worker")
     ap.add_argument("--paths")
     ap.add_argument("--cpus")
@@ -126,12 +145,19 @@ def main() -> None:
     paths = photo_shards.build(args.dir, shards=max(1, args.samples // per_shard), per_shard=per_shard)
     cores = sorted(os.sched_getaffinity(0))
     one = [cores[-1]]
-    print(f"{len(paths)} shards x {per_shard} real-photo JPEGs (256-512 px), target {SIZE}x{SIZE}; cores: {len(cores)}")
+    print(
+        f"{len(paths)} shards x {per_shard} real-photo JPEGs (256-512 px), "
+        f"target {SIZE}x{SIZE}; cores: {len(cores)}"
+    )
     runs = {
         "webdataset + Pillow (1 core)": (sys.executable, "webdataset", one),
         "simplejpeg decode-only ceiling (1 core)": (sys.executable, "simplejpeg", one),
         "shardstream, 1 thread (1 core)": (sys.executable, "shardstream-1", one),
-        f"shardstream, {len(cores)} threads ({len(cores)} cores)": (sys.executable, f"shardstream-{len(cores)}", cores),
+        f"shardstream, {len(cores)} threads ({len(cores)} cores)": (
+            sys.executable,
+            f"shardstream-{len(cores)}",
+            cores,
+        ),
     }
     if args.simd_python:
         runs["webdataset + pillow-simd AVX2 (1 core)"] = (args.simd_python, "webdataset", one)

@@ -48,13 +48,19 @@ def measure(path: str) -> None:
     import shardstream
 
     start = time.perf_counter()
-    loader = shardstream.ShardLoader(path, batch_size=64, image_size=224, shuffle_buffer=1000, drop_last=False)
+    loader = shardstream.ShardLoader(
+        path, batch_size=64, image_size=224, shuffle_buffer=1000, drop_last=False
+    )
     samples = sum(len(b.keys) for b in loader)
-    print(json.dumps({
-        "samples": samples,
-        "seconds": time.perf_counter() - start,
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }))
+    print(
+        json.dumps(
+            {
+                "samples": samples,
+                "seconds": time.perf_counter() - start,
+                "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -70,12 +76,24 @@ def main() -> None:
     results = {}
     for mb in (args.small_mb, args.big_mb):
         path = write_shard(os.path.join(args.dir, f"mem-{mb}mb.tar"), mb)
-        out = subprocess.run([sys.executable, __file__, "--measure", path], capture_output=True, text=True, timeout=3600, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--measure", path],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         results[mb] = r
-        print(f"  {os.path.getsize(path) / 2**20:7.0f} MB shard: {r['samples']:6d} samples in {r['seconds']:6.1f} s, peak RSS {r['peak_mb']:6.0f} MB")
+        print(
+            f"  {os.path.getsize(path) / 2**20:7.0f} MB shard: {r['samples']:6d} samples "
+            f"in {r['seconds']:6.1f} s, peak RSS {r['peak_mb']:6.0f} MB"
+        )
     ratio = results[args.big_mb]["peak_mb"] / results[args.small_mb]["peak_mb"]
-    print(f"peak memory, {args.big_mb} MB shard / {args.small_mb} MB shard: {ratio:.2f}x (shuffle_buffer=1000, batch 64x3x224x224)")
+    print(
+        f"peak memory, {args.big_mb} MB shard / {args.small_mb} MB shard: {ratio:.2f}x "
+        "(shuffle_buffer=1000, batch 64x3x224x224)"
+    )
 
 
 if __name__ == "__main__":

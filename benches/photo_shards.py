@@ -16,7 +16,14 @@ def photo_paths() -> list[str]:
 
     sk = os.path.join(os.path.dirname(skimage.__file__), "data")
     sl = os.path.join(os.path.dirname(sklearn.__file__), "datasets", "images")
-    names = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg"]
+    names = [
+        "astronaut.png",
+        "chelsea.png",
+        "coffee.png",
+        "rocket.jpg",
+        "motorcycle_left.png",
+        "hubble_deep_field.jpg",
+    ]
     paths = [os.path.join(sk, n) for n in names] + [os.path.join(sl, n) for n in ("china.jpg", "flower.jpg")]
     return [p for p in paths if os.path.exists(p)]
 
@@ -32,12 +39,16 @@ def captions() -> list[str]:
     return [f"a photo number {i}" for i in range(1000)]
 
 
-def build(directory: str, *, shards: int, per_shard: int, seed: int = 0, min_side: int = 256, max_side: int = 512) -> list[str]:
+def build(
+    directory: str, *, shards: int, per_shard: int, seed: int = 0, min_side: int = 256, max_side: int = 512
+) -> list[str]:
     """Writes the shards once (cached by name) and returns their paths."""
     from PIL import Image
 
     os.makedirs(directory, exist_ok=True)
-    paths = [os.path.join(directory, f"photos-{seed}-{min_side}-{max_side}-{i:04d}.tar") for i in range(shards)]
+    paths = [
+        os.path.join(directory, f"photos-{seed}-{min_side}-{max_side}-{i:04d}.tar") for i in range(shards)
+    ]
     if all(os.path.exists(p) for p in paths):
         return paths
     rng = random.Random(seed)

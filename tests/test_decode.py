@@ -58,7 +58,7 @@ def test_jpeg_crops_match_pillow_on_real_photos(photos):
         errors.append(mae(ours(data), pillow_reference(Image.open(io.BytesIO(data)))))
     assert max(errors) < 5.0, errors
     assert np.mean(errors) < 1.5, errors
-    full_size = [e for img, e in zip(photos, errors) if min(img.size) < 2 * SIZE]
+    full_size = [e for img, e in zip(photos, errors, strict=True) if min(img.size) < 2 * SIZE]
     assert full_size and max(full_size) < 0.6, errors
 
 
@@ -148,7 +148,9 @@ def test_a_corrupt_jpeg_does_not_poison_the_next_decode_on_the_same_thread(photo
     for i, data in enumerate(good[1:]):
         members += sample_members(f"z{i}", {"jpg": data, "txt": "ok"})
     path = write_file(str(tmp_path / "poison.tar"), tar_bytes(members))
-    loader = shardstream.ShardLoader(path, batch_size=1, image_size=32, threads=1, shuffle_buffer=1, drop_last=False)
+    loader = shardstream.ShardLoader(
+        path, batch_size=1, image_size=32, threads=1, shuffle_buffer=1, drop_last=False
+    )
     keys = [k for b in loader for k in b.keys]
     assert keys == ["a", "z0", "z1", "z2"]
     assert loader.stats["skipped"] == {"corrupt_image": 1}

@@ -6,10 +6,9 @@ from __future__ import annotations
 import collections
 
 import pytest
+import shardstream
 import torch
 from corpus import good_samples, photo_jpegs, sample_members, tar_bytes, write_file
-
-import shardstream
 from shardstream.index import build_index, load_index, write_index
 
 COUNTS = [1, 7, 3, 12, 5, 9]  # deliberately uneven, one single-sample shard
@@ -31,8 +30,18 @@ def dataset(tmp_path_factory):
 
 
 def run(paths, index, *, rank, world, batch=4, seed=0, epoch=0, state=None, stop_after=None, **kw):
-    loader = shardstream.ShardLoader(paths, index=index, batch_size=batch, image_size=32, seed=seed,
-                                     rank=rank, world_size=world, shuffle_buffer=5, threads=1, **kw)
+    loader = shardstream.ShardLoader(
+        paths,
+        index=index,
+        batch_size=batch,
+        image_size=32,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+        shuffle_buffer=5,
+        threads=1,
+        **kw,
+    )
     loader.set_epoch(epoch)
     if state is not None:
         loader.load_state_dict(state)
@@ -115,7 +124,9 @@ def test_sample_corrupt_only_at_run_time_keeps_batches_equal(tmp_path):
 def test_dataloader_workers_split_a_rank_exactly(dataset):
     paths, keys, index = dataset
     plain = run(paths, index, rank=0, world=1, batch=3)[0]
-    loader = shardstream.ShardLoader(paths, index=index, batch_size=3, image_size=32, shuffle_buffer=5, threads=1)
+    loader = shardstream.ShardLoader(
+        paths, index=index, batch_size=3, image_size=32, shuffle_buffer=5, threads=1
+    )
     batches = [list(b.keys) for b in loader.dataloader(num_workers=2)]
     assert len(batches) == len(plain) == len(loader)
     got = collections.Counter(k for b in batches for k in b)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import shardstream
 import torch
 from corpus import good_samples, photo_jpegs, sample_members, tar_bytes, write_file
-from test_decode import pillow_reference
-
-import shardstream
 from shardstream.errors import ShardError
+from test_decode import pillow_reference
 
 
 def make_shards(tmp_path, counts, *, seed=0):
@@ -17,7 +16,12 @@ def make_shards(tmp_path, counts, *, seed=0):
     for i, n in enumerate(counts):
         samples = good_samples(n, seed=seed + i, prefix=f"sh{i}_")
         captions.update({k: s["txt"] for k, s in samples})
-        paths.append(write_file(str(tmp_path / f"shard-{i:03d}.tar"), tar_bytes([m for k, s in samples for m in sample_members(k, s)])))
+        paths.append(
+            write_file(
+                str(tmp_path / f"shard-{i:03d}.tar"),
+                tar_bytes([m for k, s in samples for m in sample_members(k, s)]),
+            )
+        )
     return paths, captions
 
 
@@ -42,11 +46,12 @@ def test_batches_shape_dtype_captions_and_every_sample_once(tmp_path):
 def test_pixels_are_the_decode_of_the_right_sample(tmp_path):
     paths, _ = make_shards(tmp_path, [6])
     by_key = {k: s["jpg"] for k, s in good_samples(6, seed=0, prefix="sh0_")}
-    from PIL import Image
     import io
 
+    from PIL import Image
+
     for batch in shardstream.ShardLoader(paths, batch_size=3, image_size=96, seed=5):
-        for img, key in zip(batch.images, batch.keys):
+        for img, key in zip(batch.images, batch.keys, strict=True):
             ref = pillow_reference(Image.open(io.BytesIO(by_key[key])), 96)
             assert np.abs(img.numpy().astype(int) - ref.astype(int)).mean() < 3.0
 
@@ -62,10 +67,12 @@ def test_drop_last_reports_the_remainder(tmp_path):
 
 def test_same_seed_same_order_other_seed_or_epoch_other_order(tmp_path):
     paths, _ = make_shards(tmp_path, [12, 12])
+
     def run(seed, epoch=0):
         loader = shardstream.ShardLoader(paths, batch_size=4, image_size=32, seed=seed, shuffle_buffer=12)
         loader.set_epoch(epoch)
         return all_keys(loader)
+
     a = run(1)
     assert a == run(1)
     assert sorted(a) == sorted(run(2)) and a != run(2)
@@ -96,10 +103,19 @@ def test_corrupt_samples_are_skipped_and_counted_or_raised(tmp_path):
 
 def test_random_crop_is_seeded(tmp_path):
     paths, _ = make_shards(tmp_path, [4])
+
     def images(seed):
-        loader = shardstream.ShardLoader(paths, batch_size=4, image_size=48, crop="random",
-                                         random_crop_scale=(0.3, 0.6), seed=seed, shuffle_buffer=1)
+        loader = shardstream.ShardLoader(
+            paths,
+            batch_size=4,
+            image_size=48,
+            crop="random",
+            random_crop_scale=(0.3, 0.6),
+            seed=seed,
+            shuffle_buffer=1,
+        )
         return next(iter(loader)).images.clone()
+
     assert torch.equal(images(3), images(3))
     assert not torch.equal(images(3), images(4))
 

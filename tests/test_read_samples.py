@@ -21,10 +21,7 @@ if not os.path.isdir(DATA):  # CI clones next to shared/, a session works in /wo
 def webdataset_samples(path: str) -> list[dict]:
     from webdataset.tariterators import tarfile_samples
 
-    return [
-        {k: v for k, v in s.items() if k != "__local_path__"}
-        for s in tarfile_samples([{"url": path}])
-    ]
+    return [{k: v for k, v in s.items() if k != "__local_path__"} for s in tarfile_samples([{"url": path}])]
 
 
 def ours(path: str, **kw) -> list[dict]:
@@ -126,7 +123,11 @@ def test_truncated_shard_raises_with_url_and_reason_or_is_skipped(tmp_path):
     # Only complete samples come through; the one cut in half is not passed on.
     assert 0 < len(got) < 4
     for s in got:
-        assert s == {"__key__": s["__key__"], "__url__": path, **{k: (v.encode() if isinstance(v, str) else v) for k, v in dict(samples)[s["__key__"]].items()}}
+        assert s == {
+            "__key__": s["__key__"],
+            "__url__": path,
+            **{k: (v.encode() if isinstance(v, str) else v) for k, v in dict(samples)[s["__key__"]].items()},
+        }
 
 
 def test_duplicate_extension_in_one_sample_is_an_error(tmp_path):
@@ -140,7 +141,9 @@ def test_duplicate_extension_in_one_sample_is_an_error(tmp_path):
 def test_url_lists_and_brace_expansion(tmp_path):
     for i in range(3):
         samples = good_samples(2, seed=i, prefix=f"k{i}_")
-        write_file(str(tmp_path / f"s-{i:03d}.tar"), tar_bytes([m for k, s in samples for m in sample_members(k, s)]))
+        write_file(
+            str(tmp_path / f"s-{i:03d}.tar"), tar_bytes([m for k, s in samples for m in sample_members(k, s)])
+        )
     braces = ours(str(tmp_path / "s-{000..002}.tar"))
     listed = ours(f"{tmp_path}/s-000.tar::{tmp_path}/s-001.tar::{tmp_path}/s-002.tar")
     assert [s["__key__"] for s in braces] == [f"k{i}_{j:04d}" for i in range(3) for j in range(2)]

@@ -51,7 +51,9 @@ def load_index(source: Any, *, timeout: float = 60.0, **source_options: Any) -> 
         raise ShardError("corrupt_tar", redact(where), "", f"not a shardstream index: {e}") from None
 
 
-def scan_shards(urls: Iterable[Any], *, threads: int | None = None, **scan_options: Any) -> list[dict[str, Any]]:
+def scan_shards(
+    urls: Iterable[Any], *, threads: int | None = None, **scan_options: Any
+) -> list[dict[str, Any]]:
     """``_core.scan_shard`` over shards in parallel (the scan releases the GIL)."""
     shards = list(urls)
     workers = threads or len(os.sched_getaffinity(0))
@@ -59,14 +61,18 @@ def scan_shards(urls: Iterable[Any], *, threads: int | None = None, **scan_optio
         return list(pool.map(lambda u: _core.scan_shard(str(u), **scan_options), shards))
 
 
-def index_from_reports(reports: list[dict[str, Any]], urls: list[str] | None = None, *, with_keys: bool = True) -> DatasetIndex:
+def index_from_reports(
+    reports: list[dict[str, Any]], urls: list[str] | None = None, *, with_keys: bool = True
+) -> DatasetIndex:
     """An index from scan reports; ``urls`` are the names users give the shards (default: the
     reports' own, already redacted, URLs)."""
     names = urls if urls is not None else [r["url"] for r in reports]
     return DatasetIndex.from_scan_reports(json.dumps(reports), [str(n) for n in names], with_keys)
 
 
-def build_index(spec: Any, *, decode: bool = True, threads: int | None = None, with_keys: bool = True, **options: Any) -> DatasetIndex:
+def build_index(
+    spec: Any, *, decode: bool = True, threads: int | None = None, with_keys: bool = True, **options: Any
+) -> DatasetIndex:
     """Scans every shard of ``spec`` (validating samples unless ``decode=False``) and indexes them."""
     shards = expand_urls(spec, **options.pop("source_options", {}))
     reports = scan_shards(shards, threads=threads, decode=decode, **options)
@@ -75,7 +81,11 @@ def build_index(spec: Any, *, decode: bool = True, threads: int | None = None, w
 
 def write_index(index_or_reports: Any, path: str, *, urls: list[str] | None = None) -> str:
     """Writes an index atomically (temp file + rename); accepts an index or scan reports."""
-    index = index_or_reports if isinstance(index_or_reports, DatasetIndex) else index_from_reports(index_or_reports, urls)
+    index = (
+        index_or_reports
+        if isinstance(index_or_reports, DatasetIndex)
+        else index_from_reports(index_or_reports, urls)
+    )
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".index-", dir=directory)

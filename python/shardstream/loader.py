@@ -114,7 +114,9 @@ class ShardLoader:
         self._resume: dict[str, Any] | None = None
         self._batches_done = 0
         self._last_stats: dict[str, Any] = {}
-        self._pin = pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
+        self._pin = (
+            pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
+        )
         self._config: dict[str, Any] = {
             "batch_size": batch_size,
             "image_size": image_size,
@@ -204,12 +206,16 @@ class ShardLoader:
         config = dict(self._config, threads=self.threads)
         if self._plan is not None:
             # workers=0: one reader in this process; K DataLoader workers: reader `worker` of K.
-            reader = self._plan.reader(self._plan_params(workers if workers > 1 else self._num_workers), self._resume, rank, worker)
+            reader = self._plan.reader(
+                self._plan_params(workers if workers > 1 else self._num_workers), self._resume, rank, worker
+            )
             spans, reserve = reader.pop("spans"), reader.pop("reserve")
             config.update(reader, planned=True)
         else:
             if self._resume is not None:
-                raise ValueError("mid-epoch resume needs an index (exact epochs); build one with `shardstream index`")
+                raise ValueError(
+                    "mid-epoch resume needs an index (exact epochs); build one with `shardstream index`"
+                )
             if world * max(workers, 1) > 1 and self.samples_per_epoch is None:
                 raise ValueError(
                     "several readers without an index need samples_per_epoch (equal batches on every rank); "
@@ -299,7 +305,9 @@ class ShardLoader:
         """Continues the epoch of ``state`` with exactly the batches that would have followed;
         with another world size or worker count, the rest of the epoch is re-planned exactly once."""
         if self._plan is None or not state.get("version"):
-            raise ValueError("mid-epoch resume needs an index (exact epochs); build one with `shardstream index`")
+            raise ValueError(
+                "mid-epoch resume needs an index (exact epochs); build one with `shardstream index`"
+            )
         self.epoch = int(state["epoch"])
         self._resume = state
         self._batches_done = 0

@@ -46,7 +46,11 @@ def streaming_spans(
         worker=worker,
     )
     stride_spec = (stride, offset) if stride > 1 else None
-    return [(s, stride_spec) for s in shards], (batches if samples_per_epoch is not None else None), shuffle_seed
+    return (
+        [(s, stride_spec) for s in shards],
+        (batches if samples_per_epoch is not None else None),
+        shuffle_seed,
+    )
 
 
 class EpochPlanner:
@@ -77,7 +81,9 @@ class EpochPlanner:
             self._cache[key] = self.index.plan(**params, state=json.dumps(state) if state else None)
         return self._cache[key]
 
-    def reader(self, params: dict[str, Any], state: dict[str, Any] | None, rank: int, worker: int) -> dict[str, Any]:
+    def reader(
+        self, params: dict[str, Any], state: dict[str, Any] | None, rank: int, worker: int
+    ) -> dict[str, Any]:
         return self.plan(params, state).reader(rank, worker, [s.url for s in self.shards])
 
     def state(self, params: dict[str, Any], state: dict[str, Any] | None, batches: int) -> dict[str, Any]:

@@ -146,7 +146,8 @@ pub struct SampleReader {
     current: Option<RawSample>,
     next_ordinal: u64,
     done: bool,
-    pending_fault: Option<ShardFault>,
+    /// Items decided but not yet returned (a finished sample, a cut sample, the fault).
+    ready: std::collections::VecDeque<Result<RawSample, ShardFault>>,
     compressed: bool,
     data_end: u64,
 }
@@ -158,7 +159,7 @@ impl SampleReader {
             current: None,
             next_ordinal: first_ordinal,
             done: false,
-            pending_fault: None,
+            ready: std::collections::VecDeque::new(),
             compressed: false,
             data_end: 0,
         }
@@ -210,8 +211,8 @@ impl Iterator for SampleReader {
     type Item = Result<RawSample, ShardFault>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(f) = self.pending_fault.take() {
-            return Some(Err(f));
+        if let Some(item) = self.ready.pop_front() {
+            return Some(item);
         }
         if self.done {
             return None;
@@ -225,15 +226,32 @@ impl Iterator for SampleReader {
                 }
                 Err(e) => {
                     self.done = true;
+                    let cut = e.cut_member().and_then(|(name, offset)| {
+                        split_key(name).map(|(key, _)| (key.to_string(), offset))
+                    });
                     let fault = Self::fault_from(e);
-                    // The sample being assembled may be missing members: it is not complete,
-                    // so it is reported with the fault's reason rather than passed on.
-                    if let Some(mut s) = self.current.take() {
-                        s.defect = Some((fault.reason, fault.detail.clone()));
-                        self.pending_fault = Some(fault);
-                        return Some(Ok(s));
+                    let defect = Some((fault.reason, fault.detail.clone()));
+                    match cut {
+                        // The cut member's header names another key: the open sample ended
+                        // before it and is complete; the cut member starts the broken sample.
+                        Some((key, offset)) if !matches!(&self.current, Some(c) if c.key == key) => {
+                            if let Some(done) = self.start_sample(&key, offset) {
+                                self.ready.push_back(Ok(done));
+                            }
+                            let mut broken = self.current.take().expect("just started");
+                            broken.defect = defect;
+                            self.ready.push_back(Ok(broken));
+                        }
+                        // Otherwise the open sample may be missing members: not complete.
+                        _ => {
+                            if let Some(mut s) = self.current.take() {
+                                s.defect = defect;
+                                self.ready.push_back(Ok(s));
+                            }
+                        }
                     }
-                    return Some(Err(fault));
+                    self.ready.push_back(Err(fault));
+                    return self.ready.pop_front();
                 }
             };
             self.data_end = self.tar.position();

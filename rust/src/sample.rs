@@ -125,8 +125,8 @@ pub fn prepare(
     if let Some(defect) = &raw.defect {
         return Err(defect.clone());
     }
-    let text = caption(raw, &spec.caption)?;
     let bytes = image_bytes(raw, &spec.image_keys)?;
+    let text = caption(raw, &spec.caption)?;
     let probe = worker
         .decoder
         .probe(bytes)

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Reason;
 use crate::group::open_shard;
 use crate::index::{InvalidSample as IndexInvalid, ShardEntry};
-use crate::sample::{caption, image_bytes, prepare, SampleSpec, Worker};
+use crate::sample::{caption, image_bytes, prepare, CaptionSource, SampleSpec, Worker};
 use crate::source::{redact_url, SourceOptions, SourceStats};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -77,6 +77,12 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
     let size = opts.spec.image_size as usize;
     let mut slot = vec![0u8; 3 * size * size];
     let mut first_ordinal_of_key: HashMap<String, u64> = HashMap::new();
+    // With an optional caption, a sample without one is still decoded (and one with a caption
+    // still has it checked).
+    let no_caption = SampleSpec {
+        caption: CaptionSource::None,
+        ..opts.spec.clone()
+    };
     for item in reader.by_ref() {
         let raw = match item {
             Ok(raw) => raw,
@@ -97,15 +103,23 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
                 format!("key already used by sample #{first}"),
             ))
         } else if opts.decode {
-            prepare(&raw, &opts.spec, 0, &mut worker, &mut slot).map(|_| ())
+            let lacks_caption = matches!(
+                caption(&raw, &opts.spec.caption),
+                Err((Reason::MissingCaption, _))
+            );
+            let spec = if lacks_caption && !opts.require_caption {
+                &no_caption
+            } else {
+                &opts.spec
+            };
+            prepare(&raw, spec, 0, &mut worker, &mut slot).map(|_| ())
         } else if let Some(defect) = &raw.defect {
             Err(defect.clone())
         } else {
             image_bytes(&raw, &opts.spec.image_keys).and_then(|_| {
-                if opts.require_caption {
-                    caption(&raw, &opts.spec.caption).map(|_| ())
-                } else {
-                    Ok(())
+                match caption(&raw, &opts.spec.caption) {
+                    Err((Reason::MissingCaption, _)) if !opts.require_caption => Ok(()),
+                    other => other.map(|_| ()),
                 }
             })
         };
@@ -123,6 +137,17 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
                 detail,
             });
         }
+    }
+    if report.fatal.is_none() && reader.trailing_garbage() {
+        // tarfile and webdataset stop quietly at a header that fails its checksum; whatever
+        // followed it (more samples, perhaps) was not read, so the shard is not sound.
+        report.fatal = Some(ShardFatal {
+            reason: Reason::CorruptTar,
+            detail: format!(
+                "the bytes at {} are not a tar header: the rest of the shard was not read",
+                reader.data_end()
+            ),
+        });
     }
     if report.fatal.is_none() {
         report.offsets.push(reader.data_end());

@@ -33,7 +33,12 @@ pub enum Entry {
 #[derive(Debug, thiserror::Error)]
 pub enum TarError {
     #[error("truncated tar: stream ended inside {what} at byte {offset}")]
-    Truncated { offset: u64, what: String },
+    Truncated {
+        offset: u64,
+        what: String,
+        /// The member whose header was read whole but whose data was cut: (name, header offset).
+        member: Option<(String, u64)>,
+    },
     #[error("corrupt tar header at byte {offset}: {message}")]
     Corrupt { offset: u64, message: String },
     #[error("read error at byte {offset}: {source}")]
@@ -46,6 +51,28 @@ impl TarError {
             TarError::Truncated { offset, .. }
             | TarError::Corrupt { offset, .. }
             | TarError::Io { offset, .. } => *offset,
+        }
+    }
+
+    /// The member cut short, when its header was complete: (name, offset of its header).
+    pub fn cut_member(&self) -> Option<(&str, u64)> {
+        match self {
+            TarError::Truncated {
+                member: Some((name, offset)),
+                ..
+            } => Some((name.as_str(), *offset)),
+            _ => None,
+        }
+    }
+
+    fn in_member(self, name: &str, header_offset: u64) -> Self {
+        match self {
+            TarError::Truncated { offset, what, .. } => TarError::Truncated {
+                offset,
+                what,
+                member: Some((name.to_string(), header_offset)),
+            },
+            other => other,
         }
     }
 }
@@ -106,6 +133,7 @@ impl<R: Read> TarReader<R> {
             return Err(TarError::Truncated {
                 offset: start + n as u64,
                 what: what.to_string(),
+                member: None,
             });
         }
         Ok(())
@@ -159,6 +187,7 @@ impl<R: Read> TarReader<R> {
                 return Err(TarError::Truncated {
                     offset: header_offset + n as u64,
                     what: "a header".into(),
+                    member: None,
                 });
             }
             if header.iter().all(|&b| b == 0) {
@@ -239,10 +268,13 @@ impl<R: Read> TarReader<R> {
             }
             self.members_seen += 1;
             if size > self.max_member_bytes {
-                self.skip(size + Self::padding(size), "an oversized member")?;
+                self.skip(size + Self::padding(size), "an oversized member")
+                    .map_err(|e| e.in_member(&name, offset))?;
                 return Ok(Some(Entry::Oversized { name, size, offset }));
             }
-            let data = self.read_data(size, &format!("member {name:?}"))?;
+            let data = self
+                .read_data(size, &format!("member {name:?}"))
+                .map_err(|e| e.in_member(&name, offset))?;
             return Ok(Some(Entry::File(Member { name, data, offset })));
         }
     }

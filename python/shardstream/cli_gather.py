@@ -1,0 +1,104 @@
+"""Running ``shardstream validate`` as a distributed job under torchrun: each rank scans its share
+of the shards, and rank 0 receives every rank's results to write the one merged report.
+
+Results travel as JSON bytes in uint8 tensors over torch.distributed (gloo, CPU only), never as
+pickled objects, so a peer can send nothing but data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Ranks that finish early wait in the gather for the slowest one; validating a large dataset can
+# take hours, so the collective timeout must be far longer than torch's 30-minute default.
+DEFAULT_TIMEOUT = timedelta(hours=24)
+
+
+def rank_and_world_from_env() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) as torchrun sets them; (0, 1) outside a distributed launch."""
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ValueError(
+            f"RANK={os.environ.get('RANK')!r} and WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
+            "must be integers"
+        ) from None
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is not in range for WORLD_SIZE={world}")
+    return rank, world
+
+
+def share(items: Sequence[T], rank: int, world: int) -> list[tuple[int, T]]:
+    """This rank's items with their positions: every world-th item, so that ranks get similar
+    numbers of shards even when shard sizes drift along the list."""
+    return [(i, items[i]) for i in range(rank, len(items), world)]
+
+
+class RankGroup:
+    """A gloo process group for the duration of a ``with`` block (reusing one that the caller
+    already initialised, e.g. inside a training script)."""
+
+    def __init__(self, rank: int, world: int, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+        self.rank = rank
+        self.world = world
+        self.timeout = timeout
+        self._owned = False
+
+    def __enter__(self) -> RankGroup:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise RuntimeError(
+                f"WORLD_SIZE={self.world}: distributed validation needs torch (torch.distributed with "
+                "gloo); install torch or pass --no-distributed to validate everything in this process"
+            ) from None
+        if not dist.is_available():
+            raise RuntimeError("this torch build has no torch.distributed; pass --no-distributed")
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.world, timeout=self.timeout)
+            self._owned = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owned:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+    def gather_json(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` (JSON-serialisable) on rank 0, in rank order; None elsewhere."""
+        import torch
+        import torch.distributed as dist
+
+        payload = json.dumps(value, separators=(",", ":")).encode()
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64))
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        if payload:
+            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        if self.rank == 0:
+            buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world)]
+            dist.gather(mine, buffers, dst=0)
+            return [
+                json.loads(bytes(buf[: int(size.item())].numpy()))
+                for buf, size in zip(buffers, sizes, strict=True)
+            ]
+        dist.gather(mine, None, dst=0)
+        return None
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank (also a barrier: nobody exits before rank 0 is done)."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(tensor, src=0)
+        return int(tensor.item())

@@ -1,0 +1,95 @@
+"""Progress lines: rate and ETA on a real terminal (a pseudo-terminal), nothing in pipes or CI."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+from corpus import good_shard
+from shardstream.progress import Progress, human_bytes, human_duration, progress_wanted
+
+
+def test_status_line_has_counts_rates_and_eta():
+    p = Progress("validate", total=10, enabled=False)
+    p._start -= 2.0  # two seconds ago, so the rates are predictable
+    p.advance(4, samples=400, nbytes=8_000_000)
+    line = p.line()
+    assert line.startswith("validate  4/10 shards  400 samples (")
+    assert "8.0 MB (" in line and "MB/s)" in line
+    assert "ETA 0:00:03" in line
+
+
+def test_formatting_helpers():
+    assert human_bytes(999) == "999 B"
+    assert human_bytes(1_500_000) == "1.5 MB"
+    assert human_bytes(2.5e12) == "2.5 TB"
+    assert human_duration(3725) == "1:02:05"
+
+
+def test_disabled_for_pipes_and_ci(monkeypatch):
+    stream = io.StringIO()
+    assert not progress_wanted(stream)
+    p = Progress("x", total=3, stream=stream)
+    p.advance(3)
+    p.close()
+    assert stream.getvalue() == ""
+    # a real terminal, but CI says no
+    master, slave = pty.openpty()
+    try:
+        with os.fdopen(slave, "w", closefd=False) as tty:
+            monkeypatch.delenv("CI", raising=False)
+            monkeypatch.delenv("SHARDSTREAM_NO_PROGRESS", raising=False)
+            monkeypatch.setenv("TERM", "xterm")
+            assert progress_wanted(tty)
+            monkeypatch.setenv("CI", "true")
+            assert not progress_wanted(tty)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def _run_on_pty(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
+    """Runs a command with stdout and stderr on a pseudo-terminal; returns (exit status, output)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            elif proc.poll() is not None:
+                break
+        return proc.wait(timeout=max(1, deadline - time.monotonic())), output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_validate_draws_progress_on_a_terminal_and_not_in_a_pipe(tmp_path):
+    shards = [good_shard(str(tmp_path / f"{i}.tar"), 3, seed=i) for i in range(4)]
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "SHARDSTREAM_NO_PROGRESS")}
+    env["TERM"] = "xterm"
+    argv = [sys.executable, "-m", "shardstream", "validate", *shards, "--threads", "1"]
+    status, output = _run_on_pty(argv, env)
+    assert status == 0, output
+    assert b"\rvalidate  " in output and b"4/4 shards" in output
+    piped = subprocess.run(argv, capture_output=True, env=env, timeout=60)
+    assert piped.returncode == 0
+    assert b"\r" not in piped.stdout + piped.stderr and b"ETA" not in piped.stdout + piped.stderr
+    assert b"result: all samples valid (exit status 0)" in piped.stdout
