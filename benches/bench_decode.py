@@ -90,6 +90,11 @@ def run_shardstream(paths: list[str], threads: int) -> int:
 def worker(args) -> None:
     paths = json.loads(args.paths)
     os.sched_setaffinity(0, set(json.loads(args.cpus)))
+    # Imports (torch comes with webdataset and with our loader) are not part of the job.
+    if args.worker == "webdataset":
+        import webdataset  # noqa: F401
+    elif args.worker.startswith("shardstream"):
+        import shardstream.loader  # noqa: F401
     start = time.perf_counter()
     if args.worker == "webdataset":
         n = run_webdataset(paths)
