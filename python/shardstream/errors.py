@@ -61,11 +61,12 @@ class SampleError(ShardError):
 
 
 def _source_error_class(detail: str) -> type[SourceError]:
-    """The Rust source reports its kind of failure in a stable message prefix."""
-    if detail.startswith("not found:") or "No such file" in detail:
-        return NotFoundError
-    if detail.startswith("access denied"):
+    """The Rust source names its kind of failure with stable phrases (``source::SourceError``),
+    at the start of the detail when opening fails, after an offset when a read fails."""
+    if "access denied" in detail:
         return CredentialsError
+    if detail.startswith("not found:") or ": not found:" in detail or "No such file" in detail:
+        return NotFoundError
     return SourceError
 
 

@@ -133,6 +133,9 @@ class ShardLoader:
             "read_timeout": read_timeout,
             "max_retries": max_retries,
         }
+        from shardstream.urls import READER_OPTIONS
+
+        self._config.update({k: v for k, v in source_options.items() if k in READER_OPTIONS})
         self._plan = None
         if index is not None:
             from shardstream.plan import EpochPlanner

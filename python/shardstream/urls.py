@@ -24,7 +24,6 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache
 from typing import Any
 
 from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
@@ -38,7 +37,16 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 DEFAULT_EXPIRES_IN = 7 * 24 * 3600
 # Options of the Rust reader: callers may pass one set of keywords to both; they are not ours.
 READER_OPTIONS = frozenset(
-    {"connect_timeout", "read_timeout", "max_retries", "backoff_initial", "backoff_max", "cache_dir", "cache_max_bytes"}
+    {
+        "connect_timeout",
+        "read_timeout",
+        "max_retries",
+        "backoff_initial",
+        "backoff_max",
+        "cache_dir",
+        "cache_max_bytes",
+        "ca_bundle",
+    }
 )
 
 
@@ -72,6 +80,7 @@ class S3Options:
     profile: str | None = None
     expires_in: int = DEFAULT_EXPIRES_IN
     addressing_style: str | None = None  # "path" | "virtual" | "auto"; path for custom endpoints
+    ca_bundle: str | None = None  # PEM roots for an endpoint behind a private CA (else AWS_CA_BUNDLE)
 
     @classmethod
     def from_any(cls, value: S3Options | dict[str, Any] | None, extra: dict[str, Any]) -> S3Options:
@@ -224,19 +233,21 @@ def _is_shard_file(name: str) -> bool:
     return name.endswith(SHARD_SUFFIXES)
 
 
-def _expand_local(part: str) -> list[Shard]:
+def _expand_local(part: str) -> tuple[list[Shard], bool]:
     path = os.path.expanduser(part[len("file://") :] if part.startswith("file://") else part)
     if _GLOB_CHARS.search(path):
         matches = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
         if not matches:
             raise NotFoundError("unreadable", part, "", "no file matches this pattern")
-        return [Shard(p, p) for p in matches]
+        return [Shard(p, p) for p in matches], True
     if os.path.isdir(path):
         files = sorted(os.path.join(path, n) for n in os.listdir(path) if _is_shard_file(n))
         if not files:
-            raise NotFoundError("unreadable", part, "", f"no {'/'.join(SHARD_SUFFIXES)} files in this directory")
-        return [Shard(p, p) for p in files]
-    return [Shard(path, path)]
+            raise NotFoundError(
+                "unreadable", part, "", f"no {'/'.join(SHARD_SUFFIXES)} files in this directory"
+            )
+        return [Shard(p, p) for p in files], True
+    return [Shard(path, path)], False
 
 
 def _check_local(shard: Shard) -> None:
@@ -264,25 +275,75 @@ def expand_urls(
     if check not in ("first", "all", "none"):
         raise ValueError(f"check must be 'first', 'all' or 'none', not {check!r}")
     s3 = S3Options.from_any(s3_options, {k: v for k, v in options.items() if k not in READER_OPTIONS})
+    if options.get("ca_bundle") and s3.ca_bundle is None:
+        s3 = replace(s3, ca_bundle=os.fspath(options["ca_bundle"]))
+    resolver = _Resolver(s3)
     specs: Iterable[Any] = [spec] if isinstance(spec, (str, os.PathLike)) else spec
     out: list[Shard] = []
     for item in specs:
+        if isinstance(item, Shard):  # already concrete (re-expanding would lose its display)
+            out.append(item)
+            continue
         for part in split_parts(os.fspath(item)):
+            part_shards: list[Shard] = []
+            unproven: list[Shard] = []  # shards named explicitly, not found by a listing or glob
             for concrete in brace_expand(part):
-                out.extend(_expand_one(concrete, s3, check))
+                shards, listed = resolver.resolve(concrete)
+                part_shards.extend(shards)
+                if not listed:
+                    unproven.extend(shards)
+            for shard in unproven if check == "all" else unproven[:1] if check == "first" else []:
+                resolver.check(shard)
+            out.extend(part_shards)
     return out
 
 
-def _expand_one(part: str, s3: S3Options, check: str) -> list[Shard]:
-    scheme = scheme_of(part)
-    if scheme in ("local", "file"):
-        shards = _expand_local(part)
-        for shard in shards if check == "all" else shards[:1] if check == "first" else []:
+class _Resolver:
+    """Resolves concrete (brace-expanded) URLs; makes one S3 client per ``expand_urls`` call, so
+    that credentials from the environment are read afresh each time but not once per shard."""
+
+    def __init__(self, s3: S3Options) -> None:
+        self.s3 = s3
+        self._client: Any = None
+
+    def client(self, where: str) -> Any:
+        if self._client is None:
+            self._client = _make_client(self.s3, where)
+        return self._client
+
+    def resolve(self, url: str) -> tuple[list[Shard], bool]:
+        """(shards, whether they were found by listing a directory, glob or prefix)."""
+        scheme = scheme_of(url)
+        if scheme in ("local", "file"):
+            return _expand_local(url)
+        if scheme in REMOTE_SCHEMES:
+            return [Shard(url)], False
+        return self._expand_s3(url)
+
+    def check(self, shard: Shard) -> None:
+        if shard.display.startswith("s3://"):
+            bucket, key = parse_s3_url(shard.display)
+            _s3_call(shard.display, self.client(shard.display).head_object, Bucket=bucket, Key=key)
+        elif scheme_of(shard.url) in ("local", "file"):
             _check_local(shard)
-        return shards
-    if scheme in REMOTE_SCHEMES:
-        return [Shard(part)]
-    return _expand_s3(part, s3, check)
+
+    def _expand_s3(self, url: str) -> tuple[list[Shard], bool]:
+        bucket, key = parse_s3_url(url)
+        client = self.client(url)
+        listed = key == "" or key.endswith("/") or bool(_GLOB_CHARS.search(key))
+        keys = _list_s3(client, url, bucket, key) if listed else [key]
+        shards = []
+        for k in keys:
+            where = f"s3://{bucket}/{k}"
+            presigned = _s3_call(
+                where,
+                client.generate_presigned_url,
+                "get_object",
+                Params={"Bucket": bucket, "Key": k},
+                ExpiresIn=self.s3.expires_in,
+            )
+            shards.append(Shard(presigned, where))
+        return shards, listed
 
 
 # -- S3 --------------------------------------------------------------------------------------------
@@ -324,15 +385,14 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
-@lru_cache(maxsize=8)
-def _s3_client(endpoint_url: str | None, region: str | None, profile: str | None, addressing_style: str | None):
+def _new_s3_client(s3: S3Options) -> Any:
     import boto3
     from botocore.config import Config
 
-    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
-    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = region or session.region_name or "us-east-1"
-    style = addressing_style or ("path" if endpoint else "auto")
+    session = boto3.Session(profile_name=s3.profile) if s3.profile else boto3.Session()
+    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = s3.region or session.region_name or "us-east-1"
+    style = s3.addressing_style or ("path" if endpoint else "auto")
     config = Config(
         signature_version="s3v4",
         s3={"addressing_style": style},
@@ -340,14 +400,14 @@ def _s3_client(endpoint_url: str | None, region: str | None, profile: str | None
         connect_timeout=10,
         read_timeout=30,
     )
-    return session.client("s3", endpoint_url=endpoint, region_name=region, config=config)
+    return session.client("s3", endpoint_url=endpoint, region_name=region, config=config, verify=s3.ca_bundle)
 
 
-def _client(s3: S3Options, where: str) -> Any:
+def _make_client(s3: S3Options, where: str) -> Any:
     from botocore.exceptions import BotoCoreError
 
     try:
-        return _s3_client(s3.endpoint_url, s3.region, s3.profile, s3.addressing_style)
+        return _new_s3_client(s3)
     except BotoCoreError as e:
         raise _translate(e, where) from None
 
@@ -426,25 +486,3 @@ def _list_s3(client: Any, url: str, bucket: str, key_pattern: str) -> list[str]:
     if not keys:
         raise NotFoundError("unreadable", url, "", "not found: no matching objects under this prefix")
     return sorted(keys)
-
-
-def _expand_s3(url: str, s3: S3Options, check: str) -> list[Shard]:
-    bucket, key = parse_s3_url(url)
-    client = _client(s3, url)
-    listed = key == "" or key.endswith("/") or bool(_GLOB_CHARS.search(key))
-    keys = _list_s3(client, url, bucket, key) if listed else [key]
-    # Listing already proved the bucket and the credentials; an explicit key is checked here.
-    to_check = keys if check == "all" else keys[:1] if (check == "first" and not listed) else []
-    for k in to_check:
-        _s3_call(f"s3://{bucket}/{k}", client.head_object, Bucket=bucket, Key=k)
-    shards = []
-    for k in keys:
-        presigned = _s3_call(
-            f"s3://{bucket}/{k}",
-            client.generate_presigned_url,
-            "get_object",
-            Params={"Bucket": bucket, "Key": k},
-            ExpiresIn=s3.expires_in,
-        )
-        shards.append(Shard(presigned, f"s3://{bucket}/{k}"))
-    return shards

@@ -97,6 +97,22 @@ fn source_options(config: &Bound<'_, PyDict>) -> PyResult<SourceOptions> {
     if let Some(v) = config.get_item("max_retries")? {
         opts.max_retries = v.extract()?;
     }
+    if let Some(v) = config.get_item("backoff_initial")? {
+        opts.backoff_initial = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(v) = config.get_item("backoff_max")? {
+        opts.backoff_max = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(dir) = config.get_item("cache_dir")?.filter(|v| !v.is_none()) {
+        let max_bytes = match config.get_item("cache_max_bytes")?.filter(|v| !v.is_none()) {
+            Some(v) => v.extract()?,
+            None => 64 << 30,
+        };
+        opts.cache = Some(crate::source::CacheOptions { dir: dir.extract::<std::path::PathBuf>()?, max_bytes });
+    }
+    if let Some(v) = config.get_item("ca_bundle")?.filter(|v| !v.is_none()) {
+        opts.ca_bundle = Some(v.extract::<std::path::PathBuf>()?);
+    }
     Ok(opts)
 }
 

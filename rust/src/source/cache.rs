@@ -30,13 +30,40 @@ pub struct ShardCache {
     opts: CacheOptions,
 }
 
-/// The URL without query, fragment and credentials: what identifies the object.
+/// What identifies the object: the URL without credentials, fragment and the query parameters
+/// of a presigned URL (they change every time it is signed); other query parameters may select
+/// the object, so they stay (sorted). Only ever hashed, never shown.
 fn object_identity(url: &str) -> String {
-    let redacted = redact_url(url);
-    match redacted.find('?') {
-        Some(i) => redacted[..i].to_string(),
-        None => redacted,
+    let without_fragment = url.split('#').next().unwrap_or(url);
+    let (base, query) = without_fragment
+        .split_once('?')
+        .unwrap_or((without_fragment, ""));
+    let mut kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !is_signing_param(p))
+        .collect();
+    kept.sort_unstable();
+    let base = redact_url(base);
+    if kept.is_empty() {
+        base
+    } else {
+        format!("{base}?{}", kept.join("&"))
     }
+}
+
+/// Query parameters added by URL signing (AWS SigV2/SigV4, GCS V4, boto3's `x-id`).
+fn is_signing_param(param: &str) -> bool {
+    let name = param
+        .split('=')
+        .next()
+        .unwrap_or(param)
+        .to_ascii_lowercase();
+    name.starts_with("x-amz-")
+        || name.starts_with("x-goog-")
+        || matches!(
+            name.as_str(),
+            "awsaccesskeyid" | "signature" | "expires" | "x-id"
+        )
 }
 
 /// `<32 hex digits>.<last path component, sanitised>`: unique, and readable in `ls`.
@@ -44,7 +71,9 @@ fn cache_stem(url: &str) -> String {
     let identity = object_identity(url);
     let h1 = hash_bytes(identity.as_bytes());
     let h2 = hash_bytes(format!("shardstream-cache\0{identity}").as_bytes());
-    let name: String = identity
+    // Readable part: the last path component only (a query may hold a token).
+    let path = redact_url(url.split(['?', '#']).next().unwrap_or(url));
+    let name: String = path
         .rsplit('/')
         .next()
         .unwrap_or("")
@@ -109,7 +138,7 @@ impl ShardCache {
         let mut source = HttpReader::open(url, 0, None, source_opts, stats)?;
         if source
             .total_size()
-            .map_or(true, |size| size > self.opts.max_bytes)
+            .is_none_or(|size| size > self.opts.max_bytes)
         {
             // Larger than the whole cache (or of unknown size): stream it without caching.
             drop(source);
@@ -327,12 +356,12 @@ mod tests {
                 .all(|n| !n.contains(".part-") && !n.contains("abc")),
             "{names:?}"
         );
-        // Re-signed URL, same object: a hit.
+        // Re-signed URL, same object: a hit. Other query parameters select other objects.
         let again = ShardCache::new(opts.cache.clone().unwrap());
-        assert_eq!(
-            again.path_for(&url),
-            again.path_for(&server.url("/shard-000.tar?X-Amz-Signature=zzz"))
-        );
+        let resigned = server.url("/shard-000.tar?X-Amz-Signature=zzz&X-Amz-Date=2&x-id=GetObject");
+        assert_eq!(again.path_for(&url), again.path_for(&resigned));
+        let (one, two) = (server.url("/get?shard=1"), server.url("/get?shard=2"));
+        assert_ne!(again.path_for(&one), again.path_for(&two));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -15,11 +15,13 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ureq::http::{HeaderMap, Response, StatusCode};
+use ureq::tls::{parse_pem, Certificate, PemItem, RootCerts, TlsConfig};
 use ureq::{Agent, Body, BodyReader};
 
 use super::backoff::Backoff;
@@ -30,33 +32,63 @@ const SOCKET_BUFFER_BYTES: usize = 512 * 1024;
 /// Bytes discarded per read when a server ignored our Range header.
 const DISCARD_CHUNK: usize = 256 * 1024;
 
-/// Agents are shared per timeout setting so connections are pooled across shards (keep-alive
+/// Agents are shared per configuration so connections are pooled across shards (keep-alive
 /// matters for S3, where a TLS handshake per shard would dominate small shards).
-fn agent_for(opts: &SourceOptions) -> Agent {
-    static AGENTS: OnceLock<Mutex<HashMap<(Duration, Duration), Agent>>> = OnceLock::new();
-    let key = (opts.connect_timeout, opts.read_timeout);
+fn agent_for(opts: &SourceOptions, shown_url: &str) -> Result<Agent, SourceError> {
+    type Key = (Duration, Duration, Option<PathBuf>);
+    static AGENTS: OnceLock<Mutex<HashMap<Key, Agent>>> = OnceLock::new();
+    let key = (
+        opts.connect_timeout,
+        opts.read_timeout,
+        opts.ca_bundle.clone(),
+    );
     let mut agents = AGENTS
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    agents
-        .entry(key)
-        .or_insert_with(|| {
-            let config = Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_resolve(Some(opts.connect_timeout))
-                .timeout_connect(Some(opts.connect_timeout))
-                .timeout_send_request(Some(opts.read_timeout))
-                .timeout_recv_response(Some(opts.read_timeout))
-                .timeout_per_read(Some(opts.read_timeout))
-                .timeout_per_write(Some(opts.read_timeout))
-                .input_buffer_size(SOCKET_BUFFER_BYTES)
-                .max_redirects(5)
-                .user_agent(concat!("shardstream/", env!("CARGO_PKG_VERSION")))
-                .build();
-            Agent::new_with_config(config)
-        })
-        .clone()
+    if let Some(agent) = agents.get(&key) {
+        return Ok(agent.clone());
+    }
+    let mut config = Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_resolve(Some(opts.connect_timeout))
+        .timeout_connect(Some(opts.connect_timeout))
+        .timeout_send_request(Some(opts.read_timeout))
+        .timeout_recv_response(Some(opts.read_timeout))
+        .timeout_per_read(Some(opts.read_timeout))
+        .timeout_per_write(Some(opts.read_timeout))
+        .input_buffer_size(SOCKET_BUFFER_BYTES)
+        .max_redirects(5)
+        .user_agent(concat!("shardstream/", env!("CARGO_PKG_VERSION")));
+    if let Some(bundle) = &opts.ca_bundle {
+        let roots = load_roots(bundle).map_err(|message| SourceError::Open {
+            url: shown_url.to_string(),
+            message: format!("CA bundle {}: {message}", bundle.display()),
+        })?;
+        config = config.tls_config(
+            TlsConfig::builder()
+                .root_certs(RootCerts::new_with_certs(&roots))
+                .build(),
+        );
+    }
+    let agent = Agent::new_with_config(config.build());
+    agents.insert(key, agent.clone());
+    Ok(agent)
+}
+
+/// The certificates of a PEM file (other PEM items are ignored).
+fn load_roots(path: &Path) -> Result<Vec<Certificate<'static>>, String> {
+    let pem = std::fs::read(path).map_err(|e| e.to_string())?;
+    let mut roots = Vec::new();
+    for item in parse_pem(&pem) {
+        if let PemItem::Certificate(cert) = item.map_err(|e| e.to_string())? {
+            roots.push(cert);
+        }
+    }
+    if roots.is_empty() {
+        return Err("no certificate in the file".into());
+    }
+    Ok(roots)
 }
 
 /// What identifies one version of the object, taken from the first response.
@@ -116,10 +148,11 @@ impl HttpReader {
         opts: &SourceOptions,
         stats: &Arc<SourceStats>,
     ) -> Result<Self, SourceError> {
+        let shown = redact_url(url);
         let mut reader = HttpReader {
-            agent: agent_for(opts),
+            agent: agent_for(opts, &shown)?,
             url: url.to_string(),
-            shown: redact_url(url),
+            shown,
             pos: start,
             end,
             version: None,
@@ -206,6 +239,14 @@ impl HttpReader {
     fn classify_call_error(&self, e: ureq::Error) -> Failure {
         let message = scrub(&e.to_string(), &self.url);
         match e {
+            // rustls reports certificate and handshake failures as InvalidData: retrying the
+            // same handshake cannot succeed.
+            ureq::Error::Io(ref io) if io.kind() == io::ErrorKind::InvalidData => {
+                Failure::Fatal(SourceError::Open {
+                    url: self.shown.clone(),
+                    message: format!("TLS: {message}"),
+                })
+            }
             ureq::Error::Io(_)
             | ureq::Error::Timeout(_)
             | ureq::Error::ConnectionFailed
@@ -471,6 +512,7 @@ mod tests {
             backoff_initial: Duration::from_millis(5),
             backoff_max: Duration::from_millis(50),
             cache: None,
+            ca_bundle: None,
         }
     }
 

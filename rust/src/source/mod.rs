@@ -41,6 +41,9 @@ pub struct SourceOptions {
     pub backoff_max: Duration,
     /// Optional on-disk shard cache for remote URLs (local files are never cached).
     pub cache: Option<CacheOptions>,
+    /// PEM file of root certificates to trust for HTTPS instead of the built-in Mozilla roots
+    /// (an S3-compatible store behind a private CA).
+    pub ca_bundle: Option<PathBuf>,
 }
 
 impl Default for SourceOptions {
@@ -52,6 +55,7 @@ impl Default for SourceOptions {
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
             cache: None,
+            ca_bundle: None,
         }
     }
 }
