@@ -92,6 +92,7 @@ def test_corrupt_samples_are_skipped_and_counted_or_raised(tmp_path):
     assert sorted(keys) == sorted(k for k, _ in good)
     assert loader.stats["skipped"] == {"corrupt_image": 1, "missing_caption": 1, "bad_utf8": 1}
     reasons = {f["key"]: f["reason"] for f in loader.stats["faults"]}
+    assert {f["url"] for f in loader.stats["faults"]} == {path}, "faults name their shard"
     assert reasons == {"bad": "corrupt_image", "nocap": "missing_caption", "badutf": "bad_utf8"}
 
     strict = shardstream.ShardLoader(path, batch_size=2, image_size=32, on_error="raise", shuffle_buffer=1)

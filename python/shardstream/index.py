@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardstream import _core
+from shardstream._system import available_cores
 from shardstream.errors import ShardError
 from shardstream.urls import expand_urls, redact, scheme_of
 
@@ -56,7 +57,7 @@ def scan_shards(
 ) -> list[dict[str, Any]]:
     """``_core.scan_shard`` over shards in parallel (the scan releases the GIL)."""
     shards = list(urls)
-    workers = threads or len(os.sched_getaffinity(0))
+    workers = threads or available_cores()
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(lambda u: _core.scan_shard(str(u), **scan_options), shards))
 

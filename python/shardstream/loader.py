@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardstream import _core
+from shardstream._system import available_cores
 from shardstream.errors import from_core_fault
 
 try:  # torch is optional: without it, batches are numpy arrays.
@@ -105,7 +106,7 @@ class ShardLoader:
         self.image_size = image_size
         self.seed = seed
         self.shuffle_buffer = max(1, shuffle_buffer)
-        self.threads = threads or len(os.sched_getaffinity(0))
+        self.threads = threads or available_cores()
         self._rank_arg, self._world_arg = rank, world_size
         self.drop_last = drop_last
         self.samples_per_epoch = samples_per_epoch
@@ -204,6 +205,14 @@ class ShardLoader:
         extra = {"num_batches": quota, "cycle": quota is not None, "shuffle_seed": shuffle_seed}
         return [(self._shards[s].url, s, 0, 0, 0, None, stride) for s, stride in spans], extra
 
+    def _require_quota(self, readers: int) -> None:
+        """Without an index, several readers only step equally with a fixed quota."""
+        if self._plan is None and self.samples_per_epoch is None and readers > 1:
+            raise ValueError(
+                "several readers without an index need samples_per_epoch (equal batches on every rank); "
+                "or build an index with `shardstream index` for exact epochs"
+            )
+
     def _core_loader(self, worker: int, workers: int) -> Any:
         rank, world = self.rank, self.world_size
         config = dict(self._config, threads=self.threads)
@@ -219,11 +228,7 @@ class ShardLoader:
                 raise ValueError(
                     "mid-epoch resume needs an index (exact epochs); build one with `shardstream index`"
                 )
-            if world * max(workers, 1) > 1 and self.samples_per_epoch is None:
-                raise ValueError(
-                    "several readers without an index need samples_per_epoch (equal batches on every rank); "
-                    "or build an index with `shardstream index` for exact epochs"
-                )
+            self._require_quota(world * max(workers, 1))
             spans, extra = self._streaming_reader(worker, workers)
             reserve = []
             config.update(extra, block_size=self.shuffle_buffer, first_block=0)
@@ -272,6 +277,8 @@ class ShardLoader:
                 n, keys, texts, urls = result
                 buf = lent.popleft()
                 self._batches_done += 1
+                if workers > 1:  # a DataLoader worker: the main process reads stats per batch
+                    self._last_stats = core.stats()
                 yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls)
                 nxt = self._alloc()
                 core.submit(nxt, *self._address(nxt))
@@ -326,8 +333,10 @@ class ShardLoader:
 
     def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
         """A torch DataLoader over this loader with worker processes; iterating it keeps the
-        batch count that ``state_dict()`` needs."""
+        batch count that ``state_dict()`` needs and the workers' ``stats``."""
+        self._require_quota(self.world_size * max(num_workers, 1))
         view = self.dataset_view(num_workers)
+        view.with_stats = True
         kwargs.setdefault("pin_memory", self._pin)
         loader = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
         return _CountingIterable(self, loader)
@@ -339,7 +348,28 @@ def _seed(*parts: int) -> int:
     return derive_seed(list(parts))
 
 
+def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sums the counters of several readers: numbers add, dicts add per key, lists concatenate."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                target = merged.setdefault(key, {})
+                for k, v in value.items():
+                    target[k] = target.get(k, 0) + v
+            elif isinstance(value, list):
+                merged.setdefault(key, []).extend(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                merged[key] = merged.get(key, 0) + value
+            else:
+                merged[key] = value
+    return merged
+
+
 class _CountingIterable:
+    """A DataLoader over the dataset view that counts batches for ``state_dict`` and merges the
+    workers' stats (each worker sends its counters with every batch)."""
+
     def __init__(self, owner: ShardLoader, inner: Any) -> None:
         self.owner, self.inner = owner, inner
 
@@ -348,8 +378,11 @@ class _CountingIterable:
 
     def __iter__(self) -> Iterator[Batch]:
         self.owner._batches_done = 0
-        for batch in self.inner:
+        per_worker: dict[int, dict[str, Any]] = {}
+        for batch, worker, stats in self.inner:
             self.owner._batches_done += 1
+            per_worker[worker] = stats
+            self.owner._last_stats = merge_stats(list(per_worker.values()))
             yield batch
 
 
@@ -358,9 +391,17 @@ if torch is not None:
     class _DatasetView(torch.utils.data.IterableDataset):
         def __init__(self, loader: ShardLoader) -> None:
             self.loader = loader
+            self.with_stats = False
 
-        def __iter__(self) -> Iterator[Batch]:
-            return iter(self.loader)
+        def __iter__(self) -> Iterator[Any]:
+            if not self.with_stats:
+                return iter(self.loader)
+            return self._with_stats()
+
+        def _with_stats(self) -> Iterator[tuple[Batch, int, dict[str, Any]]]:
+            worker = _worker()[0]
+            for batch in self.loader:
+                yield batch, worker, self.loader._last_stats
 
         def __len__(self) -> int:
             return len(self.loader)

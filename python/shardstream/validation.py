@@ -7,13 +7,14 @@ and invalid samples are listed by (shard position, ordinal).
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from shardstream._system import available_cores
 
 from .progress import human_bytes
 from .urls import Shard
@@ -46,7 +47,7 @@ class ScanOptions:
 def default_threads(shards: Sequence[Shard]) -> int:
     """One thread per core for local shards (decode is CPU-bound); more when shards are remote,
     where threads spend most of their time waiting on the network."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     remote = any("://" in s.url and not s.url.startswith("file://") for s in shards)
     return min(32, 4 * cores) if remote else cores
 

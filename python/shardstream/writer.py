@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream._system import available_cores
+
 IMAGE_EXTS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
 
 _BLOCK = 512
@@ -498,7 +500,7 @@ def _write_candidates(
 def _ordered_map(fn: Callable[[Any], Any], items: Iterator[Any], threads: int | None) -> Iterator[Any]:
     """``map`` on a thread pool that keeps input order and holds at most a few items per thread in
     memory (Pillow releases the GIL while decoding, resizing and encoding)."""
-    threads = threads or len(os.sched_getaffinity(0))
+    threads = threads or available_cores()
     if threads <= 1:
         yield from map(fn, items)
         return

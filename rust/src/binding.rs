@@ -108,7 +108,10 @@ fn source_options(config: &Bound<'_, PyDict>) -> PyResult<SourceOptions> {
             Some(v) => v.extract()?,
             None => 64 << 30,
         };
-        opts.cache = Some(crate::source::CacheOptions { dir: dir.extract::<std::path::PathBuf>()?, max_bytes });
+        opts.cache = Some(crate::source::CacheOptions {
+            dir: dir.extract::<std::path::PathBuf>()?,
+            max_bytes,
+        });
     }
     if let Some(v) = config.get_item("ca_bundle")?.filter(|v| !v.is_none()) {
         opts.ca_bundle = Some(v.extract::<std::path::PathBuf>()?);
@@ -611,6 +614,7 @@ impl Loader {
         }
         let batch_bytes =
             cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
+        cfg.display_urls = Arc::new(display_urls.clone());
         let pipeline = Pipeline::start(spans(spans_list), spans(reserve), cfg);
         Ok(Self {
             pipeline: Some(pipeline),
@@ -651,14 +655,7 @@ impl Loader {
         };
         match py.detach(|| p.next_batch()) {
             None => Ok(None),
-            Some(Err(mut fault)) => {
-                if let Some(rest) = fault.url.strip_prefix("shard #") {
-                    if let Some(u) = rest.parse::<usize>().ok().and_then(|i| self.display.get(i)) {
-                        fault.url = u.clone();
-                    }
-                }
-                Err(fault_to_py(fault))
-            }
+            Some(Err(fault)) => Err(fault_to_py(fault)),
             Some(Ok(meta)) => {
                 let urls: Vec<&str> = meta
                     .shards

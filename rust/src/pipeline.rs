@@ -83,6 +83,31 @@ pub struct PipelineConfig {
     pub on_error: OnError,
     pub max_member_bytes: u64,
     pub source: SourceOptions,
+    /// The URL users know each shard by (index = `ShardSpan::shard`), for faults and stats;
+    /// spans may hold presigned URLs that must not be shown.
+    pub display_urls: Arc<Vec<String>>,
+}
+
+impl PipelineConfig {
+    fn display(&self, shard: u32) -> String {
+        self.display_urls
+            .get(shard as usize)
+            .cloned()
+            .unwrap_or_else(|| format!("shard #{shard}"))
+    }
+
+    fn shard_fault(&self, span: &ShardSpan, reason: Reason, detail: String) -> Fault {
+        let url = match self.display_urls.get(span.shard as usize) {
+            Some(u) => u.clone(),
+            None => redact_url(&span.url),
+        };
+        Fault {
+            reason,
+            url,
+            key: String::new(),
+            detail,
+        }
+    }
 }
 
 impl Default for PipelineConfig {
@@ -106,6 +131,7 @@ impl Default for PipelineConfig {
             on_error: OnError::Skip,
             max_member_bytes: 256 << 20,
             source: SourceOptions::default(),
+            display_urls: Arc::new(Vec::new()),
         }
     }
 }
@@ -306,15 +332,6 @@ impl Drop for Pipeline {
     }
 }
 
-fn shard_fault(url: &str, reason: Reason, detail: String) -> Fault {
-    Fault {
-        reason,
-        url: redact_url(url),
-        key: String::new(),
-        detail,
-    }
-}
-
 /// Reads one span, sending its samples (and holes, in planned mode) then `EndOfSpan`.
 /// Returns false when the receiver is gone.
 fn read_span(
@@ -335,7 +352,7 @@ fn read_span(
         &cfg.source,
         &stats.source,
     ) {
-        Err(f) => fault = Some(shard_fault(&span.url, f.reason, f.detail)),
+        Err(f) => fault = Some(cfg.shard_fault(span, f.reason, f.detail)),
         Ok(reader) => {
             for item in reader {
                 if stop.load(Ordering::Relaxed) {
@@ -363,7 +380,7 @@ fn read_span(
                         }
                     }
                     Err(f) => {
-                        fault = Some(shard_fault(&span.url, f.reason, f.detail));
+                        fault = Some(cfg.shard_fault(span, f.reason, f.detail));
                         break;
                     }
                 }
@@ -554,7 +571,7 @@ impl ReserveReader {
                         return Some((span.shard, raw))
                     }
                     Some(Err(f)) => {
-                        stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail))
+                        stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail))
                     }
                     _ => {}
                 }
@@ -571,7 +588,7 @@ impl ReserveReader {
                 &stats.source,
             ) {
                 Ok(r) => self.current = Some(r),
-                Err(f) => stats.record_shard_error(shard_fault(&span.url, f.reason, f.detail)),
+                Err(f) => stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail)),
             }
         }
     }
@@ -601,7 +618,6 @@ struct Batcher {
 struct Slot {
     shard: u32,
     key: String,
-    url_hint: u32,
     text: Option<String>,
 }
 
@@ -657,7 +673,11 @@ impl Batcher {
                             reason: Reason::Unreadable,
                             url: String::new(),
                             key: String::new(),
-                            detail: "a full pass over every shard produced no sample; cannot fill the epoch".into(),
+                            detail: "a full pass over this reader's shards produced no sample, so its batch quota \
+                                     (samples_per_epoch) cannot be met: too few samples for the ranks x workers \
+                                     sharing these shards, or every sample failed; build an index \
+                                     (`shardstream index`) or use fewer workers"
+                                .into(),
                         }));
                         return;
                     }
@@ -732,7 +752,6 @@ impl Batcher {
                         Slot {
                             shard,
                             key: raw.key,
-                            url_hint: shard,
                             text: None,
                         },
                         r,
@@ -742,7 +761,6 @@ impl Batcher {
                     Slot {
                         shard,
                         key: format!("#{ordinal}"),
-                        url_hint: shard,
                         text: None,
                     },
                     Err((
@@ -768,7 +786,7 @@ impl Batcher {
                     let already_counted = reason == Reason::Unreadable && slot.key.starts_with('#');
                     let fault = Fault {
                         reason,
-                        url: format!("shard #{}", slot.url_hint),
+                        url: cfg.display(slot.shard),
                         key: slot.key.clone(),
                         detail,
                     };
@@ -806,7 +824,6 @@ impl Batcher {
                         slots[i].0 = Slot {
                             shard,
                             key: raw.key,
-                            url_hint: shard,
                             text: Some(text),
                         };
                         good[i] = true;
@@ -819,7 +836,7 @@ impl Batcher {
                     Err((reason, detail)) => {
                         let fault = Fault {
                             reason,
-                            url: format!("shard #{shard}"),
+                            url: cfg.display(shard),
                             key: raw.key.clone(),
                             detail,
                         };
@@ -847,7 +864,6 @@ impl Batcher {
                 let copy = Slot {
                     shard: donor.shard,
                     key: donor.key.clone(),
-                    url_hint: donor.url_hint,
                     text: donor.text.clone(),
                 };
                 if i < slots.len() {

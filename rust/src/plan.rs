@@ -1121,7 +1121,9 @@ impl Iterator for Emitted<'_> {
 /// i = rank x K + worker. With at least R shards, reader i gets every R-th shard of the
 /// permutation starting at i (`stride` 1). With fewer, shard `order[i mod S]` is shared by the
 /// readers with the same `i mod S`, and reader i keeps the samples whose ordinal mod `stride`
-/// equals `offset` (`stride` = number of readers sharing it, `offset` = i div S). The reader
+/// equals `offset` (`stride` = number of readers sharing it, `offset` = i div S); its list goes
+/// on with the other shards in rotation (same ordinal class), read only once its own share is
+/// exhausted, so a share that is empty (a 1-sample shard) cannot starve it. The reader
 /// reads its shards in order, keeps its samples, and cycles through the same list again until it
 /// has emitted `num_batches x batch_size` samples; `shuffle` is its block shuffle over those
 /// samples. Every rank has `samples_per_epoch / (world_size x batch_size)` batches, split among
@@ -1174,8 +1176,12 @@ pub fn assign_shards(
             .collect();
         (mine, 1, 0)
     } else {
+        // Reader i's own share is shard order[i mod S]; the other shards follow in rotation so
+        // that a reader whose share of a tiny shard is empty still finds samples (it takes the
+        // same ordinal class of them) instead of failing its quota.
         let sharing = (readers - i % s).div_ceil(s);
-        (vec![order[(i % s) as usize]], sharing, i / s)
+        let rotation = (0..s).map(|t| order[((i + t) % s) as usize]).collect();
+        (rotation, sharing, i / s)
     };
     let rank_batches = samples_per_epoch / config.global_batch();
     let num_batches =
@@ -1762,7 +1768,13 @@ mod tests {
                     let a = assign_shards(shards, 3, 0, cfg, 100, rank, worker).unwrap();
                     per_rank[rank as usize] += a.num_batches;
                     assert_eq!(a.shuffle.len(), a.num_batches * 4);
-                    for &s in &a.shards {
+                    // the first shard is the reader's own share; the rest is its fallback
+                    let readers = (w * cfg.readers_per_rank()) as usize;
+                    for &s in a
+                        .shards
+                        .iter()
+                        .take(if shards < readers { 1 } else { usize::MAX })
+                    {
                         *covered.entry((s, a.offset)).or_default() += 1;
                         if a.stride > 1 {
                             assert!(a.offset < a.stride);

@@ -1,0 +1,285 @@
+"""The distributed contracts of DESIGN.md under a real torchrun: W processes, gloo on 127.0.0.1,
+CPU only. Each job runs tests/dist_worker.py, whose loader takes its rank and world size from
+torch.distributed (never passed in); every rank writes the keys of its batches to a JSON file.
+test_exact_epochs.py checks the same contracts with ranks simulated in one process."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from corpus import good_samples, photo_jpegs, sample_members, tar_bytes, write_file
+from servers import free_ports
+from shardstream.index import build_index, load_index, write_index
+
+pytestmark = pytest.mark.slow
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
+JOB_TIMEOUT = 240.0
+B = 3
+# Deliberately uneven, one single-sample shard, and 4 shards: fewer than the 6 readers of W=3, K=2.
+COUNTS = [1, 13, 4, 17]
+BAD_KEY = "s1_bad"  # rejected by validation, so the index never schedules it
+
+
+class Job:
+    """The outcome of one torchrun job: per-rank results, in rank order."""
+
+    def __init__(self, ranks: list[dict[str, Any]], seconds: float, stderr: str) -> None:
+        self.ranks, self.seconds, self.stderr = ranks, seconds, stderr
+
+    def epoch(self, e: int) -> list[dict[str, Any]]:
+        return [r["epochs"][str(e)] for r in self.ranks]
+
+    def batches(self, e: int) -> list[list[list[str]]]:
+        return [r["batches"] for r in self.epoch(e)]
+
+
+def torchrun(
+    world: int, args: list[str], out: str, *, timeout: float = JOB_TIMEOUT
+) -> tuple[int, str, str, float]:
+    """Runs one torchrun job in its own process group; on timeout the whole group is killed."""
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CI"):
+        env.pop(name, None)
+    for attempt in range(3):
+        (port,) = free_ports(1)
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={world}",
+            "--master-addr=127.0.0.1", f"--master-port={port}", WORKER, "--out", out, *args,
+        ]  # fmt: skip
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank it started
+            stdout, stderr = proc.communicate()
+            raise AssertionError(
+                f"torchrun job (W={world}) hung for {timeout:.0f} s and was killed; "
+                f"stderr tail:\n{stderr[-4000:]}"
+            ) from None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        seconds = time.monotonic() - started
+        # The free port may be taken between choosing and binding it: choose again.
+        if proc.returncode != 0 and "address already in use" in stderr.lower() and attempt < 2:
+            continue
+        return proc.returncode, stdout, stderr, seconds
+    raise AssertionError("unreachable")
+
+
+def run_job(world: int, args: list[str], out: str) -> Job:
+    rc, stdout, stderr, seconds = torchrun(world, args, out)
+    assert rc == 0, f"torchrun job (W={world}) failed with {rc}:\n{stdout[-2000:]}\n{stderr[-6000:]}"
+    ranks = []
+    for r in range(world):
+        with open(os.path.join(out, f"rank-{r}.json")) as f:
+            ranks.append(json.load(f))
+    for r, result in enumerate(ranks):
+        assert (result["rank"], result["world_size"]) == (r, world)
+        loader_view = (result["loader_rank"], result["loader_world_size"])
+        assert loader_view == (r, world), "the loader takes rank and world size from torch.distributed"
+    return Job(ranks, seconds, stderr)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist")
+    paths, keys = [], []
+    for i, n in enumerate(COUNTS):
+        samples = good_samples(n, seed=300 + i, prefix=f"s{i}_")
+        members = [m for k, s in samples for m in sample_members(k, s)]
+        if i == 1:  # a truncated JPEG in the middle of the shard: invalid in the index
+            bad = [(f"{BAD_KEY}.jpg", photo_jpegs(1, seed=9)[0][:300]), (f"{BAD_KEY}.txt", b"cut short")]
+            members = members[:15] + bad + members[15:]
+        paths.append(write_file(str(d / f"shard-{i:02d}.tar"), tar_bytes(members)))
+        keys += [k for k, _ in samples]
+    index = write_index(build_index(paths, threads=1), str(d / "index.json"))
+    assert load_index(index).num_valid == len(keys) == sum(COUNTS)
+    return paths, keys, index
+
+
+class Jobs:
+    """Memoised jobs, so tests that need the same uninterrupted run share one torchrun."""
+
+    def __init__(self, root: Any) -> None:
+        self.root, self.cache, self.count = root, {}, 0
+
+    def __call__(self, world: int, args: list[str], *, fresh: bool = False) -> Job:
+        key = (world, tuple(args))
+        if fresh or key not in self.cache:
+            self.count += 1
+            self.cache[key] = run_job(world, args, str(self.root / f"job-{self.count}"))
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return Jobs(tmp_path_factory.mktemp("jobs"))
+
+
+def loader_args(dataset, *, workers: int, seed: int = 0, epochs=(0, 1), extra=()) -> list[str]:
+    paths, _, index = dataset
+    return [
+        "--index", index, "--batch-size", str(B), "--workers", str(workers), "--seed", str(seed),
+        "--epochs", ",".join(map(str, epochs)), *extra, *paths,
+    ]  # fmt: skip
+
+
+def assert_exactly_once(job: Job, epoch: int, keys: list[str], world: int) -> list[str]:
+    """Contracts 1 and 2 for one epoch of one job; returns the keys in the order ranks yielded them."""
+    per_rank = job.epoch(epoch)
+    counts = [len(r["batches"]) for r in per_rank]
+    assert len(set(counts)) == 1, f"unequal batch counts per rank: {counts}"
+    assert all(r["all_batch_counts"] == counts for r in per_rank)
+    assert all(r["len"] == counts[0] for r in per_rank), "len(loader) is the batch count"
+    assert all(size == B for r in per_rank for size in r["sizes"]), "drop_last: only full batches"
+    seen = [k for r in per_rank for b in r["batches"] for k in b]
+    dupes = [k for k, n in collections.Counter(seen).items() if n > 1]
+    assert not dupes, f"yielded twice: {dupes}"
+    remainders = [r["stats"]["remainder_keys"] for r in per_rank]
+    assert all(rem == remainders[0] for rem in remainders), "every rank reports the same remainder"
+    remainder = remainders[0]
+    assert per_rank[0]["stats"]["remainder"] == len(remainder) < world * B
+    assert len(remainder) == len(keys) % (world * B)
+    assert sorted(seen + remainder) == sorted(keys), "union is every valid sample minus the remainder"
+    assert BAD_KEY not in seen
+    return seen
+
+
+@pytest.mark.parametrize("world,workers", [(1, 0), (2, 0), (3, 2), (2, 2)])
+def test_every_valid_sample_once_and_equal_batches(dataset, jobs, world, workers):
+    _, keys, _ = dataset
+    job = jobs(world, loader_args(dataset, workers=workers, seed=7))
+    for epoch in (0, 1):
+        assert_exactly_once(job, epoch, keys, world)
+        assert len(job.epoch(epoch)[0]["batches"]) == len(keys) // (world * B)
+
+
+def test_same_seed_same_order_and_fresh_epochs(dataset, jobs):
+    _, keys, _ = dataset
+    args = loader_args(dataset, workers=2, seed=7)  # the (2, 2) job above, and one more
+    first, second = jobs(2, args), jobs(2, args, fresh=True)
+    assert first.batches(0) == second.batches(0), "same seed, same epoch: identical keys on every rank"
+    assert first.batches(1) == second.batches(1)
+    assert first.batches(0) != first.batches(1), "epoch 1 has another order"
+    assert_exactly_once(second, 0, keys, 2)
+
+
+@pytest.mark.parametrize("workers,stop", [(2, 3), (0, 2)])
+def test_resume_in_a_new_job_continues_exactly(dataset, jobs, tmp_path, workers, stop):
+    state_path = str(tmp_path / "state.json")
+    full = jobs(2, loader_args(dataset, workers=workers, seed=7))
+    stop_args = ("--stop-after", str(stop), "--save-state", state_path)
+    before = jobs(2, loader_args(dataset, workers=workers, seed=7, epochs=(0,), extra=stop_args))
+    states = [r["state"] for r in before.ranks]
+    assert states[0] == states[1], "identical state on every rank"
+    assert len(set(before.ranks[0]["state_hashes"])) == 1
+    with open(state_path) as f:
+        saved = json.load(f)
+    assert saved == states[0] and len(json.dumps(saved)) < 1000
+    for r in range(2):
+        assert before.batches(0)[r] == full.batches(0)[r][:stop]
+    after = jobs(2, loader_args(dataset, workers=workers, seed=7, extra=("--resume-state", state_path)))
+    for r in range(2):
+        assert after.batches(0)[r] == full.batches(0)[r][stop:], f"rank {r} continues with the next batches"
+        assert after.batches(1)[r] == full.batches(1)[r], "the next epoch is the uninterrupted run's"
+
+
+def test_resume_on_another_world_size(dataset, jobs, tmp_path):
+    _, keys, _ = dataset
+    state_path = str(tmp_path / "state.json")
+    stop_args = ("--stop-after", "2", "--save-state", state_path)
+    before = jobs(3, loader_args(dataset, workers=2, seed=5, epochs=(0,), extra=stop_args))
+    assert len(set(before.ranks[0]["state_hashes"])) == 1
+    after = jobs(2, loader_args(dataset, workers=0, seed=5, extra=("--resume-state", state_path)))
+    counts = [len(b) for b in after.batches(0)]
+    assert len(set(counts)) == 1 and counts[0] > 0, f"unequal batch counts after the elastic resume: {counts}"
+    seen = [k for rank in before.batches(0) + after.batches(0) for b in rank for k in b]
+    dupes = [k for k, n in collections.Counter(seen).items() if n > 1]
+    assert not dupes, f"yielded twice across the resume: {dupes}"
+    remainder = after.epoch(0)[0]["stats"]["remainder_keys"]
+    assert len(remainder) < 2 * B
+    assert sorted(seen + remainder) == sorted(keys), "nothing lost but the reported remainder"
+    assert_exactly_once(after, 1, keys, 2)  # the next epoch is whole again, on the new world size
+
+
+def test_without_index_equal_batches_and_a_warning(dataset, jobs):
+    paths, keys, _ = dataset
+    job = jobs(2, ["--batch-size", str(B), "--samples-per-epoch", "30", *paths])
+    counts = [len(b) for b in job.batches(0)]
+    assert counts == [30 // (2 * B)] * 2, counts
+    assert all(r["all_batch_counts"] == counts for r in job.epoch(0))
+    for result in job.ranks:
+        assert result["epochs"]["0"]["stats"]["exact"] is False
+        assert any("not exact" in w for w in result["warnings"]), result["warnings"]
+    assert {k for b in job.batches(0) for batch in b for k in batch} <= set(keys)
+
+
+def test_without_index_fewer_shards_than_readers(dataset, jobs):
+    paths, keys, _ = dataset
+    args = ["--batch-size", str(B), "--samples-per-epoch", "30", "--workers", "2", "--seed", "2", *paths]
+    job = jobs(3, args)  # 6 readers, 4 shards, one of them a single sample
+    assert [len(b) for b in job.batches(0)] == [30 // (3 * B)] * 3
+
+
+def test_without_index_or_samples_per_epoch_is_a_clear_error(dataset, tmp_path):
+    paths, _, _ = dataset
+    rc, stdout, stderr, seconds = torchrun(2, ["--batch-size", str(B), *paths], str(tmp_path / "out"))
+    assert rc != 0
+    assert "ValueError: several readers without an index need samples_per_epoch" in stderr, stderr[-3000:]
+    assert seconds < 120, "failed fast, no hang"
+
+
+@pytest.fixture(scope="module")
+def runtime_corrupt(tmp_path_factory):
+    """18 samples in 3 shards; r1_0000's JPEG is cut short, but the index is built without
+    decoding, so the plan schedules it and the failure only shows when a rank decodes it."""
+    d = tmp_path_factory.mktemp("runtime")
+    paths = []
+    for i in range(3):
+        samples = good_samples(6, seed=400 + i, prefix=f"r{i}_")
+        members = [m for k, s in samples for m in sample_members(k, s)]
+        if i == 1:
+            members[0] = (members[0][0], members[0][1][:400])
+        paths.append(write_file(str(d / f"rt-{i}.tar"), tar_bytes(members)))
+    index = write_index(build_index(paths, decode=False, threads=1), str(d / "index.json"))
+    assert load_index(index).num_valid == 18
+    return paths, index
+
+
+# B=4, W=2: G=8, a remainder of 2 to refill from. B=3, W=3: G=9 divides 18, no reserve: padding.
+# With K=2 the rank's one reserve sample goes to the reader that does not meet the corrupt one.
+@pytest.mark.parametrize("world,batch,workers", [(2, 4, 0), (3, 3, 0), (2, 4, 2)])
+def test_sample_corrupt_at_run_time_keeps_ranks_in_step(runtime_corrupt, jobs, world, batch, workers):
+    paths, index = runtime_corrupt
+    args = ["--index", index, "--batch-size", str(batch), "--seed", "2", "--workers", str(workers), *paths]
+    job = jobs(world, args)
+    counts = [len(b) for b in job.batches(0)]
+    assert counts == [18 // (world * batch)] * world, f"unequal batch counts (DDP would hang): {counts}"
+    assert all(size == batch for r in job.epoch(0) for size in r["sizes"])
+    seen = [k for b in job.batches(0) for batch_keys in b for k in batch_keys]
+    assert "r1_0000" not in seen
+    repeats = [k for k, n in collections.Counter(seen).items() if n > 1]
+    assert len(repeats) <= 1, repeats
+    for key in repeats:  # padding repeats a sample of the same batch, never one of another rank's
+        assert any(b.count(key) == 2 for rank in job.batches(0) for b in rank), key
+    stats = [r["stats"] for r in job.epoch(0)]
+    assert sum(s["skipped"].get("corrupt_image", 0) for s in stats) == 1, [s["skipped"] for s in stats]
+    assert sum(s["replaced"] + s["padded"] for s in stats) == 1
+    if sum(s["replaced"] for s in stats):
+        assert len(seen) == len(set(seen)), "refilled from the reserve: still nothing twice"
+    else:
+        assert len(seen) == len(set(seen)) + 1, "no reserve at hand: one repeat, counted as padding"
