@@ -284,7 +284,10 @@ class ShardLoader:
                 core.submit(nxt, *self._address(nxt))
                 lent.append(nxt)
         finally:
-            self._last_stats = core.stats()
+            try:
+                self._last_stats = core.stats()
+            except ImportError:  # the interpreter is shutting down with this iterator still open
+                pass
             core.close()
 
     @property

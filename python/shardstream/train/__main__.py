@@ -1,0 +1,3 @@
+from shardstream.train.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,294 @@
+"""Callbacks: add logic to the training loop without editing it.
+
+Subclass ``Callback`` and override any of its hooks; pass instances to ``train(cfg, callbacks=...)``
+or name the class in ``train.callbacks`` ('package.module:ClassName'). Hooks run on every rank, in
+order: first the built-ins (logging, evaluation, checkpointing, which use this same interface),
+then yours. ``on_train_end`` runs in the same order, except that the loggers (``closes_at_end``) come
+last: the final evaluation and checkpoint happen in it first, so yours sees their results.
+
+``trainer`` gives access to the run (``trainer.step``, ``.epoch``, ``.cfg``, ``.ctx`` (rank, world
+size, device), ``.model``, ``.optimizer``, ``.output_dir``, ``.is_main``) and to
+``trainer.evaluate()``, ``trainer.save_checkpoint()`` and ``trainer.request_stop()``.
+Hooks that write files should check ``trainer.is_main``; hooks that call ``evaluate`` or
+``save_checkpoint`` must do so on every rank (they are collectives).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from shardstream.train.loop import Trainer
+
+
+class Callback:
+    """Base class: every hook does nothing."""
+
+    #: True for loggers: their on_train_end runs after everyone else's (it closes their output).
+    closes_at_end: bool = False
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        """After set-up (and resume), before the first step."""
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        """After each optimizer step; ``metrics``: step, epoch, loss, lr, samples_per_s, ..."""
+
+    def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
+        """After each complete epoch; ``stats``: the loader's counters summed over ranks (samples,
+        skipped_total, replaced, padded, retries, remainder: the drop_last tail)."""
+
+    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        """After each evaluation; ``metrics``: recall@k, zero-shot accuracy, samples."""
+
+    def on_checkpoint(self, trainer: Trainer, path: str | None) -> None:
+        """After a checkpoint is written (``path`` on rank 0, None on the other ranks)."""
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """After the last step (``trainer.finished`` tells whether the schedule completed)."""
+
+
+class CallbackList(Callback):
+    def __init__(self, callbacks: list[Callback]) -> None:
+        self.callbacks = list(callbacks)
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        for c in self.callbacks:
+            c.on_train_start(trainer)
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            c.on_step_end(trainer, metrics)
+
+    def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            c.on_epoch_end(trainer, stats)
+
+    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            c.on_eval(trainer, metrics)
+
+    def on_checkpoint(self, trainer: Trainer, path: str | None) -> None:
+        for c in self.callbacks:
+            c.on_checkpoint(trainer, path)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        # Loggers close their files, so they go last: they still record the final evaluation and
+        # checkpoint, and every other callback's on_train_end sees those results.
+        for c in sorted(self.callbacks, key=lambda c: c.closes_at_end):
+            c.on_train_end(trainer)
+
+
+def load_callback(spec: str) -> Callback:
+    """'package.module:ClassName' -> an instance (the config names trusted user code, as a script would)."""
+    module_name, _, class_name = spec.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"train.callbacks: cannot load {spec!r}: {e}") from None
+    instance = cls()
+    if not isinstance(instance, Callback):
+        raise ValueError(f"train.callbacks: {spec!r} is not a shardstream.train.Callback subclass")
+    return instance
+
+
+# -- built-in callbacks ---------------------------------------------------------------------------
+
+
+class JsonlLogger(Callback):
+    """One JSON object per line in ``output_dir/log.jsonl``: every step, evaluation and checkpoint."""
+
+    closes_at_end = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file: TextIO | None = None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.is_main:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in on_train_end
+            self._write({"type": "start", "time": time.time(), **trainer.summary()})
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        self._write({"type": "step", **metrics})
+
+    def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
+        self._write({"type": "epoch", "step": trainer.step, **stats})
+
+    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        self._write({"type": "eval", "step": trainer.step, "epoch": trainer.epoch, **metrics})
+
+    def on_checkpoint(self, trainer: Trainer, path: str | None) -> None:
+        self._write({"type": "checkpoint", "step": trainer.step, "path": path})
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        self._write(
+            {"type": "end", "step": trainer.step, "finished": trainer.finished, "wall_s": trainer.wall_time()}
+        )
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class TensorBoardLogger(Callback):
+    """TensorBoard scalars under ``output_dir/tensorboard`` (train/*, eval/*)."""
+
+    closes_at_end = True
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.writer: Any = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.directory))
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.writer is not None:
+            for key in ("loss", "lr", "samples_per_s", "data_wait_frac", "logit_scale", "grad_norm"):
+                if key in metrics:
+                    self.writer.add_scalar(f"train/{key}", metrics[key], metrics["step"])
+
+    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(f"eval/{key}", value, trainer.step)
+            self.writer.flush()
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _format_step(m: dict[str, Any]) -> str:
+    return (
+        f"loss {m['loss']:.4f}  lr {m['lr']:.3g}  {m['samples_per_s']:,.0f} samples/s  "
+        f"data wait {100 * m['data_wait_frac']:.0f}%"
+    )
+
+
+class ConsoleLogger(Callback):
+    """A progress bar on a terminal (rank 0), else one line every ``log.every_steps`` steps."""
+
+    closes_at_end = True
+
+    def __init__(self, every_steps: int, progress: bool, stream: TextIO | None = None) -> None:
+        self.every_steps = every_steps
+        self.progress = progress
+        self.stream = stream or sys.stdout
+        self.bar: Any = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.is_main and self.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=trainer.total_steps,
+                initial=trainer.step,
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if not trainer.is_main:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(_format_step(metrics), refresh=False)
+        elif metrics["step"] % self.every_steps == 0 or metrics["step"] == trainer.total_steps:
+            print(
+                f"step {metrics['step']}/{trainer.total_steps}  epoch {metrics['epoch']}  "
+                + _format_step(metrics),
+                file=self.stream,
+                flush=True,
+            )
+
+    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if trainer.is_main:
+            shown = "  ".join(
+                f"{k} {v:.4f}" if v < 1.0 or "R@" in k or "zeroshot" in k else f"{k} {v:g}"
+                for k, v in metrics.items()
+            )
+            self._print(f"eval @ step {trainer.step}: {shown}")
+
+    def on_checkpoint(self, trainer: Trainer, path: str | None) -> None:
+        if trainer.is_main:
+            self._print(f"checkpoint @ step {trainer.step}: {path}")
+
+    def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
+        lost = {k: stats[k] for k in ("skipped_total", "replaced", "padded", "retries") if stats.get(k)}
+        if trainer.is_main and lost:  # a clean epoch says nothing; problems are always shown
+            self._print(
+                f"epoch {stats['epoch']}: {stats['samples']} samples; "
+                + ", ".join(f"{k} {v}" for k, v in lost.items())
+            )
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if trainer.is_main:
+            state = "finished" if trainer.finished else "stopped early"
+            self._print(f"training {state} at step {trainer.step} after {trainer.wall_time():.1f} s")
+
+    def _print(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+class Evaluator(Callback):
+    """Evaluates every ``eval.every_steps`` steps and when training finishes."""
+
+    def __init__(self, every_steps: int, at_end: bool) -> None:
+        self.every_steps = every_steps
+        self.at_end = at_end
+        self.last_step = -1
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.every_steps and trainer.step % self.every_steps == 0:
+            trainer.evaluate()
+            self.last_step = trainer.step
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.at_end and trainer.finished and self.last_step != trainer.step:
+            trainer.evaluate()
+            self.last_step = trainer.step
+
+
+class Checkpointer(Callback):
+    """Writes a checkpoint every ``checkpoint.every_steps`` steps and at the end of the run
+    (always when the run stops early, so that it can be resumed)."""
+
+    def __init__(self, every_steps: int, at_end: bool) -> None:
+        self.every_steps = every_steps
+        self.at_end = at_end
+        self.last_step = -1
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.last_step = trainer.step  # a resumed run already has this step on disk
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.every_steps and trainer.step % self.every_steps == 0:
+            trainer.save_checkpoint()
+            self.last_step = trainer.step
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if (self.at_end or not trainer.finished) and self.last_step != trainer.step:
+            trainer.save_checkpoint()
+            self.last_step = trainer.step

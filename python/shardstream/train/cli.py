@@ -1,0 +1,66 @@
+"""``train_clip.py`` / ``python -m shardstream.train``: parse the command line and train."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shardstream.train.config import ConfigError, config_to_yaml, describe_config, load_config
+
+_EPILOG = """\
+Any config field can be overridden as --section.field VALUE (or --section.field=VALUE), e.g.
+  --train.batch_size 64 --optim.base_lr 1e-3 --model.precision fp32 --train.epochs 3
+--help-config lists every field with its type, default and meaning.
+
+examples:
+  torchrun --nproc_per_node=2 train_clip.py                       # CPU demo (generates data/demo)
+  torchrun --nproc_per_node=8 train_clip.py --config configs/vit_b32.yaml
+  torchrun --nproc_per_node=2 train_clip.py --resume latest       # continue where it stopped
+"""
+
+
+def build_parser(default_config: Path | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train_clip.py",
+        description="Train a CLIP model (open_clip) on WebDataset shards streamed by shardstream.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=default_config,
+        help=f"YAML config file (default: {default_config or 'built-in defaults'})",
+    )
+    parser.add_argument("--resume", metavar="latest|PATH", help="same as --train.resume")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--help-config", action="store_true", help="describe every config field and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, default_config: Path | None = None) -> int:
+    parser = build_parser(default_config)
+    args, rest = parser.parse_known_args(argv)
+    if args.help_config:
+        print(describe_config())
+        return 0
+    overrides = list(rest)
+    if args.resume:
+        overrides += ["--train.resume", args.resume]
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as e:
+        parser.exit(2, f"train_clip.py: config error: {e}\n")
+    if args.print_config:
+        print(config_to_yaml(cfg), end="")
+        return 0
+    from shardstream.train.loop import train
+
+    try:
+        train(cfg)
+    except ConfigError as e:
+        print(f"train_clip.py: config error: {e}", file=sys.stderr)
+        return 2
+    return 0

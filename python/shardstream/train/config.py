@@ -1,0 +1,426 @@
+"""The training configuration: its schema (fields, types, defaults, documentation) lives here and
+nowhere else. YAML files in ``configs/`` and command-line overrides (``--train.batch_size 64``) are
+checked against it; a bad value or unknown field raises ``ConfigError`` naming the field.
+
+Defaults are those of the small CPU demo (``configs/demo_cpu.yaml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the field (``section.name``)."""
+
+
+def _f(default: Any, doc: str, **kwargs: Any) -> Any:
+    """A field with its documentation attached (shown by ``--help-config``)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc}, **kwargs)
+    return field(default=default, metadata={"doc": doc}, **kwargs)
+
+
+@dataclass
+class ModelConfig:
+    """The open_clip model."""
+
+    name: str = _f(
+        "shardstream-tiny",
+        "open_clip model name (see open_clip.list_models()), e.g. ViT-B-32; shardstream adds "
+        "'shardstream-tiny' (a 64 px ViT for the CPU demo)",
+    )
+    pretrained: str = _f("", "open_clip pretrained tag or local weights file; empty: random initialisation")
+    precision: Literal["bf16", "fp32"] = _f(
+        "bf16", "bf16: autocast to bfloat16 (weights and optimizer stay fp32); fp32: no autocast"
+    )
+    grad_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+
+
+@dataclass
+class DataConfig:
+    """Training and held-out shards, read by shardstream.ShardLoader."""
+
+    train: str = _f(
+        "demo",
+        "training shards: a URL spec (path, brace range {000..099}, http(s)://, s3://, lists joined "
+        "by '::'); 'demo' is the embedded demo set, generated under data.demo_dir if absent",
+    )
+    train_index: str = _f(
+        "",
+        "index of the training shards (shardstream index) for exact epochs; built automatically for 'demo'",
+    )
+    heldout: str = _f(
+        "demo", "held-out shards for evaluation, same syntax as data.train; empty: no evaluation"
+    )
+    heldout_index: str = _f("", "index of the held-out shards; built automatically for 'demo'")
+    demo_dir: str = _f("data/demo", "where the demo dataset is generated (relative to the working directory)")
+    image_size: int = _f(0, "decoded image side in pixels; 0: the model's own input size")
+    crop: Literal["center", "random"] = _f("center", "crop to a square after resizing the shorter side")
+    shuffle_buffer: int = _f(2048, "samples held by each rank's shuffle buffer (memory vs randomness)")
+    threads: int = _f(0, "decode threads per rank; 0: the loader's default")
+    caption_key: str = _f("txt", "the sample member holding the caption")
+    samples_per_epoch: int = _f(
+        0,
+        "global samples per epoch when no index is given (streaming mode, as open_clip's train_num_samples)",
+    )
+    on_error: Literal["skip", "raise"] = _f("skip", "corrupt samples: skip and count them, or stop")
+
+
+@dataclass
+class TrainConfig:
+    """The training run."""
+
+    output_dir: str = _f("runs/demo", "run folder: config.yaml, log.jsonl, tensorboard/, checkpoints/")
+    batch_size: int = _f(64, "samples per device per micro-batch (the loader's batch size)")
+    accum_steps: int = _f(
+        1, "micro-batches per optimizer step; the contrastive loss sees all of them (exact, as one big batch)"
+    )
+    epochs: int = _f(8, "passes over the training set")
+    max_steps: int = _f(0, "optimizer steps of the whole schedule; 0: epochs x steps per epoch")
+    stop_at_step: int = _f(
+        0, "end this run after this step, with a checkpoint, leaving the schedule unchanged (job time limits)"
+    )
+    seed: int = _f(0, "seed of the model initialisation and the data order")
+    grad_clip_norm: float = _f(1.0, "clip the gradient norm to this value; 0: no clipping")
+    torch_threads: int = _f(0, "torch intra-op threads per process; 0: cores / local processes")
+    resume: str = _f("", "'latest' (the newest checkpoint in output_dir), a checkpoint file, or empty")
+    callbacks: list[str] = _f(
+        [], "extra callbacks, as 'package.module:ClassName' (constructed with no arguments)"
+    )
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule."""
+
+    optimizer: Literal["adamw", "sgd"] = _f("adamw", "adamw or sgd (momentum, nesterov)")
+    base_lr: float = _f(2e-3, "learning rate at the global batch optim.base_batch")
+    base_batch: int = _f(128, "the global batch size base_lr was tuned for")
+    lr_scaling: Literal["auto", "sqrt", "linear", "none"] = _f(
+        "auto",
+        "lr = base_lr * scale(global_batch / base_batch); auto: sqrt for adamw, linear for sgd",
+    )
+    weight_decay: float = _f(
+        0.1, "decoupled weight decay; never applied to gains, biases and the logit scale"
+    )
+    betas: list[float] = _f([0.9, 0.98], "AdamW betas")
+    eps: float = _f(1e-6, "AdamW epsilon")
+    momentum: float = _f(0.9, "SGD momentum")
+    warmup_steps: int = _f(50, "linear warmup from 0 to the peak learning rate")
+    schedule: Literal["cosine", "constant"] = _f("cosine", "after warmup: cosine decay, or constant")
+    min_lr_ratio: float = _f(0.0, "cosine floor, as a fraction of the peak learning rate")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: retrieval recall@k and zero-shot accuracy, computed across ranks."""
+
+    every_steps: int = _f(0, "evaluate every this many steps; 0: only at the end")
+    at_end: bool = _f(True, "evaluate when training ends")
+    batch_size: int = _f(128, "samples per device per evaluation batch")
+    zeroshot_classes: str = _f(
+        "demo",
+        "JSON file {class name: [prompts]}: an image whose caption is one of a class's prompts is "
+        "labelled with that class; 'demo': the demo's classes.json; empty: no zero-shot accuracy",
+    )
+    recall_k: list[int] = _f([1, 5], "k values of image-to-text and text-to-image recall@k")
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints (model, optimizer, scheduler, RNG and loader state), written atomically."""
+
+    every_steps: int = _f(200, "write a checkpoint every this many steps; 0: only at the end")
+    at_end: bool = _f(True, "write a checkpoint when training ends")
+    keep: int = _f(2, "step checkpoints to keep (older ones are deleted); 0: keep all")
+
+
+@dataclass
+class LogConfig:
+    """Per-step metrics: log.jsonl, TensorBoard, console."""
+
+    every_steps: int = _f(10, "console line every this many steps (log.jsonl gets every step)")
+    tensorboard: bool = _f(True, "also write TensorBoard events under output_dir/tensorboard")
+    progress: Literal["auto", "on", "off"] = _f("auto", "progress bar: auto shows it on a terminal only")
+    log_keys: bool = _f(False, "add the sample keys of every step (rank 0's micro-batches) to log.jsonl")
+
+
+@dataclass
+class DistConfig:
+    """torch.distributed (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR ...)."""
+
+    backend: Literal["auto", "nccl", "gloo"] = _f("auto", "auto: nccl on CUDA GPUs, gloo on CPU")
+    timeout_s: int = _f(1800, "collective timeout in seconds")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = dict(typing.get_type_hints(Config))
+
+
+def _fields(section: type) -> dict[str, tuple[Any, dataclasses.Field[Any]]]:
+    hints = typing.get_type_hints(section)
+    return {f.name: (hints[f.name], f) for f in dataclasses.fields(section)}
+
+
+# -- value checking -------------------------------------------------------------------------------
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(name: str, tp: Any, value: Any, *, from_text: bool) -> Any:
+    """``value`` as type ``tp``, or ConfigError naming ``name``. ``from_text``: the value is a
+    command-line string, parsed according to the field's type (so '64' is an int for an int field
+    and stays a string for a str field)."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"{name}: expected {_describe(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad
+        return value
+    if origin is list:
+        if from_text:
+            value = yaml.safe_load(value) if value.strip() else []
+            if not isinstance(value, list):
+                value = [value]
+        if not isinstance(value, list):
+            raise bad
+        (item_type,) = typing.get_args(tp)
+        return [_coerce(f"{name}[{i}]", item_type, v, from_text=False) for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"{name}: union types are not supported by the config loader")
+    if tp is bool:
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            if lowered in ("true", "yes", "on", "1"):
+                return True
+            if lowered in ("false", "no", "off", "0"):
+                return False
+            raise bad
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip().replace("_", ""))
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads '1e-3' as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if value is None:
+            return ""
+        if isinstance(value, str):
+            return value
+        if not from_text and isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise bad
+    raise TypeError(f"{name}: unsupported field type {tp!r}")
+
+
+def _unknown(name: str, choices: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(name, choices, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown config field {name!r}{hint}")
+
+
+def _all_names() -> list[str]:
+    return [f"{s}.{n}" for s, cls in SECTIONS.items() for n in _fields(cls)]
+
+
+# -- range checks ---------------------------------------------------------------------------------
+
+
+def validate(cfg: Config) -> Config:
+    """Range and consistency checks beyond types; raises ConfigError naming the field."""
+
+    def require(ok: bool, name: str, message: str) -> None:
+        if not ok:
+            section, attr = name.split(".")
+            value = getattr(getattr(cfg, section), attr)
+            raise ConfigError(f"{name}: {message}, got {value!r}")
+
+    require(cfg.train.batch_size >= 1, "train.batch_size", "must be >= 1")
+    require(cfg.train.accum_steps >= 1, "train.accum_steps", "must be >= 1")
+    require(cfg.train.epochs >= 1, "train.epochs", "must be >= 1")
+    require(cfg.train.max_steps >= 0, "train.max_steps", "must be >= 0")
+    require(cfg.train.stop_at_step >= 0, "train.stop_at_step", "must be >= 0")
+    require(cfg.train.grad_clip_norm >= 0, "train.grad_clip_norm", "must be >= 0")
+    require(cfg.train.torch_threads >= 0, "train.torch_threads", "must be >= 0")
+    require(bool(cfg.train.output_dir), "train.output_dir", "must not be empty")
+    require(bool(cfg.data.train), "data.train", "must name the training shards (or 'demo')")
+    require(cfg.data.image_size >= 0, "data.image_size", "must be >= 0 (0: the model's size)")
+    require(cfg.data.shuffle_buffer >= 0, "data.shuffle_buffer", "must be >= 0")
+    require(cfg.data.threads >= 0, "data.threads", "must be >= 0")
+    require(cfg.data.samples_per_epoch >= 0, "data.samples_per_epoch", "must be >= 0")
+    require(cfg.optim.base_lr > 0, "optim.base_lr", "must be > 0")
+    require(cfg.optim.base_batch >= 1, "optim.base_batch", "must be >= 1")
+    require(cfg.optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+    require(
+        len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
+        "optim.betas",
+        "must be two numbers in [0, 1)",
+    )
+    require(cfg.optim.eps > 0, "optim.eps", "must be > 0")
+    require(0 <= cfg.optim.momentum < 1, "optim.momentum", "must be in [0, 1)")
+    require(cfg.optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+    require(0 <= cfg.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
+    require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0")
+    require(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    require(
+        bool(cfg.eval.recall_k) and all(k >= 1 for k in cfg.eval.recall_k),
+        "eval.recall_k",
+        "must be a non-empty list of integers >= 1",
+    )
+    require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+    require(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0")
+    require(cfg.log.every_steps >= 1, "log.every_steps", "must be >= 1")
+    require(cfg.dist.timeout_s >= 1, "dist.timeout_s", "must be >= 1")
+    for i, spec in enumerate(cfg.train.callbacks):
+        if spec.count(":") != 1 or not all(spec.split(":")):
+            raise ConfigError(f"train.callbacks[{i}]: expected 'package.module:ClassName', got {spec!r}")
+    if cfg.eval.zeroshot_classes == "demo" and cfg.data.heldout != "demo" and cfg.data.heldout:
+        raise ConfigError(
+            "eval.zeroshot_classes: 'demo' classes only fit the demo held-out set, but data.heldout is "
+            f"{cfg.data.heldout!r}; give a classes JSON file or leave it empty"
+        )
+    if cfg.data.train != "demo" and not cfg.data.train_index and not cfg.data.samples_per_epoch:
+        raise ConfigError(
+            "data.train_index: without an index the epoch length is unknown and ranks could get unequal "
+            "batches; give data.train_index (shardstream index) or data.samples_per_epoch"
+        )
+    return cfg
+
+
+# -- loading --------------------------------------------------------------------------------------
+
+
+def _apply(cfg: Config, name: str, value: Any, *, from_text: bool) -> None:
+    section_name, _, attr = name.partition(".")
+    if section_name not in SECTIONS or not attr or "." in attr:
+        raise _unknown(name, _all_names())
+    fields = _fields(SECTIONS[section_name])
+    if attr not in fields:
+        raise _unknown(name, _all_names())
+    tp, _ = fields[attr]
+    setattr(getattr(cfg, section_name), attr, _coerce(name, tp, value, from_text=from_text))
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
+    """A Config from nested mappings (a parsed YAML file); unset fields keep their defaults."""
+    cfg = Config()
+    if data is None:
+        return cfg
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}), got {data!r}")
+    for section_name, values in data.items():
+        if section_name not in SECTIONS:
+            raise _unknown(str(section_name), list(SECTIONS))
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{section_name}: expected a mapping of fields, got {values!r}")
+        for attr, value in values.items():
+            _apply(cfg, f"{section_name}.{attr}", value, from_text=False)
+    return cfg
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """``['--train.batch_size', '64', '--log.tensorboard=false']`` -> [(name, text), ...]."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise ConfigError(
+                f"unexpected argument {arg!r}: overrides look like --section.field VALUE "
+                "(e.g. --train.batch_size 64)"
+            )
+        if "=" in arg:
+            name, text = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"{arg[2:]}: missing value after {arg}")
+            name, text = arg[2:], args[i + 1]
+            i += 2
+        pairs.append((name, text))
+    return pairs
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """The YAML file at ``path`` (or the defaults), then ``overrides`` (command-line style),
+    type-checked and range-checked."""
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        cfg = config_from_dict(data, source=str(path))
+    else:
+        cfg = Config()
+    for name, text in parse_overrides(overrides or []):
+        _apply(cfg, name, text, from_text=True)
+    return validate(cfg)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def describe_config() -> str:
+    """Every field with its type, default and documentation (``train_clip.py --help-config``)."""
+    lines = []
+    for section_name, cls in SECTIONS.items():
+        lines.append(f"{section_name}:  # {(cls.__doc__ or '').strip()}")
+        for attr, (tp, f) in _fields(cls).items():
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            lines.append(f"  {attr}: {default!r}  # ({_describe(tp)}) {f.metadata.get('doc', '')}")
+    return "\n".join(lines)

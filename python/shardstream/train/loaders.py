@@ -1,0 +1,118 @@
+"""Which shards the trainer reads, and the ShardLoaders it reads them with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shardstream.train.config import Config, ConfigError
+from shardstream.train.dist import DistContext, barrier
+
+
+@dataclass(frozen=True)
+class DataSources:
+    train: str | list[str]
+    train_index: str | None
+    heldout: str | list[str] | None
+    heldout_index: str | None
+    zeroshot_classes: str | None  # path of the classes JSON, or None
+
+
+def resolve_sources(cfg: Config, ctx: DistContext, log: Callable[[str], None]) -> DataSources:
+    """The configured shards; 'demo' ones are generated first if absent, by the first process of
+    each node (identical files: whichever finishes first wins), while the others wait."""
+    uses_demo = "demo" in (cfg.data.train, cfg.data.heldout) or cfg.eval.zeroshot_classes == "demo"
+    demo = None
+    if uses_demo:
+        from shardstream.train.data import ensure_demo_data
+
+        if ctx.local_rank == 0:
+            ensure_demo_data(cfg.data.demo_dir, log=log if ctx.is_main else (lambda _: None))
+        barrier(ctx)
+        demo = ensure_demo_data(cfg.data.demo_dir, log=log)
+
+    def pick(
+        value: str, index: str, demo_shards: list[str] | None, demo_index: str | None
+    ) -> tuple[str | list[str] | None, str | None]:
+        if value == "demo":
+            assert demo_shards is not None
+            return demo_shards, demo_index
+        return (value or None), (index or None)
+
+    train, train_index = pick(
+        cfg.data.train,
+        cfg.data.train_index,
+        demo.train_shards if demo else None,
+        demo.train_index if demo else None,
+    )
+    heldout, heldout_index = pick(
+        cfg.data.heldout,
+        cfg.data.heldout_index,
+        demo.heldout_shards if demo else None,
+        demo.heldout_index if demo else None,
+    )
+    classes = cfg.eval.zeroshot_classes
+    classes_path = (demo.classes if demo else None) if classes == "demo" else (classes or None)
+    assert train is not None
+    return DataSources(train, train_index, heldout, heldout_index, classes_path)
+
+
+def _opening(field: str) -> Callable[..., object]:
+    """The loader constructor, with failures (missing shards, an index that does not match them)
+    reported as config errors naming the field."""
+    from shardstream import ShardError, ShardLoader
+
+    def create(*args: object, **kwargs: object) -> object:
+        try:
+            return ShardLoader(*args, **kwargs)  # type: ignore[arg-type]
+        except (ShardError, ValueError, OSError) as e:
+            raise ConfigError(f"{field}: cannot open the shards: {e}") from None
+
+    return create
+
+
+def train_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistContext) -> object:
+    return _opening("data.train")(
+        sources.train,
+        batch_size=cfg.train.batch_size,
+        image_size=image_size,
+        seed=cfg.train.seed,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+        threads=cfg.data.threads or None,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        index=sources.train_index,
+        drop_last=True,  # every rank takes the same number of full steps
+        on_error=cfg.data.on_error,
+        caption_key=cfg.data.caption_key,
+        crop=cfg.data.crop,
+        samples_per_epoch=cfg.data.samples_per_epoch or None,
+    )
+
+
+def heldout_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistContext) -> object:
+    """Every held-out sample once across ranks, unshuffled, center-cropped, nothing dropped.
+
+    With an index the ranks split the set exactly. Without one an exact split is impossible, so
+    rank 0 reads all of it and the other ranks contribute nothing (correct, only slower)."""
+    assert sources.heldout is not None
+    rank, world_size = ctx.rank, ctx.world_size
+    if sources.heldout_index is None and world_size > 1:
+        if rank != 0:
+            return []
+        rank, world_size = 0, 1
+    return _opening("data.heldout")(
+        sources.heldout,
+        batch_size=cfg.eval.batch_size,
+        image_size=image_size,
+        seed=0,
+        shuffle_buffer=1,
+        threads=cfg.data.threads or None,
+        rank=rank,
+        world_size=world_size,
+        index=sources.heldout_index,
+        drop_last=False,
+        on_error=cfg.data.on_error,
+        caption_key=cfg.data.caption_key,
+        crop="center",
+    )

@@ -1,0 +1,427 @@
+"""The training loop: set-up, steps, evaluation and checkpoint hooks, resume."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardstream.progress import progress_wanted
+from shardstream.train import checkpoint as ckpt
+from shardstream.train.callbacks import (
+    Callback,
+    CallbackList,
+    Checkpointer,
+    ConsoleLogger,
+    Evaluator,
+    JsonlLogger,
+    TensorBoardLogger,
+    load_callback,
+)
+from shardstream.train.config import Config, ConfigError, config_to_yaml
+from shardstream.train.dist import (
+    DistContext,
+    any_rank,
+    init_distributed,
+    mean_over_ranks,
+    reduce_over_ranks,
+    shutdown,
+)
+from shardstream.train.evaluate import evaluate as run_evaluation
+from shardstream.train.evaluate import load_classes
+from shardstream.train.loaders import DataSources, heldout_loader, resolve_sources, train_loader
+from shardstream.train.loss import contrastive_backward, make_clip_loss
+from shardstream.train.model import autocast_factory, create_model, param_groups, unwrap
+from shardstream.train.schedule import WarmupCosine, global_batch_size, resolve_rule, scale_lr
+
+LOGIT_SCALE_MAX = math.log(100.0)  # CLIP clamps the temperature so logits stay below 100x
+
+
+class Trainer:
+    """One training run. ``Trainer(cfg, callbacks).run()``; or ``shardstream.train.train``."""
+
+    def __init__(self, cfg: Config, callbacks: Sequence[Callback] = ()) -> None:
+        self.cfg = cfg
+        self.user_callbacks = list(callbacks)
+        self.step = 0
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.finished = False
+        self.last_eval: dict[str, float] = {}
+        self._stop_requested = False
+        self._t0 = time.perf_counter()
+
+    # -- public helpers for callbacks ------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.ctx.is_main
+
+    def wall_time(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def request_stop(self) -> None:
+        """End the run after the current step (on any rank: all ranks stop together)."""
+        self._stop_requested = True
+
+    def log(self, message: str) -> None:
+        if self.ctx.is_main:
+            print(message, flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "world_size": self.ctx.world_size,
+            "backend": self.ctx.backend,
+            "device": str(self.ctx.device),
+            "global_batch": self.global_batch,
+            "lr": self.lr_scaling.lr,
+            "lr_scaling": self.lr_scaling.describe(),
+            "steps_per_epoch": self.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "start_step": self.step,
+            "model": self.cfg.model.name,
+            "precision": self.cfg.model.precision,
+            "config": self.cfg.to_dict(),
+        }
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        if ctx.device.type == "cpu":
+            torch.set_num_threads(
+                cfg.train.torch_threads or max(1, (os.cpu_count() or 1) // ctx.local_world_size)
+            )
+        elif cfg.train.torch_threads:
+            torch.set_num_threads(cfg.train.torch_threads)
+        # Same seed on every rank: identical initial weights (DDP also broadcasts rank 0's).
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
+
+        self.output_dir = Path(cfg.train.output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        if ctx.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
+
+        # The model first: a wrong model name fails before any demo data is generated.
+        self.bundle = create_model(
+            cfg.model.name,
+            pretrained=cfg.model.pretrained,
+            device=ctx.device,
+            grad_checkpointing=cfg.model.grad_checkpointing,
+            image_size=cfg.data.image_size or None,
+        )
+        self.sources: DataSources = resolve_sources(cfg, ctx, self.log)
+        self.classes = load_classes(self.sources.zeroshot_classes) if self.sources.zeroshot_classes else None
+        model = self.bundle.model
+        if ctx.world_size > 1:
+            # Buffers (attention masks) are constants: no need to sync them every forward.
+            model = torch.nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                forward_sync_buffers=False,
+            )
+        self.model = model
+        self.autocast = autocast_factory(cfg.model.precision, ctx.device)
+        self.loss_fn = make_clip_loss(ctx.rank, ctx.world_size)
+
+        self.image_size = self.bundle.image_size
+        self.loader: Any = train_loader(cfg, self.sources, self.image_size, ctx)
+        if self.sources.heldout is not None:
+            heldout_loader(cfg, self.sources, self.image_size, ctx)  # fail now, not after training
+        try:
+            batches_per_epoch = len(self.loader)
+        except TypeError:
+            raise ConfigError(
+                "data.train_index: the epoch length is unknown; give an index or data.samples_per_epoch"
+            ) from None
+        self.accum = cfg.train.accum_steps
+        self.steps_per_epoch = batches_per_epoch // self.accum
+        self.global_batch = global_batch_size(cfg.train.batch_size, ctx.world_size, self.accum)
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"train.batch_size: one step needs {self.global_batch} samples (batch {cfg.train.batch_size} "
+                f"x {ctx.world_size} ranks x {self.accum} accumulation), more than the epoch gives each rank "
+                f"({batches_per_epoch} batches); lower the batch size or add data"
+            )
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
+
+        rule = resolve_rule(cfg.optim.lr_scaling, cfg.optim.optimizer)
+        self.lr_scaling = scale_lr(cfg.optim.base_lr, cfg.optim.base_batch, self.global_batch, rule)
+        groups = param_groups(self.bundle.model, cfg.optim.weight_decay)
+        if cfg.optim.optimizer == "adamw":
+            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+                groups,
+                lr=self.lr_scaling.lr,
+                betas=tuple(cfg.optim.betas),  # type: ignore[arg-type]
+                eps=cfg.optim.eps,
+                # one fused kernel for all parameters: 3x faster than foreach on CPU, faster on CUDA
+                fused=ctx.device.type in ("cpu", "cuda"),
+            )
+        else:
+            self.optimizer = torch.optim.SGD(
+                groups, lr=self.lr_scaling.lr, momentum=cfg.optim.momentum, nesterov=True
+            )
+        self.scheduler = WarmupCosine(
+            self.optimizer,
+            peak_lr=self.lr_scaling.lr,
+            total_steps=self.total_steps,
+            warmup_steps=cfg.optim.warmup_steps,
+            schedule=cfg.optim.schedule,
+            min_ratio=cfg.optim.min_lr_ratio,
+        )
+
+        builtins: list[Callback] = [JsonlLogger(self.output_dir / "log.jsonl")]
+        if cfg.log.tensorboard:
+            builtins.append(TensorBoardLogger(self.output_dir / "tensorboard"))
+        progress = {"on": True, "off": False}.get(cfg.log.progress, progress_wanted(sys.stderr))
+        builtins.append(ConsoleLogger(cfg.log.every_steps, progress))
+        if self.sources.heldout is not None:
+            builtins.append(Evaluator(cfg.eval.every_steps, cfg.eval.at_end))
+        builtins.append(Checkpointer(cfg.checkpoint.every_steps, cfg.checkpoint.at_end))
+        configured = [load_callback(spec) for spec in cfg.train.callbacks]
+        self.callbacks = CallbackList(builtins + configured + self.user_callbacks)
+
+        self._resume_loader_state: dict[str, Any] | None = None
+        self._epoch_end_step = self.steps_per_epoch  # the step that completes the current epoch
+        if cfg.train.resume:
+            self._resume(cfg.train.resume)
+
+    def _resume(self, spec: str) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        try:
+            path = ckpt.resolve_checkpoint(spec, self.checkpoint_dir)
+        except FileNotFoundError:
+            if spec == "latest":  # a job's first attempt: nothing to resume yet
+                self.log(f"resume latest: no checkpoint in {self.checkpoint_dir} yet, starting from scratch")
+                return
+            raise
+        payload = ckpt.load_checkpoint(path)
+        unwrap(self.model).load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        state = ckpt.training_state(payload)
+        self.step, self.epoch, self.step_in_epoch = state.step, state.epoch, state.step_in_epoch
+        self._epoch_end_step = self.step + self.steps_per_epoch
+        if state.step_in_epoch > 0 and state.loader_state is not None:
+            self._resume_loader_state = state.loader_state
+            # The loader knows how many batches of this epoch are left for this rank: the same
+            # count as before on the same world size, a re-planned one on another.
+            self.loader.set_epoch(self.epoch)
+            self.loader.load_state_dict(state.loader_state)
+            self._epoch_end_step = self.step + len(self.loader) // self.accum
+        if not self.cfg.train.max_steps:
+            # `epochs` epochs in all (on a new world size the step count of the rest changes)
+            later = max(0, cfg.train.epochs - self.epoch - 1) * self.steps_per_epoch
+            self.total_steps = self._epoch_end_step + later
+            self.scheduler.total_steps = self.total_steps
+        saved_world = int(payload["world_size"])
+        if saved_world == ctx.world_size:
+            ckpt.set_rng_state(payload["rng"][ctx.rank])
+        else:
+            # Other ranks, other streams: derive fresh ones from (seed, rank, step).
+            torch.manual_seed(
+                int(np.random.SeedSequence([cfg.train.seed, ctx.rank, self.step]).generate_state(1)[0])
+            )
+            self.log(
+                f"resume: checkpoint from {saved_world} ranks onto {ctx.world_size}: the rest of epoch "
+                f"{self.epoch} is re-planned; RNG streams re-seeded"
+            )
+        self.log(
+            f"resumed from {path} at step {self.step} (epoch {self.epoch}, step {self.step_in_epoch} in it)"
+        )
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self._t0 = time.perf_counter()
+        self.ctx: DistContext = init_distributed(self.cfg.dist)
+        try:
+            self._setup()
+            self._announce()
+            self.callbacks.on_train_start(self)
+            self._train()
+            self.finished = self.step >= self.total_steps
+            self.callbacks.on_train_end(self)
+            return {
+                "step": self.step,
+                "finished": self.finished,
+                "wall_s": self.wall_time(),
+                "eval": self.last_eval,
+                "output_dir": str(self.output_dir),
+            }
+        finally:
+            shutdown(self.ctx)
+
+    def _announce(self) -> None:
+        ctx, cfg = self.ctx, self.cfg
+        params = sum(p.numel() for p in self.bundle.model.parameters())
+        backend = ctx.backend or "single process"
+        self.log(
+            f"shardstream CLIP training: {cfg.model.name} ({params / 1e6:.1f} M parameters, "
+            f"{cfg.model.precision}) on {ctx.world_size} x {ctx.device.type} ({backend})"
+        )
+        self.log(
+            f"global batch {self.global_batch} = {cfg.train.batch_size} per device x {ctx.world_size} "
+            f"ranks x {self.accum} accumulation; {self.steps_per_epoch} steps per epoch, "
+            f"{self.total_steps} steps"
+        )
+        self.log(self.lr_scaling.describe())
+
+    def _train(self) -> None:
+        stop_at = self.cfg.train.stop_at_step
+        while self.step < self.total_steps:
+            self.loader.set_epoch(self.epoch)
+            if self._resume_loader_state is not None:
+                self.loader.load_state_dict(self._resume_loader_state)
+                self._resume_loader_state = None
+            batches = iter(self.loader)
+            exhausted = False
+            try:
+                while self.step < self.total_steps and not self._epoch_complete():
+                    metrics = self._train_step(batches)
+                    if metrics is None:  # not expected (the loader's length is exact): end the epoch
+                        exhausted = True
+                        break
+                    self.callbacks.on_step_end(self, metrics)
+                    if any_rank(self.ctx, self._stop_requested) or self.step == stop_at:
+                        return
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+            if exhausted or self._epoch_complete():
+                self.callbacks.on_epoch_end(self, self._epoch_stats())
+                self.epoch += 1
+                self.step_in_epoch = 0
+                self._epoch_end_step = self.step + self.steps_per_epoch
+
+    def _epoch_stats(self) -> dict[str, Any]:
+        """The loader's counters of the finished epoch, summed over ranks (a collective). The
+        drop_last remainder is the global tail, which every rank reports: taken once."""
+        stats = getattr(self.loader, "stats", None) or {}
+        names = ("samples", "skipped_total", "replaced", "padded", "retries")
+        local = torch.tensor([float(stats.get(n) or 0) for n in names], dtype=torch.float64)
+        total = reduce_over_ranks(self.ctx, local, "sum").tolist()
+        remainder = reduce_over_ranks(self.ctx, torch.tensor([float(stats.get("remainder") or 0)]), "max")
+        return {
+            "epoch": self.epoch,
+            **{n: int(v) for n, v in zip(names, total, strict=True)},
+            "remainder": int(remainder[0]),
+        }
+
+    def _epoch_complete(self) -> bool:
+        return self.step >= self._epoch_end_step
+
+    def _next_micro_batches(self, batches: Iterator[Any]) -> tuple[list[Any], float] | None:
+        wait = 0.0
+        micro = []
+        for _ in range(self.accum):
+            t = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return None
+            wait += time.perf_counter() - t
+            micro.append(batch)
+        return micro, wait
+
+    def _train_step(self, batches: Iterator[Any]) -> dict[str, Any] | None:
+        start = time.perf_counter()
+        fetched = self._next_micro_batches(batches)
+        if fetched is None:
+            return None
+        micro, wait = fetched
+        device = self.ctx.device
+        inputs = [
+            (self.bundle.normalise(b.images, device), self.bundle.tokenizer(list(b.texts)).to(device))
+            for b in micro
+        ]
+        lr = self.scheduler.lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = contrastive_backward(self.model, self.loss_fn, inputs, autocast=self.autocast)
+        grad_norm = None
+        if self.cfg.train.grad_clip_norm > 0:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip_norm)
+            )
+        self.optimizer.step()
+        self.scheduler.step()
+        logit_scale = unwrap(self.model).logit_scale
+        with torch.no_grad():
+            logit_scale.clamp_(0.0, LOGIT_SCALE_MAX)
+        global_loss = mean_over_ranks(self.ctx, loss)  # also a sync point: the step's work is done
+        elapsed = time.perf_counter() - start
+
+        self.step += 1
+        self.step_in_epoch += 1
+        metrics: dict[str, Any] = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "loss": global_loss,
+            "lr": lr,
+            "samples_per_s": self.global_batch / elapsed,
+            "data_wait_frac": wait / elapsed,
+            "step_time_s": elapsed,
+            "logit_scale": float(logit_scale.detach().exp()),
+            "wall_s": self.wall_time(),
+        }
+        if grad_norm is not None:
+            metrics["grad_norm"] = grad_norm
+        if self.cfg.log.log_keys:
+            metrics["keys"] = [key for b in micro for key in b.keys]
+        return metrics
+
+    # -- evaluation and checkpoints (collectives: every rank calls them) ----------------------------
+    def evaluate(self) -> dict[str, float]:
+        if self.sources.heldout is None:
+            return {}
+        loader = heldout_loader(self.cfg, self.sources, self.image_size, self.ctx)
+        start = time.perf_counter()
+        metrics = run_evaluation(
+            self.bundle,
+            loader,
+            ctx=self.ctx,
+            autocast=self.autocast,
+            recall_k=self.cfg.eval.recall_k,
+            classes=self.classes,
+        )
+        metrics["eval_s"] = time.perf_counter() - start
+        self.last_eval = metrics
+        self.callbacks.on_eval(self, metrics)
+        return metrics
+
+    def training_state(self) -> ckpt.TrainingState:
+        if self._epoch_complete():
+            return ckpt.TrainingState(self.step, self.epoch + 1, 0, None)
+        return ckpt.TrainingState(self.step, self.epoch, self.step_in_epoch, self.loader.state_dict())
+
+    def save_checkpoint(self) -> str | None:
+        path = ckpt.save_checkpoint(
+            self.checkpoint_dir,
+            ctx=self.ctx,
+            model=unwrap(self.model),
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            state=self.training_state(),
+            config=self.cfg.to_dict(),
+            keep=self.cfg.checkpoint.keep,
+        )
+        shown = str(path) if path is not None else None
+        self.callbacks.on_checkpoint(self, shown)
+        return shown
+
+
+def train(cfg: Config, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Runs training as configured (call it in every process torchrun starts)."""
+    return Trainer(cfg, callbacks).run()
+
+
+__all__ = ["Trainer", "train"]
