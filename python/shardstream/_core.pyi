@@ -1,0 +1,216 @@
+"""Type stubs for ``shardstream._core``, the Rust extension (rust/src/binding.rs).
+
+Private module: the public API is ``shardstream`` itself. These stubs describe exactly what the
+extension exports; ``tests/test_wheel.py::test_stubs_match_extension`` fails when a name is added
+to or removed from the extension (or one of its classes) without updating this file.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Literal, TypedDict, final
+
+__version__: str
+
+OnError = Literal["skip", "raise"]
+
+# (url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride): one run of
+# consecutive samples of one shard that a reader reads. ``stride`` = (step, offset) keeps every
+# step-th sample starting at offset (streaming without an index); None keeps every sample.
+SpanTuple = tuple[str, int, int, int, int, int | None, tuple[int, int] | None]
+
+class CoreFault(Exception):
+    """A shard or sample fault: ``args = (reason, url, key, detail)``.
+
+    ``reason`` is a snake_case reason name (``truncated_tar``, ``corrupt_image``, ...); ``url`` is
+    already redacted; ``key`` is empty for shard-level faults. ``shardstream.errors`` turns it
+    into the public ``ShardError`` hierarchy.
+    """
+
+    args: tuple[str, str, str, str]
+
+class InvalidSample(TypedDict):
+    ordinal: int
+    key: str
+    reason: str
+    detail: str
+
+class ShardFatal(TypedDict):
+    reason: str
+    detail: str
+
+class ScanReport(TypedDict):
+    """What ``scan_shard`` returns (``scan::ShardReport``)."""
+
+    url: str  # redacted
+    bytes: int  # bytes read from the source (compressed size for gzip shards)
+    samples: int
+    offsets: list[int]  # byte offset of each sample's first header, then the end of the last one
+    keys: list[str]
+    invalid: list[InvalidSample]
+    fatal: ShardFatal | None
+    compressed: bool
+
+class ReaderPlan(TypedDict):
+    """What ``EpochPlanView.reader`` returns: the spans and shuffle of one (rank, worker)."""
+
+    spans: list[SpanTuple]
+    reserve: list[SpanTuple]
+    num_batches: int
+    last_batch_size: int | None
+    block_size: int
+    shuffle_seed: int
+    first_block: int
+    skip_emitted: int
+
+@final
+class SampleIter:
+    """Raw samples of a list of shards, grouped as webdataset groups them.
+
+    Yields dicts with ``__key__``, ``__url__`` (the display URL) and one ``bytes`` value per member
+    extension. ``config`` may hold ``connect_timeout``, ``read_timeout`` (seconds) and
+    ``max_retries``.
+    """
+
+    def __new__(
+        cls,
+        urls: Sequence[str],
+        display_urls: Sequence[str],
+        on_error: OnError = "raise",
+        max_member_bytes: int = 268435456,
+        config: dict[str, Any] | None = None,
+    ) -> SampleIter: ...
+    def __iter__(self) -> SampleIter: ...
+    def __next__(self) -> dict[str, Any]: ...
+    @property
+    def skipped(self) -> int:
+        """Samples skipped (with ``on_error="skip"``) so far."""
+
+@final
+class Loader:
+    """The running pipeline of one reader.
+
+    Python lends output buffers (``submit``) and takes back finished batches (``next_batch``) in
+    the same order. ``config`` keys: ``batch_size``, ``image_size``, ``threads``, ``read_ahead``,
+    ``span_queue``, ``block_size``, ``shuffle_seed``, ``first_block``, ``crop_seed``,
+    ``skip_emitted``, ``planned``, ``cycle``, ``drop_last``, ``max_member_bytes``,
+    ``num_batches``, ``last_batch_size``, ``on_error``, ``caption_key``, ``image_keys``,
+    ``max_pixels``, ``crop`` (``"center"``/``"random"``), ``random_crop_scale``,
+    ``connect_timeout``, ``read_timeout``, ``max_retries``.
+    """
+
+    def __new__(
+        cls,
+        spans_list: Sequence[SpanTuple],
+        reserve: Sequence[SpanTuple],
+        display_urls: Sequence[str],
+        config: dict[str, Any],
+    ) -> Loader: ...
+    @property
+    def batch_bytes(self) -> int:
+        """Bytes one batch needs: batch_size * 3 * image_size * image_size."""
+    def submit(self, owner: object, ptr: int, nbytes: int) -> bool:
+        """Lends ``nbytes`` at address ``ptr`` inside ``owner`` (the tensor or array holding that
+        memory; the pipeline keeps a reference to it while it may write there). False once the
+        loader is closed."""
+    def next_batch(self) -> tuple[int, list[str], list[str], list[str]] | None:
+        """(n, keys, texts, shard_urls) of the next batch, or None at the end of the epoch.
+
+        Raises ``CoreFault`` with ``on_error="raise"``."""
+    def stats(self) -> dict[str, Any]:
+        """samples, batches, bytes, retries, decode_seconds, skipped (by reason), skipped_total,
+        shard_errors, replaced, padded, remainder, remainder_keys, faults."""
+    def close(self) -> None:
+        """Stops every thread; afterwards no lent buffer is written any more."""
+
+@final
+class DatasetIndex:
+    """A dataset index (rust/src/index.rs defines the format)."""
+
+    @staticmethod
+    def from_json(data: bytes) -> DatasetIndex:
+        """Parses an index document (JSON, optionally gzip-compressed)."""
+    @staticmethod
+    def from_scan_reports(reports_json: str, urls: Sequence[str], with_keys: bool = True) -> DatasetIndex:
+        """Builds an index from ``scan_shard`` reports (a JSON list) and the URLs users name them by."""
+    def to_json(self) -> bytes: ...
+    @property
+    def urls(self) -> list[str]: ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def num_valid(self) -> int: ...
+    @property
+    def fingerprint(self) -> int: ...
+    def __len__(self) -> int: ...
+    def plan(
+        self,
+        *,
+        seed: int,
+        epoch: int,
+        world_size: int,
+        workers: int,
+        batch_size: int,
+        block_size: int,
+        drop_last: bool,
+        state: str | None = None,
+    ) -> EpochPlanView:
+        """The epoch plan for these settings; with ``state`` (a ``state_dict`` JSON), the rest of
+        the epoch it describes, re-planned onto these settings if they differ."""
+
+@final
+class EpochPlanView:
+    """One epoch's plan over an index: what each reader reads, and the resumable state."""
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per rank from here on (the same on every rank)."""
+    @property
+    def remainder_len(self) -> int: ...
+    def remainder_keys(self) -> list[str]:
+        """Keys of the samples left out of this epoch, when the index holds keys."""
+    def reader(self, rank: int, worker: int, urls: Sequence[str]) -> ReaderPlan:
+        """What reader (rank, worker) reads; ``urls`` are the concrete URLs, in index order."""
+    def state(self, batches: int) -> str:
+        """The resumable state (JSON) after ``batches`` batches were consumed on every rank."""
+
+def scan_shard(
+    url: str,
+    *,
+    decode: bool = True,
+    caption_key: str = "txt",
+    image_keys: Sequence[str] | None = None,
+    require_caption: bool = True,
+    max_pixels: int = 64000000,
+    max_member_bytes: int = 268435456,
+    image_size: int = 224,
+) -> ScanReport:
+    """Validates one shard (structure, grouping, and with ``decode`` the loader's decode path)."""
+
+def probe_image(data: bytes) -> tuple[str, int, int]:
+    """(format, width, height) from an image's header, without decoding pixels.
+
+    Raises ``ValueError`` when the header is not a supported image."""
+
+def decode_image(data: bytes, size: int = 224, max_pixels: int = 64000000) -> bytes:
+    """Decodes one image exactly as the loader does: ``3 * size * size`` uint8 bytes, CHW."""
+
+def redact_url(url: str) -> str:
+    """The URL with credentials and query string (presigned signatures) removed."""
+
+def derive_seed(parts: Sequence[int]) -> int:
+    """The seed derivation used everywhere in the crate (each part a uint64)."""
+
+def assign_shards(
+    num_shards: int,
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    workers: int,
+    batch_size: int,
+    block_size: int,
+    samples_per_epoch: int,
+    rank: int,
+    worker: int,
+) -> tuple[list[int], tuple[int, int], int, int]:
+    """One reader's shards without an index: (shard ids in reading order, (stride, offset),
+    batches, shuffle base seed)."""
