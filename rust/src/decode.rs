@@ -239,7 +239,7 @@ impl Decoder {
         let (w, h) = (header.width, header.height);
         let cmyk = matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK);
         let channels = if cmyk { 4 } else { 3 };
-        self.pixels.resize(w * h * channels, 0);
+        grow(&mut self.pixels, w * h * channels);
         let image = Image {
             pixels: &mut self.pixels[..w * h * channels],
             width: w,
@@ -266,7 +266,6 @@ impl Decoder {
                 self.pixels[3 * i + 1] = ((m * k + 127) / 255) as u8;
                 self.pixels[3 * i + 2] = ((y * k + 127) / 255) as u8;
             }
-            self.pixels.truncate(w * h * 3);
         }
         let _ = probe;
         Ok((w as u32, h as u32))
@@ -323,11 +322,19 @@ fn dct_scale(region_side: u32, target: u32) -> ScalingFactor {
     ScalingFactor::new(1, denom)
 }
 
+/// Makes `buf` at least `len` long. Scratch buffers only grow: resizing them to each image's
+/// exact size would zero-fill (a measurable memset per sample) every time a larger one comes.
+pub(crate) fn grow(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+}
+
 /// Rewrites `src` (w x h RGB) into `dst` as displayed under EXIF orientation `o`.
 fn apply_orientation(src: &[u8], w: u32, h: u32, o: u8, dst: &mut Vec<u8>) -> (u32, u32) {
     let (w, h) = (w as usize, h as usize);
     let (ow, oh) = if o >= 5 { (h, w) } else { (w, h) };
-    dst.resize(ow * oh * 3, 0);
+    grow(dst, ow * oh * 3);
     for y2 in 0..oh {
         for x2 in 0..ow {
             let (x, y) = match o {

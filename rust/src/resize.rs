@@ -130,8 +130,8 @@ impl Transformer {
         };
         let src = ImageRef::new(img.width, img.height, img.pixels, PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
-        self.hwc.resize(3 * n, 0);
-        let mut dst = Image::from_slice_u8(size, size, &mut self.hwc, PixelType::U8x3)
+        crate::decode::grow(&mut self.hwc, 3 * n);
+        let mut dst = Image::from_slice_u8(size, size, &mut self.hwc[..3 * n], PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
         let options = ResizeOptions::new()
             .resize_alg(ResizeAlg::Convolution(FilterType::CatmullRom))
@@ -141,7 +141,7 @@ impl Transformer {
             .map_err(|e| fail(e.to_string()))?;
         let (r, rest) = out.split_at_mut(n);
         let (g, b) = rest.split_at_mut(n);
-        for (i, px) in self.hwc.chunks_exact(3).enumerate() {
+        for (i, px) in self.hwc[..3 * n].chunks_exact(3).enumerate() {
             r[i] = px[0];
             g[i] = px[1];
             b[i] = px[2];
