@@ -120,3 +120,20 @@ def test_training_with_the_index_yields_exactly_the_valid_samples(tmp_path, caps
     # bad_utf8.tar: "a"; missing_caption.tar: "a".
     assert keys == sorted([f"s{i:04d}" for i in range(5)] + ["a", "b", "a", "a"])
     assert len(loader) == len(keys)
+
+
+def test_index_from_img2dataset_stats(tmp_path, capsys):
+    paths = [
+        good_shard(str(tmp_path / f"{i:05d}.tar"), count=n, seed=i, prefix=f"p{i}_")
+        for i, n in enumerate([3, 5])
+    ]
+    for i, n in enumerate([3, 5]):
+        (tmp_path / f"{i:05d}_stats.json").write_text(json.dumps({"count": n, "successes": n}))
+    out = str(tmp_path / "i2d.index")
+    assert main(["index", *paths, "-o", out, "--from-img2dataset-stats"]) == 0
+    index = load_index(out)
+    assert [(s["url"], s["num_samples"]) for s in index["shards"]] == [(paths[0], 3), (paths[1], 5)]
+    assert "offsets" not in index["shards"][0]
+    os.unlink(tmp_path / "00001_stats.json")
+    assert main(["index", *paths, "-o", out, "--from-img2dataset-stats"]) == 2
+    assert "00001_stats.json" in capsys.readouterr().err

@@ -143,3 +143,31 @@ def test_index_round_trip_and_mismatched_urls(dataset, tmp_path):
         shardstream.ShardLoader(paths[:2], index=index, batch_size=2)
     # urls may be omitted: the index names the shards
     assert run(None, index, rank=0, world=1)[0] == run(paths, index, rank=0, world=1)[0]
+
+
+def test_index_from_img2dataset_stats_files(tmp_path):
+    import json
+
+    from shardstream.index import index_from_img2dataset
+
+    paths, keys = [], []
+    for i, n in enumerate([5, 3, 8]):
+        samples = good_samples(n, seed=300 + i, prefix=f"i{i}_")
+        path = write_file(
+            str(tmp_path / f"{i:05d}.tar"), tar_bytes([m for k, s in samples for m in sample_members(k, s)])
+        )
+        # what img2dataset writes next to each shard
+        (tmp_path / f"{i:05d}_stats.json").write_text(
+            json.dumps({"count": n + 2, "successes": n, "failed_to_download": 2})
+        )
+        paths.append(path)
+        keys += [k for k, _ in samples]
+    index = index_from_img2dataset(paths)
+    assert index.num_samples == 16
+    per_rank = [run(paths, index, rank=r, world=2, batch=2)[0] for r in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) == 4
+    seen = [k for batches in per_rank for b in batches for k in b]
+    assert sorted(seen) == sorted(keys)
+    (tmp_path / "00001_stats.json").unlink()
+    with pytest.raises(shardstream.ShardError, match="00001_stats.json"):
+        index_from_img2dataset(paths)

@@ -131,6 +131,12 @@ class DatasetIndex:
     @staticmethod
     def from_scan_reports(reports_json: str, urls: Sequence[str], with_keys: bool = True) -> DatasetIndex:
         """Builds an index from ``scan_shard`` reports (a JSON list) and the URLs users name them by."""
+    @staticmethod
+    def from_img2dataset_stats(entries: Sequence[tuple[str, bytes]]) -> DatasetIndex:
+        """An index from (shard URL, img2dataset ``NNNNN_stats.json`` bytes): counts, no offsets."""
+    @staticmethod
+    def img2dataset_stats_url(shard_url: str) -> str | None:
+        """Where img2dataset writes a shard's stats (``00001.tar`` -> ``00001_stats.json``)."""
     def to_json(self) -> bytes: ...
     @property
     def urls(self) -> list[str]: ...

@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("urls", nargs="+", metavar="URL", help=url_help)
     p.add_argument("-o", "--output", required=True, metavar="INDEX", help="index file to write")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--from-img2dataset-stats", action="store_true",
+                   help="read sample counts from img2dataset's NNNNN_stats.json next to each shard "
+                        "instead of scanning (no offsets, nothing validated ahead)")
     _add_scan_options(p)
 
     p = verb("inspect", "show the first samples: members, sizes, images, captions",
@@ -422,6 +425,21 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     options = _scan_options(args)
     shards = expand_specs(args.urls)
+    if args.from_img2dataset_stats:
+        from .errors import ShardError
+        from .index import index_from_img2dataset
+
+        try:
+            index = index_from_img2dataset([s.display for s in shards])
+        except ShardError as e:
+            raise UsageError(str(e)) from None
+        write_index(index, args.output)
+        if not args.quiet:
+            print(
+                f"indexed {len(index):,} shards, {index.num_samples:,} samples "
+                f"from img2dataset stats -> {args.output}"
+            )
+        return EXIT_OK
     threads = args.threads or default_threads(shards)
     results, elapsed = _scan_with_progress(
         "index", shards, options, threads, quiet=args.quiet, keep_offsets=True
@@ -436,7 +454,8 @@ def cmd_index(args: argparse.Namespace) -> int:
             "(an index without them would silently drop their samples)",
         )
         return EXIT_USAGE
-    write_index(results, args.output)
+    # Index entries name shards as users do (s3://bucket/key), never by a presigned URL.
+    write_index(results, args.output, urls=[s.display for s in shards])
     if not args.quiet:
         samples = sum(r["samples"] for r in results)
         invalid = sum(len(r["invalid"]) for r in results)

@@ -23,6 +23,22 @@ from shardstream.urls import expand_urls, redact, scheme_of
 DatasetIndex = _core.DatasetIndex
 
 
+def _read_bytes(where: str, what: str, *, timeout: float, **source_options: Any) -> bytes:
+    """The whole content of a small file (an index, a stats file) at a path or URL."""
+    if scheme_of(where) == "local" or where.startswith("file://"):
+        try:
+            with open(where.removeprefix("file://"), "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise ShardError("unreadable", where, "", f"cannot read {what}: {e.strerror}") from None
+    (url,) = expand_urls(where, **source_options)
+    try:
+        with urllib.request.urlopen(url.url, timeout=timeout) as response:  # noqa: S310 - http(s) only
+            return response.read()
+    except OSError as e:
+        raise ShardError("unreadable", url.display, "", f"cannot fetch {what}: {e}") from None
+
+
 def load_index(source: Any, *, timeout: float = 60.0, **source_options: Any) -> DatasetIndex:
     """An index from a DatasetIndex, bytes, a local path, or an http(s)/s3 URL."""
     if isinstance(source, DatasetIndex):
@@ -32,24 +48,32 @@ def load_index(source: Any, *, timeout: float = 60.0, **source_options: Any) -> 
         where = "<bytes>"
     else:
         where = os.fspath(source)
-        if scheme_of(where) == "local" or where.startswith("file://"):
-            path = where.removeprefix("file://")
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise ShardError("unreadable", where, "", f"cannot read index: {e.strerror}") from None
-        else:
-            (url,) = expand_urls(where, **source_options)
-            try:
-                with urllib.request.urlopen(url.url, timeout=timeout) as response:  # noqa: S310 - http(s) only
-                    data = response.read()
-            except OSError as e:
-                raise ShardError("unreadable", url.display, "", f"cannot fetch index: {e}") from None
+        data = _read_bytes(where, "index", timeout=timeout, **source_options)
     try:
         return DatasetIndex.from_json(data)
     except ValueError as e:
         raise ShardError("corrupt_tar", redact(where), "", f"not a shardstream index: {e}") from None
+
+
+def index_from_img2dataset(spec: Any, *, timeout: float = 60.0, **source_options: Any) -> DatasetIndex:
+    """An index from the ``NNNNN_stats.json`` files img2dataset writes next to its shards: no
+    scan needed, exact epochs from the sample counts (no offsets: shards are read from their
+    start, and samples are validated only at run time)."""
+    shards = expand_urls(spec, **source_options)
+    entries = []
+    for shard in shards:
+        stats_url = DatasetIndex.img2dataset_stats_url(shard.display)
+        if stats_url is None:
+            raise ShardError(
+                "unreadable", shard.display, "", "not a .tar/.tar.gz/.tgz shard: no img2dataset stats"
+            )
+        entries.append(
+            (shard.display, _read_bytes(stats_url, "img2dataset stats", timeout=timeout, **source_options))
+        )
+    try:
+        return DatasetIndex.from_img2dataset_stats(entries)
+    except ValueError as e:
+        raise ShardError("unreadable", "", "", str(e)) from None
 
 
 def scan_shards(

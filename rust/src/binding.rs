@@ -395,6 +395,24 @@ impl DatasetIndex {
         })
     }
 
+    /// An index from img2dataset's per-shard stats files: (shard URL, `NNNNN_stats.json` bytes).
+    /// Sample counts only: epochs are exact, readers read each shard from its start.
+    #[staticmethod]
+    fn from_img2dataset_stats(entries: Vec<(String, Vec<u8>)>) -> PyResult<Self> {
+        let index =
+            Index::from_img2dataset_stats(entries.iter().map(|(u, b)| (u.as_str(), b.as_slice())))
+                .map_err(index_err)?;
+        Ok(Self {
+            index: Arc::new(index),
+        })
+    }
+
+    /// Where img2dataset writes the stats of a shard (`00001.tar` -> `00001_stats.json`).
+    #[staticmethod]
+    fn img2dataset_stats_url(shard_url: &str) -> Option<String> {
+        crate::index::img2dataset_stats_url(shard_url)
+    }
+
     fn to_json(&self, py: Python<'_>) -> Py<PyBytes> {
         PyBytes::new(py, &self.index.to_json()).unbind()
     }
