@@ -184,3 +184,37 @@ def test_full_epoch_over_s3_through_faults_is_byte_identical(s3, local_dir, monk
     assert {r.if_match for r in gets[path(3)][1:]} == {etag}
     for requests in gets.values():
         check_resumes(requests)
+
+
+def test_exact_epoch_over_s3_with_an_index_built_by_the_cli(s3, local_dir, monkeypatch, tmp_path):
+    # The index names shards as users do (s3://...), never by a presigned URL, so the loader
+    # matches it to the s3:// shards it is given and seeks with Range requests from its offsets.
+    import json
+
+    from shardstream import ShardLoader
+    from shardstream.cli import main
+
+    with_env(monkeypatch, s3)
+    spec = f"s3://{BUCKET}/train/shard-{{000000..000005}}.tar"
+    index = str(tmp_path / "s3.index")
+    assert main(["index", spec, "-o", index, "-q"]) == 0
+    with open(index, "rb") as f:
+        urls = [s["url"] for s in json.loads(f.read())["shards"]]
+    assert urls == [f"s3://{BUCKET}/train/shard-{i:06d}.tar" for i in range(SHARDS)]
+    keys = []
+    for rank in range(2):
+        loader = ShardLoader(
+            spec,
+            index=index,
+            batch_size=8,
+            image_size=32,
+            rank=rank,
+            world_size=2,
+            shuffle_buffer=10,
+            threads=1,
+            **FAST,
+        )
+        keys += [k for b in loader for k in b.keys]
+    remainder = loader.stats["remainder_keys"]
+    local = [s["__key__"] for s in read_samples(local_dir)]
+    assert len(keys) == len(set(keys)) and sorted(keys + remainder) == sorted(local)

@@ -454,7 +454,6 @@ def cmd_index(args: argparse.Namespace) -> int:
             "(an index without them would silently drop their samples)",
         )
         return EXIT_USAGE
-    # Index entries name shards as users do (s3://bucket/key), never by a presigned URL.
     write_index(results, args.output, urls=[s.display for s in shards])
     if not args.quiet:
         samples = sum(r["samples"] for r in results)
