@@ -26,7 +26,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 
 use crate::error::{Fault, Reason};
-use crate::group::{open_shard, RawSample};
+use crate::group::{open_shard, RawSample, SampleReader, ShardFault};
 use crate::rng::{derive_seed, permutation};
 use crate::sample::{prepare, Rejection, SampleSpec, Worker};
 use crate::source::{redact_url, SourceOptions, SourceStats};
@@ -46,6 +46,20 @@ pub struct ShardSpan {
     pub end_ordinal: Option<u64>,
     /// Keep only ordinals with `ordinal % modulus == remainder` (readers sharing a shard).
     pub stride: Option<(u64, u64)>,
+}
+
+impl ShardSpan {
+    /// Opens the shard at this span's first sample.
+    fn open(&self, cfg: &PipelineConfig, stats: &Stats) -> Result<SampleReader, ShardFault> {
+        open_shard(
+            &self.url,
+            self.start_offset,
+            self.first_ordinal,
+            cfg.max_member_bytes,
+            &cfg.source,
+            &stats.source,
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -344,14 +358,7 @@ fn read_span(
     let send = |m: ReadMsg| tx.send(m).is_ok();
     let mut next_expected = span.first_ordinal.max(span.skip_before);
     let mut fault: Option<Fault> = None;
-    match open_shard(
-        &span.url,
-        span.start_offset,
-        span.first_ordinal,
-        cfg.max_member_bytes,
-        &cfg.source,
-        &stats.source,
-    ) {
+    match span.open(cfg, stats) {
         Err(f) => fault = Some(cfg.shard_fault(span, f.reason, f.detail)),
         Ok(reader) => {
             for item in reader {
@@ -549,7 +556,7 @@ impl BlockShuffle {
 struct ReserveReader {
     spans: Vec<ShardSpan>,
     next_span: usize,
-    current: Option<crate::group::SampleReader>,
+    current: Option<SampleReader>,
 }
 
 impl ReserveReader {
@@ -579,14 +586,7 @@ impl ReserveReader {
             }
             let span = self.spans.get(self.next_span)?;
             self.next_span += 1;
-            match open_shard(
-                &span.url,
-                span.start_offset,
-                span.first_ordinal,
-                cfg.max_member_bytes,
-                &cfg.source,
-                &stats.source,
-            ) {
+            match span.open(cfg, stats) {
                 Ok(r) => self.current = Some(r),
                 Err(f) => stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail)),
             }
