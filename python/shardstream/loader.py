@@ -239,7 +239,10 @@ class ShardLoader:
     def _alloc(self) -> Any:
         shape = (self.batch_size, 3, self.image_size, self.image_size)
         if torch is not None:
-            return torch.empty(shape, dtype=torch.uint8, pin_memory=self._pin)
+            # Inside a DataLoader worker (a forked process) CUDA must not be touched: the
+            # DataLoader pins batches in the main process instead (dataloader() asks it to).
+            pin = self._pin and torch.utils.data.get_worker_info() is None
+            return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
         return np.empty(shape, dtype=np.uint8)
 
     @staticmethod
