@@ -7,25 +7,12 @@ from __future__ import annotations
 import io
 import os
 import random
+import sys
 import tarfile
 
-
-def photo_paths() -> list[str]:
-    import skimage
-    import sklearn
-
-    sk = os.path.join(os.path.dirname(skimage.__file__), "data")
-    sl = os.path.join(os.path.dirname(sklearn.__file__), "datasets", "images")
-    names = [
-        "astronaut.png",
-        "chelsea.png",
-        "coffee.png",
-        "rocket.jpg",
-        "motorcycle_left.png",
-        "hubble_deep_field.jpg",
-    ]
-    paths = [os.path.join(sk, n) for n in names] + [os.path.join(sl, n) for n in ("china.jpg", "flower.jpg")]
-    return [p for p in paths if os.path.exists(p)]
+# The list of real photos lives once, with the test corpus.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from corpus import photo_paths  # noqa: E402
 
 
 def captions() -> list[str]:

@@ -77,7 +77,7 @@ pub fn caption(raw: &RawSample, source: &CaptionSource) -> Result<String, Reject
             let bytes = raw
                 .get(ext)
                 .ok_or_else(|| (Reason::MissingCaption, format!("no {ext:?} member")))?;
-            String::from_utf8(bytes.to_vec())
+            std::str::from_utf8(bytes)
                 .map(|s| s.trim().to_string())
                 .map_err(|e| (Reason::BadUtf8, format!("{ext:?} member: {e}")))
         }
