@@ -273,15 +273,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     url_help = "shards: paths, http(s)://, s3://, brace ranges {000000..000099}, lists joined by ::"
 
-    p = verb("validate", "check every shard and sample, report invalid ones",
-             _VALIDATE_DESCRIPTION, _VALIDATE_EPILOG)
+    p = verb(
+        "validate",
+        "check every shard and sample, report invalid ones",
+        _VALIDATE_DESCRIPTION,
+        _VALIDATE_EPILOG,
+    )
     p.add_argument("urls", nargs="+", metavar="URL", help=url_help)
     p.add_argument("--json", metavar="REPORT", help="write the full report (every invalid sample) here")
     p.add_argument("--worst", type=int, default=10, metavar="N", help="worst shards listed (default: 10)")
-    p.add_argument("--show", type=int, default=10, metavar="N",
-                   help="invalid samples printed in the summary (default: 10)")
-    p.add_argument("--no-distributed", dest="distributed", action="store_false",
-                   help="ignore RANK/WORLD_SIZE and check every shard in this process")
+    p.add_argument(
+        "--show",
+        type=int,
+        default=10,
+        metavar="N",
+        help="invalid samples printed in the summary (default: 10)",
+    )
+    p.add_argument(
+        "--no-distributed",
+        dest="distributed",
+        action="store_false",
+        help="ignore RANK/WORLD_SIZE and check every shard in this process",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
     _add_scan_options(p)
 
@@ -289,46 +302,103 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("urls", nargs="+", metavar="URL", help=url_help)
     p.add_argument("-o", "--output", required=True, metavar="INDEX", help="index file to write")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    p.add_argument("--from-img2dataset-stats", action="store_true",
-                   help="read sample counts from img2dataset's NNNNN_stats.json next to each shard "
-                        "instead of scanning (no offsets, nothing validated ahead)")
+    p.add_argument(
+        "--from-img2dataset-stats",
+        action="store_true",
+        help="read sample counts from img2dataset's NNNNN_stats.json next to each shard "
+        "instead of scanning (no offsets, nothing validated ahead)",
+    )
     _add_scan_options(p)
 
-    p = verb("inspect", "show the first samples: members, sizes, images, captions",
-             _INSPECT_DESCRIPTION, _INSPECT_EPILOG)
+    p = verb(
+        "inspect",
+        "show the first samples: members, sizes, images, captions",
+        _INSPECT_DESCRIPTION,
+        _INSPECT_EPILOG,
+    )
     p.add_argument("url", metavar="URL", help="a shard (a spec of several is read in order)")
-    p.add_argument("-n", "--count", type=positive_int, default=5, metavar="N",
-                   help="samples shown (default: 5)")
+    p.add_argument(
+        "-n", "--count", type=positive_int, default=5, metavar="N", help="samples shown (default: 5)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per sample")
-    p.add_argument("--width", type=positive_int, default=100, metavar="N",
-                   help="text members longer than this are cut (default: 100)")
+    p.add_argument(
+        "--width",
+        type=positive_int,
+        default=100,
+        metavar="N",
+        help="text members longer than this are cut (default: 100)",
+    )
 
     p = verb("write", "build shards from a folder or a CSV/Parquet table", _WRITE_DESCRIPTION, _WRITE_EPILOG)
     p.add_argument("source", metavar="SOURCE", help="a folder, or a .csv/.tsv/.parquet table")
-    p.add_argument("-o", "--output", required=True, metavar="PATTERN",
-                   help="shard path with %%06d or {shard:06d} for the shard number")
-    p.add_argument("--max-count", type=positive_int, default=10000, metavar="N",
-                   help="samples per shard at most (default: 10000)")
-    p.add_argument("--max-size", type=parse_size, default=1 << 30, metavar="SIZE",
-                   help="bytes per shard at most, e.g. 500MB (default: 1GiB)")
-    p.add_argument("--resize", type=positive_int, default=None, metavar="N",
-                   help="re-encode as JPEG with the shorter side N px (smaller images are kept as they are)")
-    p.add_argument("--quality", type=positive_int, default=95, metavar="Q",
-                   help="JPEG quality with --resize (default: 95)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="PATTERN",
+        help="shard path with %%06d or {shard:06d} for the shard number",
+    )
+    p.add_argument(
+        "--max-count",
+        type=positive_int,
+        default=10000,
+        metavar="N",
+        help="samples per shard at most (default: 10000)",
+    )
+    p.add_argument(
+        "--max-size",
+        type=parse_size,
+        default=1 << 30,
+        metavar="SIZE",
+        help="bytes per shard at most, e.g. 500MB (default: 1GiB)",
+    )
+    p.add_argument(
+        "--resize",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="re-encode as JPEG with the shorter side N px (smaller images are kept as they are)",
+    )
+    p.add_argument(
+        "--quality",
+        type=positive_int,
+        default=95,
+        metavar="Q",
+        help="JPEG quality with --resize (default: 95)",
+    )
     p.add_argument("--caption-ext", default="txt", metavar="EXT", help="caption extension (default: txt)")
-    p.add_argument("--no-require-caption", dest="require_caption", action="store_false",
-                   help="write images that have no caption instead of skipping them")
+    p.add_argument(
+        "--no-require-caption",
+        dest="require_caption",
+        action="store_false",
+        help="write images that have no caption instead of skipping them",
+    )
     t = p.add_argument_group("table sources")
     t.add_argument("--image-col", default="image", metavar="COL", help="image column (default: image)")
-    t.add_argument("--caption-col", default="caption", metavar="COL",
-                   help="caption column (default: caption)")
+    t.add_argument(
+        "--caption-col", default="caption", metavar="COL", help="caption column (default: caption)"
+    )
     t.add_argument("--key-col", default=None, metavar="COL", help="key column (default: the row number)")
-    t.add_argument("--json-cols", type=lambda s: [c.strip() for c in s.split(",") if c.strip()], default=[],
-                   metavar="COL,...", help="columns stored in a .json member")
-    t.add_argument("--base-dir", default=None, metavar="DIR",
-                   help="folder that image paths are relative to (default: the table's folder)")
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="images resized at once (default: one per core)")
+    t.add_argument(
+        "--json-cols",
+        type=lambda s: [c.strip() for c in s.split(",") if c.strip()],
+        default=[],
+        metavar="COL,...",
+        help="columns stored in a .json member",
+    )
+    t.add_argument(
+        "--base-dir",
+        default=None,
+        metavar="DIR",
+        help="folder that image paths are relative to (default: the table's folder)",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="images resized at once (default: one per core)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return parser
 
