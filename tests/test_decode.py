@@ -50,8 +50,10 @@ def photos() -> list[Image.Image]:
 
 def test_jpeg_crops_match_pillow_on_real_photos(photos):
     # Photos whose shorter side is at least twice the target are decoded at 1/2 or 1/4 DCT
-    # scale (as Pillow's draft() does); the others at full size. Measured: mean 0.8, max 4.0
-    # (the sharpest photo, at 1/2 scale); full-size decodes stay under 0.5.
+    # scale (as Pillow's draft() does); the others at full size. YCbCr JPEGs are resized as
+    # planes (chroma from its own subsampled plane) and converted to RGB at the output size,
+    # where Pillow upsamples chroma and converts first. Measured: mean 1.1, max 4.2 (the
+    # sharpest photo, at 1/2 scale); full-size decodes 0.43-0.78.
     errors = []
     for img in photos:
         data = encode(img, "JPEG", quality=90)
@@ -59,7 +61,30 @@ def test_jpeg_crops_match_pillow_on_real_photos(photos):
     assert max(errors) < 5.0, errors
     assert np.mean(errors) < 1.5, errors
     full_size = [e for img, e in zip(photos, errors, strict=True) if min(img.size) < 2 * SIZE]
-    assert full_size and max(full_size) < 0.6, errors
+    assert full_size and max(full_size) < 0.9, errors
+
+
+def test_jpeg_crops_are_as_faithful_to_the_original_as_pillows(photos):
+    """Against the photo before JPEG compression, our crop is within 10 % of Pillow's error
+    (measured: 1.03-1.08x): resizing chroma from its own plane loses nothing real."""
+    for img in photos:
+        if min(img.size) >= 2 * SIZE:
+            continue  # DCT-reduced decodes trade accuracy for speed, as Pillow's draft() does
+        truth = pillow_reference(img)
+        data = encode(img, "JPEG", quality=90)
+        pillow_error = mae(pillow_reference(Image.open(io.BytesIO(data))), truth)
+        assert mae(ours(data), truth) <= 1.1 * pillow_error
+
+
+@pytest.mark.parametrize("subsampling", [0, 1, 2], ids=["444", "422", "420"])
+@pytest.mark.parametrize("size", [(301, 227), (227, 505), (17, 300), (224, 224), (522, 448), (1003, 677)])
+def test_jpeg_chroma_layouts_and_odd_sizes(photos, subsampling, size):
+    # Odd sizes pad the planes to whole chroma samples; 522x448 at 4:2:0 is decoded at 1/2
+    # scale with an odd width, whose chroma upscale once read out of bounds in the resizer.
+    img = photos[1].resize(size, Image.BICUBIC)
+    data = encode(img, "JPEG", quality=92, subsampling=subsampling)
+    error = mae(ours(data), pillow_reference(Image.open(io.BytesIO(data))))
+    assert error < (1.0 if min(size) < 2 * SIZE else 2.5), error
 
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA", "P"])

@@ -4,13 +4,14 @@
 //! buffer is allocated. JPEGs are decoded by libjpeg-turbo at the smallest DCT scale
 //! (1/8, 1/4, 1/2, 1) that still covers what the crop needs, as Pillow's `draft()` does:
 //! a 1024 px photo headed for a 224 px crop costs a quarter of a full decode.
+//! YCbCr JPEGs stored upright come out as their raw Y/Cb/Cr planes (see [`Pixels`]), so chroma
+//! upsampling and colour conversion happen once per output pixel instead of once per stored one.
 //! PNG and WebP go through the pure-Rust decoders of the `image` crate.
 
 use std::io::Cursor;
 
-use turbojpeg::{Colorspace, Decompressor, Image, PixelFormat, ScalingFactor};
-
 use crate::error::Reason;
+use crate::jpeg::{self, Colorspace, Subsampling};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -65,6 +66,8 @@ pub struct Probe {
     pub width: u32,
     pub height: u32,
     pub orientation: u8,
+    /// The JPEG header, read once by the probe and reused by the decode.
+    pub jpeg: Option<jpeg::Header>,
 }
 
 impl Probe {
@@ -85,10 +88,48 @@ pub struct Rgb<'a> {
     pub pixels: &'a [u8],
 }
 
+/// `count` image planes of the same size side by side: each row holds row y of plane 0, then
+/// row y of plane 1, ... (so one resize call serves planes that share a geometry).
+#[derive(Clone, Copy)]
+pub struct Planes<'a> {
+    pub count: u32,
+    pub width: u32,
+    pub height: u32,
+    pub data: &'a [u8],
+}
+
+/// A JPEG's planes as stored: full-resolution luma, and for colour images Cb and Cr side by
+/// side at their subsampled resolution, one chroma sample per `subsampling` luma pixels
+/// (centred, as JFIF sites them). Planes are padded to whole chroma samples; the image is
+/// `width x height`.
+#[derive(Clone, Copy)]
+pub struct YCbCr<'a> {
+    pub width: u32,
+    pub height: u32,
+    pub luma: Planes<'a>,
+    pub chroma: Option<Planes<'a>>,
+    pub subsampling: (u32, u32),
+}
+
+/// Decoded pixels, as displayed (EXIF orientation applied).
+pub enum Pixels<'a> {
+    Rgb(Rgb<'a>),
+    YCbCr(YCbCr<'a>),
+}
+
+impl Pixels<'_> {
+    pub fn size(&self) -> (u32, u32) {
+        match self {
+            Pixels::Rgb(img) => (img.width, img.height),
+            Pixels::YCbCr(img) => (img.width, img.height),
+        }
+    }
+}
+
 /// Per-thread decoder state: the libjpeg-turbo handle and reusable pixel buffers, so the
 /// per-sample path allocates nothing once warmed up.
 pub struct Decoder {
-    jpeg: Option<Decompressor>,
+    jpeg: Option<jpeg::Handle>,
     pixels: Vec<u8>,
     oriented: Vec<u8>,
 }
@@ -124,11 +165,9 @@ impl Decoder {
         }
     }
 
-    fn jpeg(&mut self) -> Result<&mut Decompressor, DecodeError> {
+    fn jpeg(&mut self) -> Result<&mut jpeg::Handle, DecodeError> {
         if self.jpeg.is_none() {
-            let d = Decompressor::new()
-                .map_err(|e| DecodeError::corrupt(format!("libjpeg-turbo init: {e}")))?;
-            self.jpeg = Some(d);
+            self.jpeg = Some(jpeg::Handle::new().map_err(DecodeError::corrupt)?);
         }
         Ok(self.jpeg.as_mut().expect("initialised above"))
     }
@@ -137,7 +176,7 @@ impl Decoder {
     pub fn probe(&mut self, bytes: &[u8]) -> Result<Probe, DecodeError> {
         match Format::sniff(bytes) {
             Format::Jpeg => {
-                let header = match self.jpeg()?.read_header(bytes) {
+                let header = match self.jpeg()?.header(bytes) {
                     Ok(h) => h,
                     Err(e) => {
                         self.jpeg = None;
@@ -146,9 +185,10 @@ impl Decoder {
                 };
                 Ok(Probe {
                     format: Format::Jpeg,
-                    width: header.width as u32,
-                    height: header.height as u32,
+                    width: header.width,
+                    height: header.height,
                     orientation: jpeg_exif_orientation(bytes),
+                    jpeg: Some(header),
                 })
             }
             format @ (Format::Png | Format::Webp) => {
@@ -168,6 +208,7 @@ impl Decoder {
                     width,
                     height,
                     orientation: 1,
+                    jpeg: None,
                 })
             }
             Format::Unknown => Err(DecodeError {
@@ -177,8 +218,8 @@ impl Decoder {
         }
     }
 
-    /// Decodes to RGB8, reduced by the largest power-of-two DCT factor that keeps a region of
-    /// `need_w x need_h` stored pixels at least `target` pixels on its shorter side
+    /// Decodes, reduced by the largest power-of-two DCT factor that keeps a region of
+    /// `min_region_side` stored pixels at least `target` pixels on its shorter side
     /// (`target == 0` asks for full size). Applies the EXIF orientation.
     pub fn decode(
         &mut self,
@@ -187,71 +228,72 @@ impl Decoder {
         min_region_side: u32,
         target: u32,
         max_pixels: u64,
-    ) -> Result<Rgb<'_>, DecodeError> {
+    ) -> Result<Pixels<'_>, DecodeError> {
         check_pixels(probe.width, probe.height, max_pixels)?;
-        let (w, h) = match probe.format {
-            Format::Jpeg => self
-                .decode_jpeg(bytes, probe, min_region_side, target)
-                .inspect_err(|_| {
-                    // libjpeg-turbo keeps state (Huffman tables, scan progress) from a failed decode
-                    // that poisons the next image on the same handle: start the next one afresh.
-                    self.jpeg = None;
-                })?,
-            Format::Png | Format::Webp => self.decode_with_image_crate(bytes, probe, max_pixels)?,
-            Format::Unknown => unreachable!("probe rejects unknown formats"),
+        let (w, h) = match (probe.format, probe.jpeg) {
+            (Format::Jpeg, Some(header)) => {
+                let reduction = if header.lossless {
+                    1
+                } else {
+                    dct_reduction(min_region_side, target)
+                };
+                let planes = probe.orientation <= 1
+                    && !header.lossless
+                    && matches!(header.colorspace, Colorspace::YCbCr | Colorspace::Gray)
+                    && header.subsampling != Subsampling::Unknown;
+                let decoded = if planes {
+                    self.decode_jpeg_planes(bytes, &header, reduction)
+                } else {
+                    self.decode_jpeg_packed(bytes, &header, reduction)
+                };
+                // libjpeg-turbo keeps state (Huffman tables, scan progress) from a failed decode
+                // that poisons the next image on the same handle: start the next one afresh.
+                let decoded = decoded.inspect_err(|_| self.jpeg = None)?;
+                if planes {
+                    return Ok(Pixels::YCbCr(self.planes(&header, decoded)));
+                }
+                decoded
+            }
+            (Format::Png | Format::Webp, _) => {
+                self.decode_with_image_crate(bytes, probe, max_pixels)?
+            }
+            _ => unreachable!("probe rejects unknown formats and reads every JPEG header"),
         };
         if probe.orientation > 1 && probe.orientation <= 8 {
             let (ow, oh) =
                 apply_orientation(&self.pixels, w, h, probe.orientation, &mut self.oriented);
-            return Ok(Rgb {
+            return Ok(Pixels::Rgb(Rgb {
                 width: ow,
                 height: oh,
                 pixels: &self.oriented[..ow as usize * oh as usize * 3],
-            });
+            }));
         }
-        Ok(Rgb {
+        Ok(Pixels::Rgb(Rgb {
             width: w,
             height: h,
             pixels: &self.pixels[..w as usize * h as usize * 3],
-        })
+        }))
     }
 
-    fn decode_jpeg(
+    /// Decodes to packed RGB in `self.pixels` (CMYK/YCCK converted); returns the size.
+    fn decode_jpeg_packed(
         &mut self,
         bytes: &[u8],
-        probe: &Probe,
-        min_region_side: u32,
-        target: u32,
+        header: &jpeg::Header,
+        reduction: u32,
     ) -> Result<(u32, u32), DecodeError> {
-        let scale = dct_scale(min_region_side, target);
-        self.jpeg()?;
-        let dec = self.jpeg.as_mut().expect("initialised above");
-        let header = dec
-            .read_header(bytes)
-            .map_err(|e| DecodeError::corrupt(format!("jpeg header: {e}")))?;
-        let (scale, header) = if header.is_lossless {
-            (ScalingFactor::ONE, header)
-        } else {
-            (scale, header.scaled(scale))
-        };
-        dec.set_scaling_factor(scale)
-            .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
-        let (w, h) = (header.width, header.height);
-        let cmyk = matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK);
+        let (w, h) = reduced(header, reduction);
+        let (w, h) = (w as usize, h as usize);
+        let cmyk = matches!(header.colorspace, Colorspace::Cmyk | Colorspace::Ycck);
         let channels = if cmyk { 4 } else { 3 };
         grow(&mut self.pixels, w * h * channels);
-        let image = Image {
-            pixels: &mut self.pixels[..w * h * channels],
-            width: w,
-            pitch: w * channels,
-            height: h,
-            format: if cmyk {
-                PixelFormat::CMYK
-            } else {
-                PixelFormat::RGB
-            },
-        };
-        dec.decompress(bytes, image)
+        self.jpeg()?;
+        let handle = self.jpeg.as_mut().expect("initialised above");
+        handle
+            .set_reduction(reduction)
+            .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
+        handle
+            .decode_packed(bytes, &mut self.pixels, (w, h), cmyk)
             .map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
         if cmyk {
             // Adobe CMYK JPEGs store inverted ink values, so RGB is a product, not a difference.
@@ -267,8 +309,55 @@ impl Decoder {
                 self.pixels[3 * i + 2] = ((y * k + 127) / 255) as u8;
             }
         }
-        let _ = probe;
         Ok((w as u32, h as u32))
+    }
+
+    /// Decodes the Y plane, then Cb and Cr side by side, into `self.pixels`.
+    fn decode_jpeg_planes(
+        &mut self,
+        bytes: &[u8],
+        header: &jpeg::Header,
+        reduction: u32,
+    ) -> Result<(u32, u32), DecodeError> {
+        let (w, h) = reduced(header, reduction);
+        let [luma, chroma] = plane_sizes(header, (w, h));
+        let luma_len = luma.0 * luma.1;
+        grow(&mut self.pixels, luma_len + 2 * chroma.0 * chroma.1);
+        self.jpeg()?;
+        let handle = self.jpeg.as_mut().expect("initialised above");
+        let (y, cbcr) = self.pixels.split_at_mut(luma_len);
+        handle
+            .set_reduction(reduction)
+            .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
+        handle
+            .decode_planes(bytes, (y, luma), (cbcr, chroma), header.subsampling)
+            .map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
+        Ok((w, h))
+    }
+
+    /// Views the planes [`decode_jpeg_planes`](Self::decode_jpeg_planes) left in `self.pixels`.
+    fn planes(&self, header: &jpeg::Header, (w, h): (u32, u32)) -> YCbCr<'_> {
+        let [luma, chroma] = plane_sizes(header, (w, h));
+        let (y, cbcr) = self.pixels.split_at(luma.0 * luma.1);
+        fn planes(count: usize, (pw, ph): (usize, usize), data: &[u8]) -> Planes<'_> {
+            Planes {
+                count: count as u32,
+                width: pw as u32,
+                height: ph as u32,
+                data: &data[..count * pw * ph],
+            }
+        }
+        let (chroma, subsampling) = match header.subsampling {
+            Subsampling::Factors { h: sh, v: sv, .. } => (Some(planes(2, chroma, cbcr)), (sh, sv)),
+            _ => (None, (1, 1)),
+        };
+        YCbCr {
+            width: w,
+            height: h,
+            luma: planes(1, luma, y),
+            chroma,
+            subsampling,
+        }
     }
 
     fn decode_with_image_crate(
@@ -312,14 +401,29 @@ impl Decoder {
 /// `region_side` stored pixels at least `target` pixels, as Pillow's `draft()` chooses.
 /// libjpeg-turbo has SIMD IDCTs for these factors; the other M/8 factors run its plain C code
 /// and measured slower than a full-size decode here.
-fn dct_scale(region_side: u32, target: u32) -> ScalingFactor {
-    let mut denom = 1usize;
+fn dct_reduction(region_side: u32, target: u32) -> u32 {
+    let mut denom = 1;
     if target > 0 {
-        while denom < 8 && (region_side as usize).div_ceil(denom * 2) >= target as usize {
+        while denom < 8 && region_side.div_ceil(denom * 2) >= target {
             denom *= 2;
         }
     }
-    ScalingFactor::new(1, denom)
+    denom
+}
+
+/// The decoded size at DCT reduction 1/`denom` (libjpeg rounds up).
+fn reduced(header: &jpeg::Header, denom: u32) -> (u32, u32) {
+    (header.width.div_ceil(denom), header.height.div_ceil(denom))
+}
+
+/// Luma and chroma plane sizes for a decoded size (chroma empty for grayscale).
+fn plane_sizes(header: &jpeg::Header, (w, h): (u32, u32)) -> [(usize, usize); 2] {
+    let size = |c| jpeg::plane_size(c, w, h, header.subsampling);
+    if header.subsampling == Subsampling::Gray {
+        [size(0), (0, 0)]
+    } else {
+        [size(0), size(1)]
+    }
 }
 
 /// Makes `buf` at least `len` long. Scratch buffers only grow: resizing them to each image's

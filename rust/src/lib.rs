@@ -3,10 +3,12 @@
 //! Each module has one job; none of them knows about Python. The PyO3 layer lives in
 //! `binding` and is compiled only with the `python` feature (maturin turns it on).
 
+pub mod convolve;
 pub mod decode;
 pub mod error;
 pub mod group;
 pub mod index;
+pub mod jpeg;
 pub mod pipeline;
 pub mod plan;
 pub mod resize;

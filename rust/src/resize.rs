@@ -4,11 +4,14 @@
 //! hand us a DCT-reduced image, so the box is scaled to it and the SIMD convolution resizer
 //! (fast_image_resize: SSE4.1/AVX2/AVX-512/NEON picked at run time) maps it straight to
 //! `size x size`. The result is written channel-planar ([3, H, W]) into the caller's slot.
+//! JPEG planes are resized each at its own resolution (chroma straight from its subsampled
+//! plane) and converted to RGB at the output size.
 
 use fast_image_resize::images::{Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use fast_image_resize::{Filter, FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
-use crate::decode::{DecodeError, Rgb};
+use crate::convolve::{self, Weights};
+use crate::decode::{DecodeError, Pixels, Planes, Rgb, YCbCr};
 use crate::error::Reason;
 use crate::rng::SplitMix64;
 
@@ -93,10 +96,13 @@ pub fn crop_box(width: u32, height: u32, mode: CropMode, rng: &mut SplitMix64) -
     }
 }
 
-/// Per-thread resize state: the resizer (with its SIMD choice) and an interleaved scratch image.
+/// Per-thread resize state: the resizer (with its SIMD choice) and scratch images (interleaved
+/// RGB, or resized Y/Cb/Cr planes).
 pub struct Transformer {
     resizer: Resizer,
     hwc: Vec<u8>,
+    ycc: Vec<u8>,
+    planes: PlaneResizer,
 }
 
 impl Default for Transformer {
@@ -110,12 +116,60 @@ impl Transformer {
         Self {
             resizer: Resizer::new(),
             hwc: Vec::new(),
+            ycc: Vec::new(),
+            planes: PlaneResizer::default(),
         }
     }
 
     /// Resizes `region` of `img` to `size x size` (Catmull-Rom = Pillow's BICUBIC, antialiased
-    /// when shrinking) and writes it as [3, size, size] into `out`.
+    /// when shrinking) and writes it as RGB [3, size, size] into `out`.
     pub fn resize_into_chw(
+        &mut self,
+        img: &Pixels<'_>,
+        region: CropBox,
+        size: u32,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        match img {
+            Pixels::Rgb(rgb) => self.rgb_into_chw(rgb, region, size, out),
+            Pixels::YCbCr(planes) => self.ycbcr_into_chw(planes, region, size, out),
+        }
+    }
+
+    fn ycbcr_into_chw(
+        &mut self,
+        img: &YCbCr<'_>,
+        region: CropBox,
+        size: u32,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        let n = size as usize * size as usize;
+        assert_eq!(out.len(), 3 * n, "slot must hold one [3, size, size] image");
+        let Some(chroma) = img.chroma else {
+            let (gray, rest) = out.split_at_mut(n);
+            self.planes.resize(img.luma, region, size, gray)?;
+            rest[..n].copy_from_slice(gray);
+            rest[n..].copy_from_slice(gray);
+            return Ok(());
+        };
+        crate::decode::grow(&mut self.ycc, 3 * n);
+        let (luma_out, chroma_out) = self.ycc[..3 * n].split_at_mut(n);
+        self.planes.resize(img.luma, region, size, luma_out)?;
+        let (sh, sv) = (img.subsampling.0 as f64, img.subsampling.1 as f64);
+        let chroma_region = CropBox {
+            x: region.x / sh,
+            y: region.y / sv,
+            w: region.w / sh,
+            h: region.h / sv,
+        };
+        self.planes
+            .resize(chroma, chroma_region, size, chroma_out)?;
+        let (cb_out, cr_out) = chroma_out.split_at(n);
+        ycbcr_to_rgb_planar(luma_out, cb_out, cr_out, out);
+        Ok(())
+    }
+
+    fn rgb_into_chw(
         &mut self,
         img: &Rgb<'_>,
         region: CropBox,
@@ -124,20 +178,13 @@ impl Transformer {
     ) -> Result<(), DecodeError> {
         let n = size as usize * size as usize;
         assert_eq!(out.len(), 3 * n, "slot must hold one [3, size, size] image");
-        let fail = |e: String| DecodeError {
-            reason: Reason::CorruptImage,
-            detail: format!("resize: {e}"),
-        };
         let src = ImageRef::new(img.width, img.height, img.pixels, PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
         crate::decode::grow(&mut self.hwc, 3 * n);
         let mut dst = Image::from_slice_u8(size, size, &mut self.hwc[..3 * n], PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
-        let options = ResizeOptions::new()
-            .resize_alg(ResizeAlg::Convolution(FilterType::CatmullRom))
-            .crop(region.x, region.y, region.w.max(1.0), region.h.max(1.0));
         self.resizer
-            .resize(&src, &mut dst, &options)
+            .resize(&src, &mut dst, &options(region))
             .map_err(|e| fail(e.to_string()))?;
         let (r, rest) = out.split_at_mut(n);
         let (g, b) = rest.split_at_mut(n);
@@ -147,6 +194,157 @@ impl Transformer {
             b[i] = px[2];
         }
         Ok(())
+    }
+}
+
+fn fail(e: String) -> DecodeError {
+    DecodeError {
+        reason: Reason::CorruptImage,
+        detail: format!("resize: {e}"),
+    }
+}
+
+/// Pillow's BICUBIC: the Catmull-Rom cubic (a = -0.5), support 2, except that inside its
+/// support it never returns an exact zero. fast_image_resize 6.1 drops leading zero weights
+/// from each output pixel's window; the cubic's zero at distance 1 can then start the first
+/// pixel's window after the second's, and its u8 resize computes the width of what it reads
+/// from the first window's start (a wrapped-around u32 and an out-of-bounds read). A weight
+/// of 1e-12 rounds to 0 in its 16-bit coefficients, so the pixels are unchanged.
+fn bicubic(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    let w = if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        return 0.0;
+    };
+    if w == 0.0 {
+        1e-12
+    } else {
+        w
+    }
+}
+
+fn options(region: CropBox) -> ResizeOptions {
+    let filter = Filter::new("bicubic", bicubic, 2.0).expect("positive finite support");
+    ResizeOptions::new()
+        .resize_alg(ResizeAlg::Convolution(FilterType::Custom(filter)))
+        .crop(region.x, region.y, region.w.max(1.0), region.h.max(1.0))
+}
+
+/// Resizes single-channel planes with two vertical passes and two transposes: the vertical
+/// kernel works on a whole row at once, which one channel alone cannot give a horizontal
+/// kernel. Planes side by side (Cb and Cr) share the weights of both passes.
+#[derive(Default)]
+struct PlaneResizer {
+    down: Weights,
+    across: Weights,
+    rows: Vec<u8>,
+    columns: Vec<u8>,
+}
+
+impl PlaneResizer {
+    /// Resizes `region` of each of `src`'s planes to `size x size`, written one after another
+    /// into `out` (`src.count * size * size` bytes).
+    fn resize(
+        &mut self,
+        src: Planes<'_>,
+        region: CropBox,
+        size: u32,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        let (count, width) = (src.count as usize, src.width as usize);
+        let side = size as usize;
+        let square = side * side;
+        assert_eq!(out.len(), count * square, "output must hold every plane");
+        assert!(src.data.len() >= count * width * src.height as usize);
+        if region.w <= 0.0 || region.h <= 0.0 || width == 0 || src.height == 0 {
+            return Err(fail(format!("empty region {region:?}")));
+        }
+        // Columns the horizontal filter can touch, with a pixel to spare: the pass over the
+        // transposed strip then sees exactly the neighbourhood a one-pass resize would.
+        let radius = 2.0 * (region.w / size as f64).max(1.0);
+        let x0 = (region.x - radius - 1.0).floor().max(0.0) as usize;
+        let x1 = ((region.x + region.w + radius + 1.0).ceil() as usize).min(width);
+        let strip = x1 - x0;
+        crate::decode::grow(&mut self.rows, count * (strip * side).max(square));
+        crate::decode::grow(&mut self.columns, count * strip * side);
+        let wide = count * side;
+
+        self.down
+            .compute(src.height, region.y, region.y + region.h, size);
+        for p in 0..count {
+            let tall = &mut self.rows[p * strip * side..][..strip * side];
+            convolve::vertical(
+                &src.data[p * width + x0..],
+                count * width,
+                strip,
+                &self.down,
+                tall,
+                strip,
+            );
+            // The strip turned on its side, next to the other planes': `strip` rows of `wide`.
+            convolve::transpose(
+                tall,
+                strip,
+                strip,
+                side,
+                &mut self.columns[p * side..],
+                wide,
+            );
+        }
+
+        let from = region.x - x0 as f64;
+        self.across
+            .compute(strip as u32, from, from + region.w, size);
+        let sideways = &mut self.rows[..wide * side];
+        convolve::vertical(&self.columns, wide, wide, &self.across, sideways, wide);
+        for (p, plane_out) in out.chunks_exact_mut(square).enumerate() {
+            convolve::transpose(&sideways[p * side..], wide, side, side, plane_out, side);
+        }
+        Ok(())
+    }
+}
+
+/// JFIF (full-range BT.601) YCbCr to planar RGB, in libjpeg's 16-bit fixed point. Colour
+/// conversion is affine, so converting after the resize equals converting before it up to
+/// rounding.
+fn ycbcr_to_rgb_planar(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked at run time; wheels assume only x86-64's SSE2).
+        return unsafe { ycbcr_to_rgb_planar_avx2(y, cb, cr, out) };
+    }
+    ycbcr_to_rgb_planar_any(y, cb, cr, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn ycbcr_to_rgb_planar_avx2(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+    ycbcr_to_rgb_planar_any(y, cb, cr, out)
+}
+
+/// The conversion loop, written for the auto-vectoriser; inlined into each target's variant.
+#[inline(always)]
+fn ycbcr_to_rgb_planar_any(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+    const R_CR: i32 = 91_881; // 1.40200 * 2^16
+    const G_CB: i32 = 22_554; // 0.34414 * 2^16
+    const G_CR: i32 = 46_802; // 0.71414 * 2^16
+    const B_CB: i32 = 116_130; // 1.77200 * 2^16
+    let n = y.len();
+    let (r, rest) = out.split_at_mut(n);
+    let (g, b) = rest.split_at_mut(n);
+    let clamp = |v: i32| (v >> 16).clamp(0, 255) as u8;
+    let pixels = y.iter().zip(&cb[..n]).zip(&cr[..n]);
+    let outputs = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+    for (((&y, &u), &v), ((r, g), b)) in pixels.zip(outputs) {
+        let luma = ((y as i32) << 16) + (1 << 15);
+        let (u, v) = (u as i32 - 128, v as i32 - 128);
+        *r = clamp(luma + R_CR * v);
+        *g = clamp(luma - G_CB * u - G_CR * v);
+        *b = clamp(luma + B_CB * u);
     }
 }
 
@@ -182,17 +380,51 @@ mod tests {
         }
     }
 
+    /// A 2x upscale whose first output pixel sits exactly on a source pixel: fast_image_resize's
+    /// own Catmull-Rom read out of bounds here (a crash in release builds, an overflow panic in
+    /// debug ones). Chroma planes of 4:2:0 JPEGs at DCT scale 1/2 meet it on ordinary photos.
+    #[test]
+    fn upscale_aligned_on_a_source_pixel_stays_in_bounds() {
+        let data: Vec<u8> = (0..131 * 112).map(|i| (i * 7 % 251) as u8).collect();
+        let plane = Planes {
+            count: 1,
+            width: 131,
+            height: 112,
+            data: &data,
+        };
+        let region = CropBox {
+            x: 9.25,
+            y: 0.0,
+            w: 112.0,
+            h: 112.0,
+        };
+        let mut out = vec![0u8; 224 * 224];
+        PlaneResizer::default()
+            .resize(plane, region, 224, &mut out)
+            .unwrap();
+        let rgb: Vec<u8> = data.iter().flat_map(|&v| [v, v, v]).collect();
+        let img = Pixels::Rgb(Rgb {
+            width: 131,
+            height: 112,
+            pixels: &rgb,
+        });
+        let mut chw = vec![0u8; 3 * 224 * 224];
+        Transformer::new()
+            .resize_into_chw(&img, region, 224, &mut chw)
+            .unwrap();
+        assert_eq!(&chw[..224 * 224], &out[..]);
+    }
+
     #[test]
     fn uniform_image_stays_uniform_and_is_planar() {
-        let pixels: Vec<u8> = std::iter::repeat([10u8, 20, 30])
-            .take(64 * 48)
+        let pixels: Vec<u8> = std::iter::repeat_n([10u8, 20, 30], 64 * 48)
             .flatten()
             .collect();
-        let img = Rgb {
+        let img = Pixels::Rgb(Rgb {
             width: 64,
             height: 48,
             pixels: &pixels,
-        };
+        });
         let mut out = vec![0u8; 3 * 16 * 16];
         let region = crop_box(64, 48, CropMode::Center, &mut SplitMix64::new(0));
         Transformer::new()

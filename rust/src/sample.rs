@@ -153,7 +153,7 @@ pub fn prepare(
             spec.max_pixels,
         )
         .map_err(|e| (e.reason, e.detail))?;
-    let scaled = region.rescaled(displayed, (img.width, img.height));
+    let scaled = region.rescaled(displayed, img.size());
     worker
         .transformer
         .resize_into_chw(&img, scaled, spec.image_size, slot)

@@ -1,0 +1,233 @@
+//! A thin safe wrapper over libjpeg-turbo's TurboJPEG 3 API: one handle, the header read once,
+//! and the two decodes the loader uses: packed RGB/CMYK, and raw Y/Cb/Cr planes. The planes skip
+//! chroma upsampling and colour conversion at full resolution, which the resize then does for
+//! free at the (much smaller) output size.
+
+use std::ffi::{c_int, CStr};
+
+use turbojpeg::raw;
+
+/// What the JPEG header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub width: u32,
+    pub height: u32,
+    pub subsampling: Subsampling,
+    pub colorspace: Colorspace,
+    pub lossless: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Colorspace {
+    Rgb,
+    YCbCr,
+    Gray,
+    Cmyk,
+    Ycck,
+}
+
+/// Chroma subsampling, as (horizontal, vertical) luma pixels per chroma sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subsampling {
+    Gray,
+    Factors {
+        code: c_int,
+        h: u32,
+        v: u32,
+    },
+    /// Sampling factors TurboJPEG cannot name (planes are not available).
+    Unknown,
+}
+
+impl Subsampling {
+    fn from_code(code: c_int) -> Subsampling {
+        // The bindings' enum constants are u32 or i32 depending on the platform's C ABI.
+        let factors = [
+            (raw::TJSAMP_TJSAMP_444, (1, 1)),
+            (raw::TJSAMP_TJSAMP_422, (2, 1)),
+            (raw::TJSAMP_TJSAMP_420, (2, 2)),
+            (raw::TJSAMP_TJSAMP_440, (1, 2)),
+            (raw::TJSAMP_TJSAMP_411, (4, 1)),
+            (raw::TJSAMP_TJSAMP_441, (1, 4)),
+        ];
+        if code == raw::TJSAMP_TJSAMP_GRAY as c_int {
+            return Subsampling::Gray;
+        }
+        match factors.iter().find(|(c, _)| *c as c_int == code) {
+            Some(&(_, (h, v))) => Subsampling::Factors { code, h, v },
+            None => Subsampling::Unknown,
+        }
+    }
+
+    fn code(self) -> c_int {
+        match self {
+            Subsampling::Gray => raw::TJSAMP_TJSAMP_GRAY as c_int,
+            Subsampling::Factors { code, .. } => code,
+            Subsampling::Unknown => raw::TJSAMP_TJSAMP_UNKNOWN as c_int,
+        }
+    }
+}
+
+/// A TurboJPEG decompression handle.
+pub struct Handle(raw::tjhandle);
+
+// The handle is plain heap state with no thread affinity; each is used by one thread at a time.
+unsafe impl Send for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        unsafe { raw::tj3Destroy(self.0) }
+    }
+}
+
+impl Handle {
+    pub fn new() -> Result<Handle, String> {
+        let handle = unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS as c_int) };
+        if handle.is_null() {
+            return Err("libjpeg-turbo could not create a decompressor".into());
+        }
+        Ok(Handle(handle))
+    }
+
+    fn error(&self) -> String {
+        let message = unsafe { CStr::from_ptr(raw::tj3GetErrorStr(self.0)) };
+        message.to_string_lossy().into_owned()
+    }
+
+    fn check(&self, status: c_int) -> Result<(), String> {
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(self.error())
+        }
+    }
+
+    fn get(&self, param: raw::TJPARAM) -> c_int {
+        unsafe { raw::tj3Get(self.0, param as c_int) }
+    }
+
+    pub fn header(&mut self, bytes: &[u8]) -> Result<Header, String> {
+        self.check(unsafe {
+            raw::tj3DecompressHeader(self.0, bytes.as_ptr(), bytes.len() as raw::size_t)
+        })?;
+        let code = self.get(raw::TJPARAM_TJPARAM_COLORSPACE);
+        let colorspace = [
+            (raw::TJCS_TJCS_RGB, Colorspace::Rgb),
+            (raw::TJCS_TJCS_YCbCr, Colorspace::YCbCr),
+            (raw::TJCS_TJCS_GRAY, Colorspace::Gray),
+            (raw::TJCS_TJCS_CMYK, Colorspace::Cmyk),
+            (raw::TJCS_TJCS_YCCK, Colorspace::Ycck),
+        ]
+        .iter()
+        .find(|(c, _)| *c as c_int == code)
+        .map(|&(_, space)| space)
+        .ok_or_else(|| format!("unknown JPEG colour space {code}"))?;
+        let (width, height) = (
+            self.get(raw::TJPARAM_TJPARAM_JPEGWIDTH),
+            self.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT),
+        );
+        if width <= 0 || height <= 0 {
+            return Err(format!("JPEG header gives size {width}x{height}"));
+        }
+        Ok(Header {
+            width: width as u32,
+            height: height as u32,
+            subsampling: Subsampling::from_code(self.get(raw::TJPARAM_TJPARAM_SUBSAMP)),
+            colorspace,
+            lossless: self.get(raw::TJPARAM_TJPARAM_LOSSLESS) != 0,
+        })
+    }
+
+    /// Sets the DCT reduction (1/`denom`, a power of two up to 8) for the next decode.
+    pub fn set_reduction(&mut self, denom: u32) -> Result<(), String> {
+        let factor = raw::tjscalingfactor {
+            num: 1,
+            denom: denom as c_int,
+        };
+        self.check(unsafe { raw::tj3SetScalingFactor(self.0, factor) })
+    }
+
+    /// Decodes into `out`, packed RGB (3 bytes a pixel) or CMYK (4), `width` pixels a row; the
+    /// size must be the header's reduced by the current DCT reduction.
+    pub fn decode_packed(
+        &mut self,
+        bytes: &[u8],
+        out: &mut [u8],
+        (width, height): (usize, usize),
+        cmyk: bool,
+    ) -> Result<(), String> {
+        let (channels, format) = if cmyk {
+            (4, raw::TJPF_TJPF_CMYK)
+        } else {
+            (3, raw::TJPF_TJPF_RGB)
+        };
+        assert!(
+            out.len() >= width * height * channels,
+            "output buffer too small"
+        );
+        let pitch = (width * channels) as c_int;
+        self.check(unsafe {
+            raw::tj3Decompress8(
+                self.0,
+                bytes.as_ptr(),
+                bytes.len() as raw::size_t,
+                out.as_mut_ptr(),
+                pitch,
+                format as c_int,
+            )
+        })
+    }
+
+    /// Decodes the Y plane into `luma` (rows packed) and, for colour images, Cb and Cr side by
+    /// side into `chroma` (each row: a Cb row, then a Cr row), at the [`plane_size`]s of the
+    /// header's size reduced by the current DCT reduction.
+    pub fn decode_planes(
+        &mut self,
+        bytes: &[u8],
+        (luma, (lw, lh)): (&mut [u8], (usize, usize)),
+        (chroma, (cw, ch)): (&mut [u8], (usize, usize)),
+        subsampling: Subsampling,
+    ) -> Result<(), String> {
+        assert!(luma.len() >= lw * lh, "luma buffer too small");
+        let mut pointers = [
+            luma.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ];
+        let mut strides = [lw as c_int, 0, 0];
+        if subsampling != Subsampling::Gray {
+            assert!(chroma.len() >= 2 * cw * ch, "chroma buffer too small");
+            let (cb, cr) = chroma.split_at_mut(cw);
+            pointers[1] = cb.as_mut_ptr();
+            pointers[2] = cr.as_mut_ptr();
+            strides[1] = 2 * cw as c_int;
+            strides[2] = 2 * cw as c_int;
+        }
+        self.check(unsafe {
+            raw::tj3DecompressToYUVPlanes8(
+                self.0,
+                bytes.as_ptr(),
+                bytes.len() as raw::size_t,
+                pointers.as_mut_ptr(),
+                strides.as_mut_ptr(),
+            )
+        })
+    }
+}
+
+/// (width, height) of plane `component` (0 = Y, 1 = Cb, 2 = Cr) of a `width x height` image.
+pub fn plane_size(
+    component: usize,
+    width: u32,
+    height: u32,
+    subsampling: Subsampling,
+) -> (usize, usize) {
+    let code = subsampling.code();
+    let (w, h) = unsafe {
+        (
+            raw::tj3YUVPlaneWidth(component as c_int, width as c_int, code),
+            raw::tj3YUVPlaneHeight(component as c_int, height as c_int, code),
+        )
+    };
+    (w.max(0) as usize, h.max(0) as usize)
+}
