@@ -15,16 +15,22 @@ pub struct Weights {
     starts: Vec<u32>,
     counts: Vec<u32>,
     values: Vec<i16>,
+    /// The arguments of the last `compute`: datasets of one image size reuse the weights.
+    computed_for: Option<(u32, u64, u64, u32)>,
+    scratch: Vec<f64>,
 }
 
-/// Pillow's BICUBIC kernel: the Catmull-Rom cubic (a = -0.5), support 2.
+/// Pillow's BICUBIC kernel: the Catmull-Rom cubic (a = -0.5), support 2. Both pieces are
+/// evaluated and one is selected, so that the compiler emits no unpredictable branch.
+#[inline(always)]
 fn bicubic(x: f64) -> f64 {
     const A: f64 = -0.5;
     let x = x.abs();
-    if x < 1.0 {
-        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
-    } else if x < 2.0 {
-        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    let near = ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
+    let far = (((x - 5.0) * x + 8.0) * x - 4.0) * A;
+    let w = if x < 1.0 { near } else { far };
+    if x < 2.0 {
+        w
     } else {
         0.0
     }
@@ -34,6 +40,11 @@ impl Weights {
     /// Weights mapping the input span `[in0, in1)` of an axis `in_size` long onto `out_size`
     /// samples; taps past the axis ends are dropped and the rest renormalised, as Pillow does.
     pub fn compute(&mut self, in_size: u32, in0: f64, in1: f64, out_size: u32) {
+        let key = (in_size, in0.to_bits(), in1.to_bits(), out_size);
+        if self.computed_for == Some(key) {
+            return;
+        }
+        self.computed_for = Some(key);
         let scale = (in1 - in0) / out_size as f64;
         let filter_scale = scale.max(1.0);
         let inverse_filter_scale = 1.0 / filter_scale;
@@ -43,7 +54,8 @@ impl Weights {
         self.counts.clear();
         self.values.clear();
         self.values.resize(self.window * out_size as usize, 0);
-        let mut taps = vec![0f64; self.window];
+        self.scratch.resize(self.window, 0.0);
+        let taps = &mut self.scratch;
         for (o, row) in self.values.chunks_exact_mut(self.window).enumerate() {
             let center = in0 + (o as f64 + 0.5) * scale;
             // Casts truncate toward zero: floor and ceil without a libm call (x86-64's
@@ -52,8 +64,9 @@ impl Weights {
             let hi = ((center + radius + 1.0) as u32).min(in_size).max(lo + 1);
             let count = ((hi - lo) as usize).min(self.window);
             let mut total = 0.0;
+            let first_x = (lo as f64 + 0.5 - center) * inverse_filter_scale;
             for (k, tap) in taps[..count].iter_mut().enumerate() {
-                *tap = bicubic((lo as f64 + k as f64 + 0.5 - center) * inverse_filter_scale);
+                *tap = bicubic(first_x + k as f64 * inverse_filter_scale);
                 total += *tap;
             }
             if total == 0.0 {
@@ -64,19 +77,22 @@ impl Weights {
             // weights sum to exactly 1.0 and flat areas stay exactly flat.
             let one = (1i32 << PRECISION) as f64 / total;
             let mut sum = 0i32;
-            let mut largest = 0;
-            for k in 0..count {
-                let v = taps[k] * one;
-                let w = (v + if v < 0.0 { -0.5 } else { 0.5 }) as i32;
-                row[k] = w as i16;
-                sum += w;
-                if row[k] > row[largest] {
-                    largest = k;
-                }
+            for (w, &tap) in row[..count].iter_mut().zip(taps.iter()) {
+                let v = tap * one;
+                let rounded = (v + 0.5f64.copysign(v)) as i32;
+                *w = rounded as i16;
+                sum += rounded;
             }
+            // The largest weight is the one nearest the centre.
+            let largest = ((center as u32).saturating_sub(lo) as usize).min(count - 1);
             row[largest] += ((1 << PRECISION) - sum) as i16;
-            self.starts.push(lo);
-            self.counts.push(count as u32);
+            // Taps that rounded to zero cost a row read each: drop them from both ends (an
+            // upscale or a 1:1 copy often needs only two or one of its five).
+            let first = row[..count].iter().position(|&w| w != 0).unwrap_or(0);
+            let last = row[..count].iter().rposition(|&w| w != 0).unwrap_or(0);
+            row.copy_within(first..=last, 0);
+            self.starts.push(lo + first as u32);
+            self.counts.push((last - first + 1) as u32);
         }
     }
 }
