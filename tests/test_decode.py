@@ -87,6 +87,22 @@ def test_jpeg_chroma_layouts_and_odd_sizes(photos, subsampling, size):
     assert error < (1.0 if min(size) < 2 * SIZE else 2.5), error
 
 
+@pytest.mark.parametrize("subsampling", ["440", "411"])
+def test_jpeg_vertical_and_4x_chroma_subsampling(photos, subsampling):
+    # Pillow cannot write these layouts; simplejpeg (libjpeg-turbo's encoder) can. Measured:
+    # 0.41 (4:4:0) and 0.64 (4:1:1).
+    import simplejpeg  # a dev requirement (the decode benchmark's ceiling)
+
+    pixels = np.ascontiguousarray(np.asarray(photos[1].resize((301, 227))))
+    data = simplejpeg.encode_jpeg(pixels, quality=92, colorspace="RGB", colorsubsampling=subsampling)
+    assert mae(ours(data), pillow_reference(Image.open(io.BytesIO(data)))) < 1.0
+
+
+def test_progressive_jpeg(photos):
+    data = encode(photos[1].resize((301, 227)), "JPEG", quality=92, progressive=True)
+    assert mae(ours(data), pillow_reference(Image.open(io.BytesIO(data)))) < 1.0
+
+
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA", "P"])
 def test_png_modes_become_rgb(photos, mode):
     img = photos[0].resize((300, 260))
