@@ -153,10 +153,25 @@ impl<R: Read> TarReader<R> {
         (BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64
     }
 
-    /// Reads an entry's data (plus padding) into a fresh buffer.
+    /// Reads an entry's data (plus padding) into a fresh buffer. `read_to_end` fills the
+    /// reserved capacity directly (no zero-filling first): members are most of the bytes read.
     fn read_data(&mut self, size: u64, what: &str) -> Result<Vec<u8>, TarError> {
-        let mut data = vec![0u8; size as usize];
-        self.read_exact_or_truncated(&mut data, what)?;
+        let mut data = Vec::with_capacity(size as usize);
+        let read = (&mut self.inner).take(size).read_to_end(&mut data);
+        self.pos += data.len() as u64;
+        if let Err(e) = read {
+            return Err(TarError::Io {
+                offset: self.pos,
+                source: e,
+            });
+        }
+        if (data.len() as u64) < size {
+            return Err(TarError::Truncated {
+                offset: self.pos,
+                what: what.to_string(),
+                member: None,
+            });
+        }
         self.skip(Self::padding(size), what)?;
         Ok(data)
     }

@@ -306,13 +306,13 @@ pub(crate) fn open_file_at(
                 message: e.to_string(),
             })?;
     }
-    let buffered = io::BufReader::with_capacity(READ_BUFFER_BYTES, file);
+    // Unbuffered: the shard reader above buffers once; a second buffer here only copied.
     Ok(match end {
         Some(end) => Box::new(CountingReader::new(
-            buffered.take(end.saturating_sub(start)),
+            file.take(end.saturating_sub(start)),
             stats,
         )),
-        None => Box::new(CountingReader::new(buffered, stats)),
+        None => Box::new(CountingReader::new(file, stats)),
     })
 }
 
