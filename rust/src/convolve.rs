@@ -17,7 +17,9 @@ pub struct Weights {
     values: Vec<i16>,
     /// The arguments of the last `compute`: datasets of one image size reuse the weights.
     computed_for: Option<(u32, u64, u64, u32)>,
+    centers: Vec<f64>,
     scratch: Vec<f64>,
+    rounded: Vec<i32>,
 }
 
 /// Pillow's BICUBIC kernel: the Catmull-Rom cubic (a = -0.5), support 2. Both pieces are
@@ -45,54 +47,124 @@ impl Weights {
             return;
         }
         self.computed_for = Some(key);
+        let out = out_size as usize;
         let scale = (in1 - in0) / out_size as f64;
         let filter_scale = scale.max(1.0);
-        let inverse_filter_scale = 1.0 / filter_scale;
         let radius = 2.0 * filter_scale;
-        self.window = radius.ceil() as usize * 2 + 1;
+        let window = radius.ceil() as usize * 2 + 1;
+        self.window = window;
         self.starts.clear();
         self.counts.clear();
-        self.values.clear();
-        self.values.resize(self.window * out_size as usize, 0);
-        self.scratch.resize(self.window, 0.0);
-        let taps = &mut self.scratch;
-        for (o, row) in self.values.chunks_exact_mut(self.window).enumerate() {
+        self.centers.clear();
+        for o in 0..out {
             let center = in0 + (o as f64 + 0.5) * scale;
             // Casts truncate toward zero: floor and ceil without a libm call (x86-64's
             // baseline has no rounding instruction).
             let lo = (center - radius).max(0.0) as u32;
             let hi = ((center + radius + 1.0) as u32).min(in_size).max(lo + 1);
-            let count = ((hi - lo) as usize).min(self.window);
-            let mut total = 0.0;
-            let first_x = (lo as f64 + 0.5 - center) * inverse_filter_scale;
-            for (k, tap) in taps[..count].iter_mut().enumerate() {
-                *tap = bicubic(first_x + k as f64 * inverse_filter_scale);
-                total += *tap;
-            }
-            if total == 0.0 {
-                taps[0] = 1.0;
-                total = 1.0;
-            }
-            // Round each weight, then give the rounding error to the largest one so that the
-            // weights sum to exactly 1.0 and flat areas stay exactly flat.
-            let one = (1i32 << PRECISION) as f64 / total;
+            self.starts.push(lo);
+            self.counts.push((hi - lo).min(window as u32));
+            self.centers.push(center);
+        }
+        // Every (tap, output) pair, tap-major, so that the loops run over the outputs and
+        // vectorise; each weight rounded to fixed point after normalising by its output's sum.
+        self.scratch.clear();
+        self.scratch.resize(window * out, 0.0);
+        self.rounded.clear();
+        self.rounded.resize(window * out, 0);
+        let taps = Taps {
+            starts: &self.starts,
+            counts: &self.counts,
+            centers: &self.centers,
+            inverse_filter_scale: 1.0 / filter_scale,
+        };
+        taps.evaluate(&mut self.scratch, &mut self.rounded);
+
+        self.values.clear();
+        self.values.resize(window * out, 0);
+        for (o, row) in self.values.chunks_exact_mut(window).enumerate() {
+            let count = self.counts[o] as usize;
             let mut sum = 0i32;
-            for (w, &tap) in row[..count].iter_mut().zip(taps.iter()) {
-                let v = tap * one;
-                let rounded = (v + 0.5f64.copysign(v)) as i32;
-                *w = rounded as i16;
-                sum += rounded;
+            for (k, w) in row[..count].iter_mut().enumerate() {
+                let v = self.rounded[k * out + o];
+                *w = v as i16;
+                sum += v;
             }
-            // The largest weight is the one nearest the centre.
-            let largest = ((center as u32).saturating_sub(lo) as usize).min(count - 1);
+            // Give the rounding error to the weight nearest the centre (the largest), so that
+            // the weights sum to exactly 1.0 and flat areas stay exactly flat.
+            let lo = self.starts[o];
+            let largest = ((self.centers[o] as u32).saturating_sub(lo) as usize).min(count - 1);
             row[largest] += ((1 << PRECISION) - sum) as i16;
             // Taps that rounded to zero cost a row read each: drop them from both ends (an
             // upscale or a 1:1 copy often needs only two or one of its five).
             let first = row[..count].iter().position(|&w| w != 0).unwrap_or(0);
             let last = row[..count].iter().rposition(|&w| w != 0).unwrap_or(0);
             row.copy_within(first..=last, 0);
-            self.starts.push(lo + first as u32);
-            self.counts.push((last - first + 1) as u32);
+            self.starts[o] = lo + first as u32;
+            self.counts[o] = (last - first + 1) as u32;
+        }
+    }
+}
+
+/// What [`Weights::compute`] knows per output before evaluating the kernel.
+struct Taps<'a> {
+    starts: &'a [u32],
+    counts: &'a [u32],
+    centers: &'a [f64],
+    inverse_filter_scale: f64,
+}
+
+impl Taps<'_> {
+    /// Fills `kernel` and `rounded` (both `window x outputs`, tap-major).
+    fn evaluate(&self, kernel: &mut [f64], rounded: &mut [i32]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (no FMA is enabled: weights are the same on every CPU).
+            return unsafe { self.evaluate_avx2(kernel, rounded) };
+        }
+        self.evaluate_any(kernel, rounded)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn evaluate_avx2(&self, kernel: &mut [f64], rounded: &mut [i32]) {
+        self.evaluate_any(kernel, rounded)
+    }
+
+    #[inline(always)]
+    fn evaluate_any(&self, kernel: &mut [f64], rounded: &mut [i32]) {
+        let out = self.starts.len();
+        let mut totals = vec![0.0f64; out];
+        for (k, row) in kernel.chunks_exact_mut(out).enumerate() {
+            let taps = row.iter_mut().zip(self.starts).zip(self.counts);
+            for (((w, &lo), &count), (&center, total)) in
+                taps.zip(self.centers.iter().zip(totals.iter_mut()))
+            {
+                let x = (lo as f64 + k as f64 + 0.5 - center) * self.inverse_filter_scale;
+                *w = if (k as u32) < count { bicubic(x) } else { 0.0 };
+                *total += *w;
+            }
+        }
+        // An output whose taps all fell outside the kernel (not reachable with support 2, but
+        // cheap to rule out) copies its first input.
+        let scales: Vec<f64> = totals
+            .iter()
+            .map(|&t| (1i32 << PRECISION) as f64 / if t == 0.0 { 1.0 } else { t })
+            .collect();
+        for (k, (row, fixed)) in kernel
+            .chunks_exact(out)
+            .zip(rounded.chunks_exact_mut(out))
+            .enumerate()
+        {
+            for (((&w, r), &scale), &total) in row.iter().zip(fixed).zip(&scales).zip(&totals) {
+                let v = if total == 0.0 && k == 0 {
+                    scale
+                } else {
+                    w * scale
+                };
+                // |v| <= 2^15: a weight is at most about 1.0 and the total is at least 0.5.
+                *r = (v + 0.5f64.copysign(v)) as i32;
+            }
         }
     }
 }
