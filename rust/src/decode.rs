@@ -166,10 +166,7 @@ impl Decoder {
     }
 
     fn jpeg(&mut self) -> Result<&mut jpeg::Handle, DecodeError> {
-        if self.jpeg.is_none() {
-            self.jpeg = Some(jpeg::Handle::new().map_err(DecodeError::corrupt)?);
-        }
-        Ok(self.jpeg.as_mut().expect("initialised above"))
+        handle(&mut self.jpeg)
     }
 
     /// Reads format, size and orientation from the header only.
@@ -287,12 +284,7 @@ impl Decoder {
         let cmyk = matches!(header.colorspace, Colorspace::Cmyk | Colorspace::Ycck);
         let channels = if cmyk { 4 } else { 3 };
         grow(&mut self.pixels, w * h * channels);
-        self.jpeg()?;
-        let handle = self.jpeg.as_mut().expect("initialised above");
-        handle
-            .set_reduction(reduction)
-            .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
-        handle
+        reduced_handle(&mut self.jpeg, reduction)?
             .decode_packed(bytes, &mut self.pixels, (w, h), cmyk)
             .map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
         if cmyk {
@@ -323,13 +315,8 @@ impl Decoder {
         let [luma, chroma] = plane_sizes(header, (w, h));
         let luma_len = luma.0 * luma.1;
         grow(&mut self.pixels, luma_len + 2 * chroma.0 * chroma.1);
-        self.jpeg()?;
-        let handle = self.jpeg.as_mut().expect("initialised above");
         let (y, cbcr) = self.pixels.split_at_mut(luma_len);
-        handle
-            .set_reduction(reduction)
-            .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
-        handle
+        reduced_handle(&mut self.jpeg, reduction)?
             .decode_planes(bytes, (y, luma), (cbcr, chroma), header.subsampling)
             .map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
         Ok((w, h))
@@ -395,6 +382,27 @@ impl Decoder {
         self.pixels.extend_from_slice(rgb.as_raw());
         Ok((w, h))
     }
+}
+
+/// The thread's libjpeg-turbo handle, created on first use (and again after a failed decode).
+fn handle(slot: &mut Option<jpeg::Handle>) -> Result<&mut jpeg::Handle, DecodeError> {
+    if slot.is_none() {
+        *slot = Some(jpeg::Handle::new().map_err(DecodeError::corrupt)?);
+    }
+    Ok(slot.as_mut().expect("initialised above"))
+}
+
+/// The handle, set to decode at 1/`reduction`. Takes the field, not the decoder, so that the
+/// decoder's pixel buffers can be borrowed alongside.
+fn reduced_handle(
+    slot: &mut Option<jpeg::Handle>,
+    reduction: u32,
+) -> Result<&mut jpeg::Handle, DecodeError> {
+    let handle = handle(slot)?;
+    handle
+        .set_reduction(reduction)
+        .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
+    Ok(handle)
 }
 
 /// The largest power-of-two reduction (1/8, 1/4, 1/2) that keeps a region whose shorter side is
