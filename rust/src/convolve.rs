@@ -25,7 +25,7 @@ pub struct Weights {
 /// Pillow's BICUBIC kernel: the Catmull-Rom cubic (a = -0.5), support 2. Both pieces are
 /// evaluated and one is selected, so that the compiler emits no unpredictable branch.
 #[inline(always)]
-fn bicubic(x: f64) -> f64 {
+pub(crate) fn bicubic(x: f64) -> f64 {
     const A: f64 = -0.5;
     let x = x.abs();
     let near = ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;

@@ -1,11 +1,11 @@
 //! Crop geometry and the resize into the batch tensor.
 //!
 //! The crop box is computed on the image as displayed, at full resolution; the decoder may
-//! hand us a DCT-reduced image, so the box is scaled to it and the SIMD convolution resizer
-//! (fast_image_resize: SSE4.1/AVX2/AVX-512/NEON picked at run time) maps it straight to
-//! `size x size`. The result is written channel-planar ([3, H, W]) into the caller's slot.
-//! JPEG planes are resized each at its own resolution (chroma straight from its subsampled
-//! plane) and converted to RGB at the output size.
+//! hand us a DCT-reduced image, so the box is scaled to it and mapped straight to
+//! `size x size`, written channel-planar ([3, H, W]) into the caller's slot. JPEG planes are
+//! resized each at its own resolution by [`convolve`] (chroma straight from its subsampled
+//! plane) and converted to RGB at the output size; packed RGB images (PNG, WebP, CMYK or
+//! rotated JPEGs) go through fast_image_resize (SSE4.1/AVX2/AVX-512/NEON picked at run time).
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{Filter, FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
@@ -204,31 +204,21 @@ fn fail(e: String) -> DecodeError {
     }
 }
 
-/// Pillow's BICUBIC: the Catmull-Rom cubic (a = -0.5), support 2, except that inside its
-/// support it never returns an exact zero. fast_image_resize 6.1 drops leading zero weights
-/// from each output pixel's window; the cubic's zero at distance 1 can then start the first
-/// pixel's window after the second's, and its u8 resize computes the width of what it reads
-/// from the first window's start (a wrapped-around u32 and an out-of-bounds read). A weight
-/// of 1e-12 rounds to 0 in its 16-bit coefficients, so the pixels are unchanged.
-fn bicubic(x: f64) -> f64 {
-    const A: f64 = -0.5;
-    let x = x.abs();
-    let w = if x < 1.0 {
-        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
-    } else if x < 2.0 {
-        (((x - 5.0) * x + 8.0) * x - 4.0) * A
-    } else {
-        return 0.0;
-    };
-    if w == 0.0 {
-        1e-12
-    } else {
-        w
+/// Pillow's BICUBIC ([`convolve::bicubic`]), except that inside its support it never returns an
+/// exact zero. fast_image_resize 6.1 drops leading zero weights from each output pixel's window;
+/// the cubic's zero at distance 1 can then start the first pixel's window after the second's,
+/// and its u8 resize computes the width of what it reads from the first window's start (a
+/// wrapped-around u32 and an out-of-bounds read). A weight of 1e-12 rounds to 0 in its 16-bit
+/// coefficients, so the pixels are unchanged.
+fn bicubic_never_zero(x: f64) -> f64 {
+    match convolve::bicubic(x) {
+        0.0 if x.abs() < 2.0 => 1e-12,
+        w => w,
     }
 }
 
 fn options(region: CropBox) -> ResizeOptions {
-    let filter = Filter::new("bicubic", bicubic, 2.0).expect("positive finite support");
+    let filter = Filter::new("bicubic", bicubic_never_zero, 2.0).expect("positive finite support");
     ResizeOptions::new()
         .resize_alg(ResizeAlg::Convolution(FilterType::Custom(filter)))
         .crop(region.x, region.y, region.w.max(1.0), region.h.max(1.0))
@@ -382,7 +372,8 @@ mod tests {
 
     /// A 2x upscale whose first output pixel sits exactly on a source pixel: fast_image_resize's
     /// own Catmull-Rom read out of bounds here (a crash in release builds, an overflow panic in
-    /// debug ones). Chroma planes of 4:2:0 JPEGs at DCT scale 1/2 meet it on ordinary photos.
+    /// debug ones), as chroma planes of 4:2:0 JPEGs at DCT scale 1/2 met it on ordinary photos.
+    /// Both resize paths must survive it and agree.
     #[test]
     fn upscale_aligned_on_a_source_pixel_stays_in_bounds() {
         let data: Vec<u8> = (0..131 * 112).map(|i| (i * 7 % 251) as u8).collect();
