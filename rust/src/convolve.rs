@@ -19,6 +19,7 @@ pub struct Weights {
     computed_for: Option<(u32, u64, u64, u32)>,
     centers: Vec<f64>,
     scratch: Vec<f64>,
+    scales: Vec<f64>,
     rounded: Vec<i32>,
 }
 
@@ -78,7 +79,8 @@ impl Weights {
             centers: &self.centers,
             inverse_filter_scale: 1.0 / filter_scale,
         };
-        taps.evaluate(&mut self.scratch, &mut self.rounded);
+        self.scales.resize(out, 0.0);
+        taps.evaluate(&mut self.scratch, &mut self.scales, &mut self.rounded);
 
         self.values.clear();
         self.values.resize(window * out, 0);
@@ -115,53 +117,50 @@ struct Taps<'a> {
 }
 
 impl Taps<'_> {
-    /// Fills `kernel` and `rounded` (both `window x outputs`, tap-major).
-    fn evaluate(&self, kernel: &mut [f64], rounded: &mut [i32]) {
+    /// Fills `kernel` and `rounded` (both `window x outputs`, tap-major); `scales` (one per
+    /// output) is scratch.
+    fn evaluate(&self, kernel: &mut [f64], scales: &mut [f64], rounded: &mut [i32]) {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (no FMA is enabled: weights are the same on every CPU).
-            return unsafe { self.evaluate_avx2(kernel, rounded) };
+            return unsafe { self.evaluate_avx2(kernel, scales, rounded) };
         }
-        self.evaluate_any(kernel, rounded)
+        self.evaluate_any(kernel, scales, rounded)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn evaluate_avx2(&self, kernel: &mut [f64], rounded: &mut [i32]) {
-        self.evaluate_any(kernel, rounded)
+    unsafe fn evaluate_avx2(&self, kernel: &mut [f64], scales: &mut [f64], rounded: &mut [i32]) {
+        self.evaluate_any(kernel, scales, rounded)
     }
 
     #[inline(always)]
-    fn evaluate_any(&self, kernel: &mut [f64], rounded: &mut [i32]) {
+    fn evaluate_any(&self, kernel: &mut [f64], scales: &mut [f64], rounded: &mut [i32]) {
         let out = self.starts.len();
-        let mut totals = vec![0.0f64; out];
+        // First each output's sum of weights, then in its place the factor that normalises them.
+        scales.fill(0.0);
         for (k, row) in kernel.chunks_exact_mut(out).enumerate() {
             let taps = row.iter_mut().zip(self.starts).zip(self.counts);
             for (((w, &lo), &count), (&center, total)) in
-                taps.zip(self.centers.iter().zip(totals.iter_mut()))
+                taps.zip(self.centers.iter().zip(scales.iter_mut()))
             {
                 let x = (lo as f64 + k as f64 + 0.5 - center) * self.inverse_filter_scale;
                 *w = if (k as u32) < count { bicubic(x) } else { 0.0 };
                 *total += *w;
             }
         }
-        // An output whose taps all fell outside the kernel (not reachable with support 2, but
-        // cheap to rule out) copies its first input.
-        let scales: Vec<f64> = totals
-            .iter()
-            .map(|&t| (1i32 << PRECISION) as f64 / if t == 0.0 { 1.0 } else { t })
-            .collect();
-        for (k, (row, fixed)) in kernel
-            .chunks_exact(out)
-            .zip(rounded.chunks_exact_mut(out))
-            .enumerate()
-        {
-            for (((&w, r), &scale), &total) in row.iter().zip(fixed).zip(&scales).zip(&totals) {
-                let v = if total == 0.0 && k == 0 {
-                    scale
-                } else {
-                    w * scale
-                };
+        for (o, total) in scales.iter_mut().enumerate() {
+            // An output whose taps all fell outside the kernel (not reachable with support 2,
+            // but cheap to rule out) copies its first input.
+            if *total == 0.0 {
+                kernel[o] = 1.0;
+                *total = 1.0;
+            }
+            *total = (1i32 << PRECISION) as f64 / *total;
+        }
+        for (row, fixed) in kernel.chunks_exact(out).zip(rounded.chunks_exact_mut(out)) {
+            for ((&w, r), &scale) in row.iter().zip(fixed).zip(&*scales) {
+                let v = w * scale;
                 // |v| <= 2^15: a weight is at most about 1.0 and the total is at least 0.5.
                 *r = (v + 0.5f64.copysign(v)) as i32;
             }

@@ -103,16 +103,13 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
                 format!("key already used by sample #{first}"),
             ))
         } else if opts.decode {
-            let lacks_caption = matches!(
-                caption(&raw, &opts.spec.caption),
-                Err((Reason::MissingCaption, _))
-            );
-            let spec = if lacks_caption && !opts.require_caption {
-                &no_caption
-            } else {
-                &opts.spec
-            };
-            prepare(&raw, spec, 0, &mut worker, &mut slot).map(|_| ())
+            match prepare(&raw, &opts.spec, 0, &mut worker, &mut slot) {
+                // The caption is checked before the image is decoded: decode it without one.
+                Err((Reason::MissingCaption, _)) if !opts.require_caption => {
+                    prepare(&raw, &no_caption, 0, &mut worker, &mut slot).map(|_| ())
+                }
+                other => other.map(|_| ()),
+            }
         } else if let Some(defect) = &raw.defect {
             Err(defect.clone())
         } else {
