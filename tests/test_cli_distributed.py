@@ -6,24 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import shardstream
+import test_train_support as train_support
 from corpus import build_corrupt_corpus, good_shard
-from servers import free_ports
 from shardstream.cli import main
 
 
 def torchrun(args: list[str], *, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    (port,) = free_ports(1)
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    env.pop("CI", None)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-        "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "shardstream", *args,
-    ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return train_support.torchrun(args, module="shardstream", timeout=timeout)
 
 
 def without_timing(report: dict) -> dict:

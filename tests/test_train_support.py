@@ -59,16 +59,24 @@ def torchrun(
     nproc: int = 2,
     timeout: float = 240,
     script: str | None = None,
+    module: str | None = None,
     extra_path: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m torch.distributed.run`` on loopback with gloo; runs train_clip.py by default."""
-    (port,) = free_ports(1)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1", f"--master-port={port}",
-        script or str(ROOT / "train_clip.py"), *script_args,
-    ]  # fmt: skip
-    return run_bounded(cmd, timeout=timeout, extra_path=extra_path)
+    """``python -m torch.distributed.run`` on loopback with gloo; runs train_clip.py unless a
+    ``script`` or a ``module`` is given. A free port can be taken between choosing and binding
+    it, so a launch that fails on that alone is retried on another port."""
+    target = ["-m", module] if module else [script or str(ROOT / "train_clip.py")]
+    for attempt in range(3):
+        (port,) = free_ports(1)
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={port}", *target, *script_args,
+        ]  # fmt: skip
+        run = run_bounded(cmd, timeout=timeout, extra_path=extra_path)
+        if run.returncode != 0 and "address already in use" in run.stderr.lower() and attempt < 2:
+            continue
+        return run
+    raise AssertionError("unreachable")
 
 
 def read_log(output_dir: Path) -> list[dict]:
