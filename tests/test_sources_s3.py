@@ -75,8 +75,10 @@ def test_expansion_of_keys_prefixes_and_globs(s3, monkeypatch):
     with_env(monkeypatch, s3)
     shards = expand_urls(f"s3://{BUCKET}/train/shard-{{000000..000005}}.tar")
     assert [s.display for s in shards] == [f"s3://{BUCKET}/train/shard-{i:06d}.tar" for i in range(6)]
-    assert all(isinstance(s, Shard) and s.url.startswith(s3.endpoint_url) for s in shards)
-    assert all("X-Amz-Signature=" in s.url for s in shards)
+    # Shards keep their s3:// URL; the signature is made when a shard is opened.
+    assert all(isinstance(s, Shard) and s.url == s.display for s in shards)
+    signed = shards[0].open_url()
+    assert signed.startswith(s3.endpoint_url) and "X-Amz-Signature=" in signed
     assert "X-Amz-Signature" not in repr(shards) and s3.secret_key not in repr(shards)
 
     listed = expand_urls(f"s3://{BUCKET}/train/")
@@ -123,7 +125,7 @@ def test_wrong_secret_fails_at_once_with_a_clear_error(s3, monkeypatch):
     # The same mistake caught only when streaming (no up-front check): one 403, no retry loop.
     with pytest.raises(CredentialsError) as info:
         list(read_samples(f"s3://{BUCKET}/train/shard-000001.tar", check="none", **FAST))
-    assert "shard-000001.tar?<redacted>" in str(info.value)
+    assert f"s3://{BUCKET}/train/shard-000001.tar" in str(info.value) and "403" in str(info.value)
     assert time.monotonic() - started < 10
     for text in (message, str(info.value)):
         assert wrong not in text and "X-Amz-Signature" not in text and s3.access_key not in text
@@ -147,14 +149,55 @@ def test_missing_bucket_and_key_are_named(s3, monkeypatch):
     assert "shard-999997.tar" in str(info.value)
 
 
-def test_expired_presigned_url_is_a_clean_credentials_error(s3, monkeypatch):
+def test_an_expired_presigned_url_is_a_clean_credentials_error(s3, monkeypatch):
+    """A presigned URL made elsewhere (by a user, with boto3) and past its expiry: SeaweedFS
+    refuses it, and the error says so without printing the signature."""
     with_env(monkeypatch, s3)
-    shards = expand_urls(f"s3://{BUCKET}/train/shard-000002.tar", expires_in=1)
-    assert expand_urls(shards) == shards and expand_urls(shards)[0].display == shards[0].display
+    url = s3.client().generate_presigned_url(
+        "get_object", Params={"Bucket": BUCKET, "Key": "train/shard-000002.tar"}, ExpiresIn=1
+    )
     time.sleep(2.5)
     with pytest.raises(CredentialsError) as info:
-        list(read_samples(shards, **FAST))
+        list(read_samples(url, **FAST))
     assert "expired" in str(info.value) and "X-Amz" not in str(info.value)
+
+
+def test_a_run_outlives_the_life_of_a_signature(s3, local_dir, monkeypatch):
+    """Shards listed, then read after every signature made at listing time would have expired
+    (as temporary credentials expire hours into a long run): each shard is presigned when it
+    is opened, by the loader's threads, by read_samples, and in DataLoader worker processes."""
+    from shardstream import ShardLoader
+
+    with_env(monkeypatch, s3)
+    shards = expand_urls(f"s3://{BUCKET}/train/shard-{{000000..000002}}.tar", expires_in=2)
+    time.sleep(3)
+    expected = comparable(read_samples([os.path.join(local_dir, f"shard-00000{i}.tar") for i in range(3)]))
+    assert comparable(read_samples(shards, **FAST)) == expected
+
+    loader = ShardLoader(shards, batch_size=PER_SHARD, image_size=32, shuffle_buffer=1, threads=1, **FAST)
+    keys = [k for batch in loader for k in batch.keys]
+    assert sorted(keys) == sorted(s["__key__"] for s in expected)
+
+    loader = ShardLoader(
+        shards, batch_size=10, image_size=32, samples_per_epoch=3 * PER_SHARD, threads=1, **FAST
+    )
+    keys = [k for batch in loader.dataloader(num_workers=2) for k in batch.keys]
+    # Without an index, a reader with fewer samples cycles to make its quota.
+    assert len(keys) == 3 * PER_SHARD and set(keys) <= {s["__key__"] for s in expected}
+
+
+def test_a_shard_that_cannot_be_signed_names_its_url(s3):
+    """Signing fails when the shard is opened (here: a profile that does not exist; in a long
+    run, credentials that can no longer be refreshed): a credentials error naming the shard."""
+    from shardstream.urls import S3Options, S3Signer
+
+    signer = S3Signer(S3Options(endpoint_url=s3.endpoint_url, profile="no-such-profile"))
+    shard = Shard(f"s3://{BUCKET}/train/shard-000000.tar", signer=signer)
+    with pytest.raises(CredentialsError) as info:
+        list(read_samples([shard], **FAST))
+    message = str(info.value)
+    assert f"s3://{BUCKET}/train/shard-000000.tar" in message and "cannot sign" in message
+    assert "no-such-profile" in message
 
 
 def test_full_epoch_over_s3_through_faults_is_byte_identical(s3, local_dir, monkeypatch):

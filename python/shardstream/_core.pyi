@@ -66,8 +66,8 @@ class SampleIter:
     """Raw samples of a list of shards, grouped as webdataset groups them.
 
     Yields dicts with ``__key__``, ``__url__`` (the display URL) and one ``bytes`` value per member
-    extension. ``config`` may hold ``connect_timeout``, ``read_timeout`` (seconds) and
-    ``max_retries``.
+    extension. ``config`` may hold ``connect_timeout``, ``read_timeout`` (seconds),
+    ``max_retries``, and ``signer`` (a callable presigning an ``s3://`` URL when it is opened).
     """
 
     def __new__(
@@ -94,7 +94,7 @@ class Loader:
     ``skip_emitted``, ``planned``, ``cycle``, ``drop_last``, ``max_member_bytes``,
     ``num_batches``, ``last_batch_size``, ``on_error``, ``caption_key``, ``image_keys``,
     ``max_pixels``, ``crop`` (``"center"``/``"random"``), ``random_crop_scale``,
-    ``connect_timeout``, ``read_timeout``, ``max_retries``.
+    ``connect_timeout``, ``read_timeout``, ``max_retries``, ``signer``.
     """
 
     def __new__(
@@ -188,8 +188,10 @@ def scan_shard(
     max_pixels: int = 64000000,
     max_member_bytes: int = 268435456,
     image_size: int = 224,
+    config: dict[str, Any] | None = None,
 ) -> ScanReport:
-    """Validates one shard (structure, grouping, and with ``decode`` the loader's decode path)."""
+    """Validates one shard (structure, grouping, and with ``decode`` the loader's decode path);
+    ``config`` holds reader options and the ``signer`` of an ``s3://`` shard."""
 
 def probe_image(data: bytes) -> tuple[str, int, int]:
     """(format, width, height) from an image's header, without decoding pixels.

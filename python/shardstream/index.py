@@ -18,7 +18,7 @@ from typing import Any
 from shardstream import _core
 from shardstream._system import available_cores
 from shardstream.errors import ShardError
-from shardstream.urls import expand_urls, redact, scheme_of
+from shardstream.urls import expand_urls, redact, scheme_of, source_config
 
 DatasetIndex = _core.DatasetIndex
 
@@ -33,7 +33,7 @@ def _read_bytes(where: str, what: str, *, timeout: float, **source_options: Any)
             raise ShardError("unreadable", where, "", f"cannot read {what}: {e.strerror}") from None
     (url,) = expand_urls(where, **source_options)
     try:
-        with urllib.request.urlopen(url.url, timeout=timeout) as response:  # noqa: S310 - http(s) only
+        with urllib.request.urlopen(url.open_url(), timeout=timeout) as response:  # noqa: S310 - http(s) only
             return response.read()
     except OSError as e:
         raise ShardError("unreadable", url.display, "", f"cannot fetch {what}: {e}") from None
@@ -83,7 +83,9 @@ def scan_shards(
     shards = list(urls)
     workers = threads or available_cores()
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda u: _core.scan_shard(str(u), **scan_options), shards))
+        return list(
+            pool.map(lambda u: _core.scan_shard(str(u), config=source_config([u]), **scan_options), shards)
+        )
 
 
 def index_from_reports(

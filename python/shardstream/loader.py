@@ -18,6 +18,7 @@ import numpy as np
 from shardstream import _core
 from shardstream._system import available_cores
 from shardstream.errors import from_core_fault
+from shardstream.urls import source_config
 
 try:  # torch is optional: without it, batches are numpy arrays.
     import torch
@@ -233,6 +234,7 @@ class ShardLoader:
             reserve = []
             config.update(extra, block_size=self.shuffle_buffer, first_block=0)
         config["crop_seed"] = _seed(self.seed, self.epoch)
+        config.update(source_config(self._shards))
         display = [s.display for s in self._shards]
         return _core.Loader(spans, reserve, display, config)
 

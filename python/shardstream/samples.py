@@ -7,7 +7,7 @@ from typing import Any
 
 from shardstream import _core
 from shardstream.errors import from_core_fault
-from shardstream.urls import READER_OPTIONS, expand_urls
+from shardstream.urls import expand_urls, source_config
 
 
 def read_samples(
@@ -27,7 +27,7 @@ def read_samples(
     shards = expand_urls(urls, **source_options)
     concrete = [s.url for s in shards]
     display = [s.display for s in shards]
-    config = {k: v for k, v in source_options.items() if k in READER_OPTIONS}
+    config = source_config(shards, source_options)
     it = _core.SampleIter(concrete, display, on_error, max_member_bytes, config)
     while True:
         try:

@@ -8,13 +8,14 @@ and each part may use brace expansion: ``{000..099}`` (zero padding kept), ``{0.
   a glob (``/data/*.tar``);
 - ``http://`` / ``https://``: used as given;
 - ``s3://bucket/key``, ``s3://bucket/prefix/`` (listing) or ``s3://bucket/prefix/*.tar`` (glob;
-  ``*`` stays within one path segment, ``**`` crosses them): resolved with boto3 and turned into
-  presigned HTTPS URLs that the Rust reader streams (credentials never leave this process);
+  ``*`` stays within one path segment, ``**`` crosses them): listed with boto3; each shard keeps
+  its ``s3://`` URL and an :class:`S3Signer` that presigns it whenever the Rust reader opens it
+  (credentials never leave this process, and no signature outlives a long run);
 - ``pipe:`` (runs a shell command) and any other scheme are refused with :class:`BadUrlError`.
 
-The result is a list of :class:`Shard`: plain ``str`` values (the concrete URL, which may carry a
-signature) with a printable ``display`` (redacted, or the ``s3://`` URL). Print ``display``,
-never the shard itself.
+The result is a list of :class:`Shard`: plain ``str`` values (the concrete URL, which may carry
+credentials a user wrote into an http(s) URL) with a printable ``display`` (redacted). Print
+``display``, never the shard itself.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -32,9 +34,10 @@ SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 REMOTE_SCHEMES = ("http", "https")
 KNOWN_SCHEMES = ("file", "http", "https", "s3")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-# SigV4 presigned URLs live at most 7 days; a URL made from temporary credentials (instance
-# role, SSO) dies with them earlier: re-expand the spec per epoch on long runs.
-DEFAULT_EXPIRES_IN = 7 * 24 * 3600
+# How long a presigned GET stays valid. Shards are signed each time they are opened, so this
+# only has to cover one read of one shard, retries and resumes included (a URL made from
+# temporary credentials dies with them earlier, whatever this says).
+DEFAULT_EXPIRES_IN = 3600
 # Options of the Rust reader: callers may pass one set of keywords to both; they are not ours.
 READER_OPTIONS = frozenset(
     {
@@ -51,19 +54,26 @@ READER_OPTIONS = frozenset(
 
 
 class Shard(str):
-    """A concrete shard URL. The ``str`` value is what the reader opens (it may hold a presigned
-    signature); ``display`` is what messages show. ``repr`` shows only ``display``."""
+    """A concrete shard URL. The ``str`` value is what the reader opens; ``display`` is what
+    messages show (``repr`` shows only that). An ``s3://`` shard carries the :class:`S3Signer`
+    that presigns it each time it is opened."""
 
     display: str
+    signer: S3Signer | None
 
-    def __new__(cls, url: str, display: str | None = None) -> Shard:
+    def __new__(cls, url: str, display: str | None = None, signer: S3Signer | None = None) -> Shard:
         shard = super().__new__(cls, url)
         shard.display = display if display is not None else redact(url)
+        shard.signer = signer
         return shard
 
     @property
     def url(self) -> str:
         return str.__str__(self)
+
+    def open_url(self) -> str:
+        """The URL to fetch now: presigned for S3 (valid for ``expires_in`` from this call)."""
+        return self.signer(self.url) if self.signer is not None else self.url
 
     def __repr__(self) -> str:
         return f"Shard({self.display!r})"
@@ -298,18 +308,93 @@ def expand_urls(
     return out
 
 
-class _Resolver:
-    """Resolves concrete (brace-expanded) URLs; makes one S3 client per ``expand_urls`` call, so
-    that credentials from the environment are read afresh each time but not once per shard."""
+class S3Signer:
+    """Presigns GETs of ``s3://`` URLs with boto3's credential chain when a shard is opened, not
+    when the URL list is made: a signature made from temporary credentials (instance role, SSO)
+    dies with them after hours, and an epoch can take days. boto3 refreshes such credentials
+    before they expire, so a signature made at open time is always good for the read.
+
+    One client per process, made on first use (again after a fork) and never pickled, so a
+    signer travels to DataLoader workers. Called from the Rust reader threads."""
 
     def __init__(self, s3: S3Options) -> None:
         self.s3 = s3
         self._client: Any = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"s3": self.s3}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["s3"])  # type: ignore[misc]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, S3Signer) and other.s3 == self.s3
+
+    def __hash__(self) -> int:
+        return hash(self.s3)
 
     def client(self, where: str) -> Any:
-        if self._client is None:
-            self._client = _make_client(self.s3, where)
-        return self._client
+        if self._pid != os.getpid():
+            # A forked child: the parent's client (and its lock, perhaps held) are not ours.
+            self._lock, self._client, self._pid = threading.Lock(), None, os.getpid()
+        with self._lock:
+            if self._client is None:
+                self._client = _make_client(self.s3, where)
+            return self._client
+
+    def __call__(self, url: str) -> str:
+        bucket, key = parse_s3_url(url)
+        return _s3_call(
+            url,
+            self.client(url).generate_presigned_url,
+            "get_object",
+            Params={"Bucket": bucket, "Key": key},
+            ExpiresIn=self.s3.expires_in,
+        )
+
+
+class _SignerTable:
+    """Signs each URL with its own shard's signer (shards from several ``expand_urls`` calls)."""
+
+    def __init__(self, signers: dict[str, S3Signer]) -> None:
+        self.signers = signers
+
+    def __call__(self, url: str) -> str:
+        return self.signers[url](url)
+
+
+def reader_signer(shards: Iterable[Any]) -> Any:
+    """What the Rust reader calls to presign the ``s3://`` shards among ``shards`` (None when
+    there are none)."""
+    signers = {s.url: s.signer for s in shards if isinstance(s, Shard) and s.signer is not None}
+    distinct = set(signers.values())
+    if not distinct:
+        return None
+    return next(iter(distinct)) if len(distinct) == 1 else _SignerTable(signers)
+
+
+def source_config(shards: Iterable[Any], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The reader options among ``options``, plus the signer of any S3 shards."""
+    config = {k: v for k, v in (options or {}).items() if k in READER_OPTIONS}
+    signer = reader_signer(shards)
+    if signer is not None:
+        config["signer"] = signer
+    return config
+
+
+class _Resolver:
+    """Resolves concrete (brace-expanded) URLs; one S3 client (the signer's) per ``expand_urls``
+    call, so that credentials from the environment are read afresh each time but not once per
+    shard."""
+
+    def __init__(self, s3: S3Options) -> None:
+        self.s3 = s3
+        self.signer = S3Signer(s3)
+
+    def client(self, where: str) -> Any:
+        return self.signer.client(where)
 
     def resolve(self, url: str) -> tuple[list[Shard], bool]:
         """(shards, whether they were found by listing a directory, glob or prefix)."""
@@ -332,17 +417,7 @@ class _Resolver:
         client = self.client(url)
         listed = key == "" or key.endswith("/") or bool(_GLOB_CHARS.search(key))
         keys = _list_s3(client, url, bucket, key) if listed else [key]
-        shards = []
-        for k in keys:
-            where = f"s3://{bucket}/{k}"
-            presigned = _s3_call(
-                where,
-                client.generate_presigned_url,
-                "get_object",
-                Params={"Bucket": bucket, "Key": k},
-                ExpiresIn=self.s3.expires_in,
-            )
-            shards.append(Shard(presigned, where))
+        shards = [Shard(f"s3://{bucket}/{k}", signer=self.signer) for k in keys]
         return shards, listed
 
 
@@ -428,7 +503,7 @@ def _translate(error: Exception, where: str) -> SourceError:
             "unreadable",
             where,
             "",
-            f"access denied: no usable AWS credentials ({type(error).__name__}); set "
+            f"access denied: no usable AWS credentials ({type(error).__name__}: {error}); set "
             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or an instance role",
         )
     if isinstance(error, ClientError):

@@ -17,7 +17,7 @@ from typing import Any
 from shardstream._system import available_cores
 
 from .progress import human_bytes
-from .urls import Shard
+from .urls import Shard, source_config
 
 REPORT_FORMAT = "shardstream-validate/1"
 DEFAULT_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
@@ -59,7 +59,7 @@ def scan_one(shard: Shard, options: ScanOptions) -> dict[str, Any]:
     from .errors import ShardError
 
     try:
-        result = _core.scan_shard(shard.url, **options.scan_kwargs())
+        result = _core.scan_shard(shard.url, config=source_config([shard]), **options.scan_kwargs())
     except (ShardError, OSError, ValueError) as e:
         return unreadable_result(shard.display, str(e))
     result["url"] = shard.display

@@ -19,7 +19,7 @@ use crate::rng;
 use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
 use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
-use crate::source::{redact_url, SourceOptions, SourceStats};
+use crate::source::{redact_url, Signer, SourceOptions, SourceStats};
 
 create_exception!(
     _core,
@@ -116,7 +116,23 @@ fn source_options(config: &Bound<'_, PyDict>) -> PyResult<SourceOptions> {
     if let Some(v) = config.get_item("ca_bundle")?.filter(|v| !v.is_none()) {
         opts.ca_bundle = Some(v.extract::<std::path::PathBuf>()?);
     }
+    if let Some(signer) = config.get_item("signer")?.filter(|v| !v.is_none()) {
+        opts.signer = Some(python_signer(signer.unbind()));
+    }
     Ok(opts)
+}
+
+/// A [`Signer`] that calls a Python callable (`url -> presigned url`) from the reader threads.
+/// The callers of every reading function release the GIL while they wait, so this can take it.
+fn python_signer(callable: Py<PyAny>) -> Signer {
+    Signer(Arc::new(move |url: &str| {
+        Python::attach(|py| {
+            callable
+                .call1(py, (url,))
+                .and_then(|signed| signed.extract::<String>(py))
+                .map_err(|e| e.value(py).to_string())
+        })
+    }))
 }
 
 /// Raw samples of a list of shards, grouped as webdataset groups them.
@@ -262,7 +278,7 @@ impl SampleIter {
 /// Validates one shard (structure, grouping, and with `decode` the loader's decode path).
 #[pyfunction]
 #[pyo3(signature = (url, *, decode = true, caption_key = "txt", image_keys = None, require_caption = true,
-                    max_pixels = 64_000_000, max_member_bytes = 256 << 20, image_size = 224))]
+                    max_pixels = 64_000_000, max_member_bytes = 256 << 20, image_size = 224, config = None))]
 #[allow(clippy::too_many_arguments)]
 fn scan_shard(
     py: Python<'_>,
@@ -274,6 +290,7 @@ fn scan_shard(
     max_pixels: u64,
     max_member_bytes: u64,
     image_size: u32,
+    config: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyAny>> {
     let mut spec = SampleSpec {
         caption: CaptionSource::parse(caption_key),
@@ -289,7 +306,10 @@ fn scan_shard(
         require_caption,
         max_member_bytes,
         spec,
-        source: SourceOptions::default(),
+        source: match config {
+            Some(c) => source_options(c)?,
+            None => SourceOptions::default(),
+        },
     };
     let report = py.detach(|| scan(url, &opts));
     let value = serde_json::to_value(&report).map_err(|e| PyValueError::new_err(e.to_string()))?;

@@ -513,6 +513,7 @@ mod tests {
             backoff_max: Duration::from_millis(50),
             cache: None,
             ca_bundle: None,
+            signer: None,
         }
     }
 

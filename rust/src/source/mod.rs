@@ -1,9 +1,13 @@
 //! Byte sources: open a shard URL at a byte offset and stream it sequentially.
 //!
 //! - local paths and `file://`: a buffered file;
-//! - `http://` / `https://` (S3 arrives here as presigned HTTPS URLs made by the Python side):
-//!   [`http::HttpReader`], which retries with backoff and resumes a broken stream with a Range
-//!   request at the exact byte where it stopped, refusing to splice two versions of an object;
+//! - `http://` / `https://`: [`http::HttpReader`], which retries with backoff and resumes a
+//!   broken stream with a Range request at the exact byte where it stopped, refusing to splice
+//!   two versions of an object;
+//! - `s3://`: presigned by the [`Signer`] the Python side lends (boto3 and its credential chain)
+//!   each time the object is opened, then read over HTTPS. Signing at open time, not when the
+//!   URL list is made, keeps a run alive past the life of any one signature (temporary
+//!   credentials from an instance role or SSO expire after hours; an epoch can take days);
 //! - optionally through [`cache::ShardCache`], a size-bounded on-disk cache shared by the
 //!   processes of one machine.
 //!
@@ -44,6 +48,21 @@ pub struct SourceOptions {
     /// PEM file of root certificates to trust for HTTPS instead of the built-in Mozilla roots
     /// (an S3-compatible store behind a private CA).
     pub ca_bundle: Option<PathBuf>,
+    /// Presigns `s3://` URLs; without one they cannot be opened.
+    pub signer: Option<Signer>,
+}
+
+/// Turns an `s3://bucket/key` URL into a presigned HTTPS URL for GET, or says why it cannot
+/// (the message must not contain secrets).
+#[derive(Clone)]
+pub struct Signer(pub Arc<SignFn>);
+
+pub type SignFn = dyn Fn(&str) -> Result<String, String> + Send + Sync;
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Signer")
+    }
 }
 
 impl Default for SourceOptions {
@@ -56,6 +75,7 @@ impl Default for SourceOptions {
             backoff_max: Duration::from_secs(10),
             cache: None,
             ca_bundle: None,
+            signer: None,
         }
     }
 }
@@ -108,6 +128,9 @@ pub enum SourceError {
     Open { url: String, message: String },
     #[error("unsupported URL {url}: {message}")]
     BadUrl { url: String, message: String },
+    /// The signer refused (no credentials, an expired session): a credentials problem.
+    #[error("access denied to {url}: cannot sign the request: {message}")]
+    Unsigned { url: String, message: String },
 }
 
 impl SourceError {
@@ -115,7 +138,9 @@ impl SourceError {
     fn io_kind(&self) -> io::ErrorKind {
         match self {
             SourceError::NotFound { .. } => io::ErrorKind::NotFound,
-            SourceError::Denied { .. } => io::ErrorKind::PermissionDenied,
+            SourceError::Denied { .. } | SourceError::Unsigned { .. } => {
+                io::ErrorKind::PermissionDenied
+            }
             SourceError::Unavailable { .. } => io::ErrorKind::TimedOut,
             SourceError::BadUrl { .. } => io::ErrorKind::InvalidInput,
             SourceError::Changed { .. } | SourceError::Open { .. } => io::ErrorKind::Other,
@@ -126,6 +151,36 @@ impl SourceError {
     /// a pipeline can tell "shard unavailable" from "tar truncated" after a failed `read`.
     pub fn into_io(self) -> io::Error {
         io::Error::new(self.io_kind(), self)
+    }
+
+    /// The same error naming `url` (the `s3://` URL users know) instead of the presigned one.
+    fn naming(self, url: &str) -> SourceError {
+        let url = url.to_string();
+        match self {
+            SourceError::NotFound { .. } => SourceError::NotFound { url },
+            SourceError::Denied { status, .. } => SourceError::Denied { url, status },
+            SourceError::Changed {
+                offset, message, ..
+            } => SourceError::Changed {
+                url,
+                offset,
+                message,
+            },
+            SourceError::Unavailable {
+                offset,
+                attempts,
+                message,
+                ..
+            } => SourceError::Unavailable {
+                url,
+                offset,
+                attempts,
+                message,
+            },
+            SourceError::Open { message, .. } => SourceError::Open { url, message },
+            SourceError::BadUrl { message, .. } => SourceError::BadUrl { url, message },
+            SourceError::Unsigned { message, .. } => SourceError::Unsigned { url, message },
+        }
     }
 }
 
@@ -199,6 +254,7 @@ impl<R: Read> Read for CountingReader<R> {
 enum Location<'a> {
     Local(&'a str),
     Http,
+    S3,
 }
 
 fn locate(url: &str) -> Result<Location<'_>, SourceError> {
@@ -219,9 +275,7 @@ fn locate(url: &str) -> Result<Location<'_>, SourceError> {
         return bad("pipe: URLs run shell commands and are refused");
     }
     if url.starts_with("s3://") {
-        return bad(
-            "s3:// URLs are presigned by shardstream.expand_urls before they reach the reader",
-        );
+        return Ok(Location::S3);
     }
     if let Some(scheme_end) = url.find("://") {
         let scheme = &url[..scheme_end];
@@ -259,6 +313,30 @@ pub fn open_range(
 ) -> Result<Box<dyn Read + Send>, SourceError> {
     match locate(url)? {
         Location::Local(path) => open_local(url, path, start, end, stats),
+        Location::S3 => {
+            let Some(signer) = &opts.signer else {
+                return Err(SourceError::BadUrl {
+                    url: redact_url(url),
+                    message: "s3:// URLs need S3 options (shardstream.expand_urls gives them)"
+                        .into(),
+                });
+            };
+            let signed = (signer.0)(url).map_err(|message| SourceError::Unsigned {
+                url: redact_url(url),
+                message,
+            })?;
+            if matches!(locate(&signed), Ok(Location::Http)) {
+                open_range(&signed, start, end, opts, stats).map_err(|e| e.naming(url))
+            } else {
+                Err(SourceError::Unsigned {
+                    url: redact_url(url),
+                    message: format!(
+                        "the signer gave {}, not an HTTP(S) URL",
+                        redact_url(&signed)
+                    ),
+                })
+            }
+        }
         Location::Http => match &opts.cache {
             Some(cache) => cache::ShardCache::new(cache.clone()).open(url, start, end, opts, stats),
             None => {
@@ -349,7 +427,7 @@ mod tests {
             "pipe:curl http://x/a.tar",
             "gs://b/a.tar",
             "ftp://h/a.tar",
-            "s3://b/a.tar",
+            "s3://b/a.tar", // no signer
         ] {
             match open(url, 0, &opts, &stats) {
                 Err(SourceError::BadUrl { .. }) => {}
@@ -380,5 +458,65 @@ mod tests {
             _ => panic!("expected NotFound"),
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn s3_urls_are_signed_when_opened_and_errors_name_the_s3_url() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        let server = testserver::TestServer::start(data.clone(), vec![]);
+        let base = server.url("");
+        let signed = Arc::new(AtomicU64::new(0));
+        let count = signed.clone();
+        let opts = SourceOptions {
+            signer: Some(Signer(Arc::new(move |url: &str| {
+                let n = count.fetch_add(1, Ordering::Relaxed);
+                let key = url.strip_prefix("s3://bucket/").ok_or("not our bucket")?;
+                if key == "refused.tar" {
+                    return Err("session expired".to_string());
+                }
+                Ok(format!("{base}/{key}?X-Amz-Signature=secret{n}"))
+            }))),
+            ..SourceOptions::default()
+        };
+        let stats = Arc::new(SourceStats::default());
+        for _ in 0..2 {
+            let mut out = Vec::new();
+            open_range("s3://bucket/a.tar", 10, None, &opts, &stats)
+                .unwrap()
+                .read_to_end(&mut out)
+                .unwrap();
+            assert_eq!(out, data[10..]);
+        }
+        // A fresh signature for every open, not one per URL list.
+        assert_eq!(signed.load(Ordering::Relaxed), 2);
+        let queries: Vec<_> = server.requests().into_iter().map(|r| r.target).collect();
+        assert!(
+            queries.iter().any(|p| p.ends_with("secret0")),
+            "{queries:?}"
+        );
+        assert!(
+            queries.iter().any(|p| p.ends_with("secret1")),
+            "{queries:?}"
+        );
+
+        match open("s3://bucket/refused.tar", 0, &opts, &stats) {
+            Err(e @ SourceError::Unsigned { .. }) => {
+                let message = e.to_string();
+                assert!(message.contains("access denied to s3://bucket/refused.tar"));
+                assert!(message.contains("session expired"), "{message}");
+            }
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("opened without a signature"),
+        }
+        let not_http = SourceOptions {
+            signer: Some(Signer(Arc::new(|_: &str| {
+                Ok("ftp://elsewhere/a.tar".into())
+            }))),
+            ..SourceOptions::default()
+        };
+        assert!(matches!(
+            open("s3://bucket/a.tar", 0, &not_http, &stats),
+            Err(SourceError::Unsigned { .. })
+        ));
     }
 }

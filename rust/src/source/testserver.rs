@@ -27,6 +27,8 @@ pub(crate) enum Fault {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Request {
+    /// The request line's target (path and query).
+    pub target: String,
     pub range: Option<String>,
     pub if_match: Option<String>,
 }
@@ -104,6 +106,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let mut reader = BufReader::new(stream.try_clone().expect("clone socket"));
     let mut request = Request {
+        target: String::new(),
         range: None,
         if_match: None,
     };
@@ -119,6 +122,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
         }
         if first {
             first = false;
+            request.target = line.split(' ').nth(1).unwrap_or("").to_string();
             continue;
         }
         if let Some((name, value)) = line.split_once(':') {
