@@ -316,3 +316,24 @@ def build_corrupt_corpus(directory: str) -> dict[str, Expected]:
     expected["compressed.tar.gz"] = Expected(2, (("b", "corrupt_image"),))
 
     return expected
+
+
+def runtime_corrupt_shards(
+    directory: str, *, shards: int, per_shard: int, corrupt: list[tuple[int, int]]
+) -> tuple[list[str], str]:
+    """Shards of real photos where the samples at (shard, position) have their JPEG cut short,
+    indexed without decoding: the plan schedules them and they fail only when decoded."""
+    from shardstream.index import build_index, write_index
+
+    paths = []
+    for i in range(shards):
+        samples = good_samples(per_shard, seed=600 + i, prefix=f"c{i}_")
+        cut = {f"c{i}_{position:04d}.jpg" for shard, position in corrupt if shard == i}
+        members = [
+            (name, data[:400] if name in cut else data)
+            for k, s in samples
+            for name, data in sample_members(k, s)
+        ]
+        paths.append(write_file(os.path.join(directory, f"c-{i}.tar"), tar_bytes(members)))
+    index = write_index(build_index(paths, decode=False), os.path.join(directory, "index.json"))
+    return paths, index

@@ -45,6 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-after", type=int, default=None, help="batches of the first epoch, then save state")
     p.add_argument("--save-state", default=None)
     p.add_argument("--resume-state", default=None)
+    p.add_argument("--gather-state", action="store_true", help="state_dict(gather=True): a collective")
     p.add_argument("--collective-timeout", type=float, default=60.0)
     return p.parse_args(argv)
 
@@ -127,7 +128,7 @@ def main(argv: list[str]) -> int:
             record["all_batch_counts"] = gather_ints(len(record["batches"]))
             result["epochs"][str(loader.epoch)] = record
             if stop is not None:
-                state = loader.state_dict()
+                state = loader.state_dict(gather=args.gather_state)
                 result["state"] = state
                 result["state_hashes"] = gather_ints(state_hash(state))
                 if rank == 0 and args.save_state:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from corpus import good_samples, photo_jpegs, sample_members, tar_bytes, write_file
+from corpus import good_samples, photo_jpegs, runtime_corrupt_shards, sample_members, tar_bytes, write_file
 from servers import free_ports
 from shardstream.index import build_index, load_index, write_index
 
@@ -283,3 +283,48 @@ def test_sample_corrupt_at_run_time_keeps_ranks_in_step(runtime_corrupt, jobs, w
         assert len(seen) == len(set(seen)), "refilled from the reserve: still nothing twice"
     else:
         assert len(seen) == len(set(seen)) + 1, "no reserve at hand: one repeat, counted as padding"
+
+
+def test_resume_between_run_time_failures_on_one_rank_uses_each_reserve_sample_once(jobs, tmp_path):
+    """W=2, B=4, 30 samples: 3 batches per rank, a reserve of 3 per rank. Two samples of rank 1
+    fail when decoded, one before the checkpoint and one after. Rank 0 saves the state, so it
+    must hold rank 1's reserve use (gathered): rank 1 then refills the second failure from an
+    unused reserve sample, and the resumed job yields exactly the uninterrupted job's batches."""
+    from shardstream import ShardLoader
+
+    paths, index = runtime_corrupt_shards(str(tmp_path), shards=3, per_shard=10, corrupt=[(0, 3), (2, 6)])
+
+    def plan_of(seed: int) -> tuple[list[list[list[str]]], list[str]]:
+        """The batches of both ranks, simulated in this process (rank and world given)."""
+        ranks = []
+        for rank in range(2):
+            loader = ShardLoader(
+                paths, index=index, batch_size=4, image_size=32, seed=seed, rank=rank, world_size=2,
+                shuffle_buffer=5, threads=1,
+            )  # fmt: skip
+            ranks.append([list(b.keys) for b in loader])
+        return ranks, loader.stats["remainder_keys"]
+
+    for seed in range(60):  # a seed that puts both failures on rank 1, in different batches
+        ranks, reserve = plan_of(seed)
+        refilled = [[i for i, b in enumerate(batches) if set(reserve) & set(b)] for batches in ranks]
+        if not refilled[0] and len(refilled[1]) == 2:
+            break
+    else:
+        pytest.fail("no seed in range(60) puts both failures in two batches of rank 1")
+    stop = refilled[1][0] + 1
+    args = ["--index", index, "--batch-size", "4", "--seed", str(seed), *paths]
+    full = jobs(2, args)
+    assert full.batches(0) == ranks, "torchrun ranks yield what the simulated ranks yield"
+    state_path = str(tmp_path / "state.json")
+    stop_args = ["--epochs", "0", "--stop-after", str(stop), "--save-state", state_path]
+    before = jobs(2, args + stop_args)
+    assert len(set(before.ranks[0]["state_hashes"])) == 1, "identical state on every rank"
+    with open(state_path) as f:
+        saved = json.load(f)
+    pass
+    after = jobs(2, args + ["--epochs", "0", "--resume-state", state_path])
+    for r in range(2):
+        assert before.batches(0)[r] + after.batches(0)[r] == full.batches(0)[r], f"rank {r}"
+    seen = [k for job in (before, after) for rank in job.batches(0) for b in rank for k in b]
+    assert len(seen) == len(set(seen)) == 2 * 3 * 4

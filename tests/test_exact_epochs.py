@@ -8,7 +8,7 @@ import collections
 import pytest
 import shardstream
 import torch
-from corpus import good_samples, photo_jpegs, sample_members, tar_bytes, write_file
+from corpus import good_samples, photo_jpegs, runtime_corrupt_shards, sample_members, tar_bytes, write_file
 from shardstream.index import build_index, load_index, write_index
 
 COUNTS = [1, 7, 3, 12, 5, 9]  # deliberately uneven, one single-sample shard
@@ -119,6 +119,51 @@ def test_sample_corrupt_only_at_run_time_keeps_batches_equal(tmp_path):
     assert sum(s["replaced"] + s["padded"] for s in stats) == 1
     seen = [k for b, _, _ in results for batch in b for k in batch]
     assert "r1_0000" not in seen
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_between_run_time_failures_uses_each_reserve_sample_once(tmp_path, workers):
+    """30 samples, B=8: 3 batches and a reserve of 6 (3 per reader with 2 DataLoader workers).
+    Two samples of one reader fail when decoded, one before the checkpoint and one after: the
+    resumed run refills the second from a reserve sample the first did not use, so it yields
+    exactly the batches of the uninterrupted run."""
+    paths, index = runtime_corrupt_shards(str(tmp_path), shards=3, per_shard=10, corrupt=[(0, 3), (2, 6)])
+    bad = {"c0_0003", "c2_0006"}
+
+    def batches_of(seed, *, state=None, stop_after=None):
+        loader = shardstream.ShardLoader(
+            paths, index=index, batch_size=8, image_size=32, seed=seed, rank=0, world_size=1,
+            shuffle_buffer=5, threads=1,
+        )  # fmt: skip
+        if state is not None:
+            loader.load_state_dict(state)
+        source = loader.dataloader(num_workers=workers) if workers else loader
+        out = []
+        for b in source:
+            out.append(list(b.keys))
+            if stop_after is not None and len(out) == stop_after:
+                return out, loader.state_dict(), loader
+        return out, None, loader
+
+    # A seed whose order puts the two failures in different batches of the same reader (batch b
+    # of an uninterrupted run comes from reader b mod K).
+    for seed in range(60):
+        full, _, loader = batches_of(seed)
+        reserve = set(loader.stats["remainder_keys"])
+        refilled = [i for i, b in enumerate(full) if reserve & set(b)]
+        if len(refilled) == 2 and refilled[0] % max(workers, 1) == refilled[1] % max(workers, 1):
+            break
+    else:
+        pytest.fail("no seed in range(60) puts the two failures in two batches of one reader")
+    assert loader.stats["replaced"] == 2 and not bad & {k for b in full for k in b}
+    stop = refilled[0] + 1
+    first, state, _ = batches_of(seed, stop_after=stop)
+    pass
+    rest, _, resumed = batches_of(seed, state=state)
+    assert first + rest == full
+    seen = [k for b in first + rest for k in b]
+    assert len(seen) == len(set(seen)) == 24
+    assert resumed.stats["replaced"] == 1
 
 
 def test_dataloader_workers_split_a_rank_exactly(dataset):

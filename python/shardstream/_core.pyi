@@ -60,6 +60,7 @@ class ReaderPlan(TypedDict):
     shuffle_seed: int
     first_block: int
     skip_emitted: int
+    reader: int  # the phase reader this (rank, worker) plays (resume shifts DataLoader workers)
 
 @final
 class SampleIter:
@@ -111,8 +112,9 @@ class Loader:
         """Lends ``nbytes`` at address ``ptr`` inside ``owner`` (the tensor or array holding that
         memory; the pipeline keeps a reference to it while it may write there). False once the
         loader is closed."""
-    def next_batch(self) -> tuple[int, list[str], list[str], list[str]] | None:
-        """(n, keys, texts, shard_urls) of the next batch, or None at the end of the epoch.
+    def next_batch(self) -> tuple[int, list[str], list[str], list[str], int] | None:
+        """(n, keys, texts, shard_urls, reserve_used) of the next batch, or None at the end of the
+        epoch; ``reserve_used`` counts the reserve positions this reader consumed up to it.
 
         Raises ``CoreFault`` with ``on_error="raise"``."""
     def stats(self) -> dict[str, Any]:
@@ -175,8 +177,9 @@ class EpochPlanView:
         """Keys of the samples left out of this epoch, when the index holds keys."""
     def reader(self, rank: int, worker: int, urls: Sequence[str]) -> ReaderPlan:
         """What reader (rank, worker) reads; ``urls`` are the concrete URLs, in index order."""
-    def state(self, batches: int) -> str:
-        """The resumable state (JSON) after ``batches`` batches were consumed on every rank."""
+    def state(self, batches: int, reserve_used: Sequence[tuple[int, int, int]] = ...) -> str:
+        """The resumable state (JSON) after ``batches`` batches were consumed on every rank and
+        readers used ``reserve_used`` = (rank, phase reader, positions) of their reserve."""
 
 def scan_shard(
     url: str,

@@ -114,7 +114,7 @@ class ShardLoader:
         self.prefetch = max(1, prefetch)
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
-        self._batches_done = 0
+        self._reset_progress()
         self._last_stats: dict[str, Any] = {}
         self._pin = (
             pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
@@ -159,7 +159,14 @@ class ShardLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
         self._resume = None
+        self._reset_progress()
+
+    def _reset_progress(self) -> None:
+        """Forgets the batches yielded since the epoch (or resume) began."""
         self._batches_done = 0
+        # Per yielded batch: (phase reader, reserve positions it had used by then).
+        self._reserve_marks: list[tuple[int, int]] = []
+        self._last_mark = (0, 0)
 
     def __len__(self) -> int:
         if self._plan is not None:
@@ -214,7 +221,8 @@ class ShardLoader:
                 "or build an index with `shardstream index` for exact epochs"
             )
 
-    def _core_loader(self, worker: int, workers: int) -> Any:
+    def _core_loader(self, worker: int, workers: int) -> tuple[Any, int]:
+        """The Rust pipeline of reader (rank, worker), and the phase reader it plays."""
         rank, world = self.rank, self.world_size
         config = dict(self._config, threads=self.threads)
         if self._plan is not None:
@@ -223,6 +231,7 @@ class ShardLoader:
                 self._plan_params(workers if workers > 1 else self._num_workers), self._resume, rank, worker
             )
             spans, reserve = reader.pop("spans"), reader.pop("reserve")
+            phase_reader = reader.pop("reader")
             config.update(reader, planned=True)
         else:
             if self._resume is not None:
@@ -231,12 +240,12 @@ class ShardLoader:
                 )
             self._require_quota(world * max(workers, 1))
             spans, extra = self._streaming_reader(worker, workers)
-            reserve = []
+            reserve, phase_reader = [], worker
             config.update(extra, block_size=self.shuffle_buffer, first_block=0)
         config["crop_seed"] = _seed(self.seed, self.epoch)
         config.update(source_config(self._shards))
         display = [s.display for s in self._shards]
-        return _core.Loader(spans, reserve, display, config)
+        return _core.Loader(spans, reserve, display, config), phase_reader
 
     def _alloc(self) -> Any:
         shape = (self.batch_size, 3, self.image_size, self.image_size)
@@ -263,7 +272,7 @@ class ShardLoader:
         return self._iterate(worker, workers)
 
     def _iterate(self, worker: int, workers: int) -> Iterator[Batch]:
-        core = self._core_loader(worker, workers)
+        core, phase_reader = self._core_loader(worker, workers)
         lent: deque[Any] = deque()
         try:
             # Each yielded batch owns fresh memory, so a caller may keep it; the pipeline never
@@ -279,9 +288,11 @@ class ShardLoader:
                     raise from_core_fault(fault) from None
                 if result is None:
                     break
-                n, keys, texts, urls = result
+                n, keys, texts, urls, reserve_used = result
                 buf = lent.popleft()
                 self._batches_done += 1
+                self._last_mark = (phase_reader, reserve_used)
+                self._reserve_marks.append(self._last_mark)
                 if workers > 1:  # a DataLoader worker: the main process reads stats per batch
                     self._last_stats = core.stats()
                 yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls)
@@ -311,13 +322,35 @@ class ShardLoader:
         return stats
 
     # -- resume --------------------------------------------------------------------------
-    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+    def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
         """The position in the epoch after the batches consumed so far (or ``batches``): small,
-        JSON-serialisable and identical on every rank, so rank 0 can save it."""
+        JSON-serialisable and identical on every rank, so rank 0 can save it.
+
+        It also records the reserve samples that replaced samples failing at run time, so a
+        resumed epoch never refills from them twice. One process knows its own; with several
+        ranks, ``gather=True`` collects every rank's (a collective: call it on every rank, as
+        the trainer's checkpointing does). Without it, a multi-rank state leaves reserve use
+        out rather than differ between ranks."""
         done = self._batches_done if batches is None else int(batches)
         if self._plan is None:
             return {"epoch": self.epoch, "batches": done, "exact": False}
-        return self._plan.state(self._plan_params(self._num_workers), self._resume, done)
+        uses = self.reserve_use(done)
+        if gather and self.world_size > 1:
+            uses = _gather_from_ranks(uses)
+        elif self.world_size > 1:
+            uses = []
+        reserve_used = [(u["rank"], u["reader"], u["used"]) for u in uses]
+        return self._plan.state(self._plan_params(self._num_workers), self._resume, done, reserve_used)
+
+    def reserve_use(self, batches: int | None = None) -> list[dict[str, int]]:
+        """This rank's use of its reserve after its first ``batches`` batches (default: those
+        yielded): ``[{"rank", "reader", "used"}]`` per phase reader that used any. Batches that
+        came through a DataLoader other than :meth:`dataloader` are not seen here."""
+        done = self._batches_done if batches is None else int(batches)
+        used: dict[int, int] = {}
+        for reader, count in self._reserve_marks[:done]:
+            used[reader] = max(used.get(reader, 0), count)
+        return [{"rank": self.rank, "reader": r, "used": n} for r, n in sorted(used.items()) if n]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues the epoch of ``state`` with exactly the batches that would have followed;
@@ -328,7 +361,7 @@ class ShardLoader:
             )
         self.epoch = int(state["epoch"])
         self._resume = state
-        self._batches_done = 0
+        self._reset_progress()
 
     def dataset_view(self, num_workers: int) -> Any:
         """An IterableDataset for a torch DataLoader with ``num_workers`` worker processes and
@@ -354,6 +387,15 @@ def _seed(*parts: int) -> int:
     from shardstream.plan import derive_seed
 
     return derive_seed(list(parts))
+
+
+def _gather_from_ranks(uses: list[dict[str, int]]) -> list[dict[str, int]]:
+    """Every rank's reserve use, on every rank (a collective)."""
+    if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        raise RuntimeError("state_dict(gather=True) with several ranks needs torch.distributed initialised")
+    parts: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, uses)
+    return [u for part in parts for u in part]
 
 
 def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -385,10 +427,11 @@ class _CountingIterable:
         return len(self.owner)
 
     def __iter__(self) -> Iterator[Batch]:
-        self.owner._batches_done = 0
+        self.owner._reset_progress()
         per_worker: dict[int, dict[str, Any]] = {}
-        for batch, worker, stats in self.inner:
+        for batch, worker, stats, mark in self.inner:
             self.owner._batches_done += 1
+            self.owner._reserve_marks.append(mark)
             per_worker[worker] = stats
             self.owner._last_stats = merge_stats(list(per_worker.values()))
             yield batch
@@ -406,10 +449,10 @@ if torch is not None:
                 return iter(self.loader)
             return self._with_stats()
 
-        def _with_stats(self) -> Iterator[tuple[Batch, int, dict[str, Any]]]:
+        def _with_stats(self) -> Iterator[tuple[Batch, int, dict[str, Any], tuple[int, int]]]:
             worker = _worker()[0]
             for batch in self.loader:
-                yield batch, worker, self.loader._last_stats
+                yield batch, worker, self.loader._last_stats, self.loader._last_mark
 
         def __len__(self) -> int:
             return len(self.loader)

@@ -4,6 +4,7 @@ single definition; the contract is documented in docs/epoch-plan.md)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from shardstream import _core
@@ -86,5 +87,13 @@ class EpochPlanner:
     ) -> dict[str, Any]:
         return self.plan(params, state).reader(rank, worker, [s.url for s in self.shards])
 
-    def state(self, params: dict[str, Any], state: dict[str, Any] | None, batches: int) -> dict[str, Any]:
-        return json.loads(self.plan(params, state).state(batches))
+    def state(
+        self,
+        params: dict[str, Any],
+        state: dict[str, Any] | None,
+        batches: int,
+        reserve_used: Sequence[tuple[int, int, int]] = (),
+    ) -> dict[str, Any]:
+        """The state after ``batches`` more batches per rank; ``reserve_used`` = (rank, phase
+        reader, reserve positions) used since ``state``, gathered from every rank."""
+        return json.loads(self.plan(params, state).state(batches, list(reserve_used)))

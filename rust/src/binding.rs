@@ -576,17 +576,24 @@ impl EpochPlanView {
         d.set_item("shuffle_seed", r.shuffle.base_seed())?;
         d.set_item("first_block", r.first_block)?;
         d.set_item("skip_emitted", r.skip_emitted)?;
+        d.set_item("reader", r.reader)?;
         Ok(d.into_any().unbind())
     }
 
-    /// The resumable state after `batches` batches of this plan were consumed on every rank.
-    fn state(&self, batches: u64) -> PyResult<String> {
-        Ok(self.plan.state(batches, &[]).map_err(plan_err)?.to_json())
+    /// The resumable state after `batches` batches of this plan were consumed on every rank and
+    /// readers used `reserve_used` = [(rank, phase reader, reserve positions)] since it started.
+    #[pyo3(signature = (batches, reserve_used = Vec::new()))]
+    fn state(&self, batches: u64, reserve_used: Vec<(u32, u32, u64)>) -> PyResult<String> {
+        let uses: Vec<plan::ReserveUse> = reserve_used
+            .into_iter()
+            .map(|(rank, reader, used)| plan::ReserveUse { rank, reader, used })
+            .collect();
+        Ok(self.plan.state(batches, &uses).map_err(plan_err)?.to_json())
     }
 }
 
-/// (samples, keys, texts, shard URLs) of one batch.
-type BatchTuple = (usize, Py<PyList>, Py<PyList>, Py<PyList>);
+/// (samples, keys, texts, shard URLs, reserve positions used so far) of one batch.
+type BatchTuple = (usize, Py<PyList>, Py<PyList>, Py<PyList>, u64);
 
 /// (shard ids in reading order, (stride, offset), batches, shuffle base seed).
 type ShardAssignmentTuple = (Vec<u32>, (u64, u64), u64, u64);
@@ -686,7 +693,8 @@ impl Loader {
         }))
     }
 
-    /// (n, keys, texts, shard_urls) of the next batch, or None at the end of the epoch.
+    /// (n, keys, texts, shard_urls, reserve_used) of the next batch, or None at the end of the
+    /// epoch; `reserve_used` counts the reserve positions this reader consumed up to this batch.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchTuple>> {
         let Some(p) = &self.pipeline else {
             return Ok(None);
@@ -705,6 +713,7 @@ impl Loader {
                     PyList::new(py, &meta.keys)?.unbind(),
                     PyList::new(py, &meta.texts)?.unbind(),
                     PyList::new(py, urls)?.unbind(),
+                    meta.reserve_used,
                 )))
             }
         }

@@ -251,6 +251,9 @@ pub struct BatchMeta {
     pub keys: Vec<String>,
     pub texts: Vec<String>,
     pub shards: Vec<u32>,
+    /// Reserve positions this reader had consumed when the batch was complete (planned mode):
+    /// what a resume state records, so that a resumed reader never refills from them again.
+    pub reserve_used: u64,
 }
 
 pub type BatchResult = Result<BatchMeta, Fault>;
@@ -552,11 +555,15 @@ impl BlockShuffle {
     }
 }
 
-/// Reads the reserve spans lazily, only when a planned slot needs a replacement.
+/// Reads the reserve spans lazily, only when a planned slot needs a replacement, and counts
+/// the reserve positions it has consumed (read, or lost with an unreadable span).
 struct ReserveReader {
     spans: Vec<ShardSpan>,
     next_span: usize,
     current: Option<SampleReader>,
+    /// Positions of the spans before the current one.
+    before_current: u64,
+    used: u64,
 }
 
 impl ReserveReader {
@@ -565,7 +572,15 @@ impl ReserveReader {
             spans,
             next_span: 0,
             current: None,
+            before_current: 0,
+            used: 0,
         }
+    }
+
+    /// Reserve positions in a span: its ordinals `skip_before..end_ordinal`.
+    fn span_len(span: &ShardSpan) -> u64 {
+        span.end_ordinal
+            .map_or(0, |end| end.saturating_sub(span.skip_before))
     }
 
     fn next(&mut self, cfg: &PipelineConfig, stats: &Stats) -> Option<(u32, RawSample)> {
@@ -575,7 +590,8 @@ impl ReserveReader {
                 match reader.next() {
                     Some(Ok(raw)) if raw.ordinal < span.skip_before => continue,
                     Some(Ok(raw)) if span.end_ordinal.is_none_or(|e| raw.ordinal < e) => {
-                        return Some((span.shard, raw))
+                        self.used = self.before_current + (raw.ordinal - span.skip_before + 1);
+                        return Some((span.shard, raw));
                     }
                     Some(Err(f)) => {
                         stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail))
@@ -583,12 +599,18 @@ impl ReserveReader {
                     _ => {}
                 }
                 self.current = None;
+                self.before_current += Self::span_len(span);
+                self.used = self.before_current;
             }
             let span = self.spans.get(self.next_span)?;
             self.next_span += 1;
             match span.open(cfg, stats) {
                 Ok(r) => self.current = Some(r),
-                Err(f) => stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail)),
+                Err(f) => {
+                    stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail));
+                    self.before_current += Self::span_len(span);
+                    self.used = self.before_current;
+                }
             }
         }
     }
@@ -906,6 +928,7 @@ impl Batcher {
             keys,
             texts,
             shards,
+            reserve_used: self.reserve.used,
         }))
     }
 }

@@ -401,7 +401,9 @@ class Trainer:
     def training_state(self) -> ckpt.TrainingState:
         if self._epoch_complete():
             return ckpt.TrainingState(self.step, self.epoch + 1, 0, None)
-        return ckpt.TrainingState(self.step, self.epoch, self.step_in_epoch, self.loader.state_dict())
+        # A collective (save_checkpoint runs on every rank): gathers the ranks' reserve use.
+        loader_state = self.loader.state_dict(gather=True)
+        return ckpt.TrainingState(self.step, self.epoch, self.step_in_epoch, loader_state)
 
     def save_checkpoint(self) -> str | None:
         path = ckpt.save_checkpoint(
