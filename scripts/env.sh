@@ -3,6 +3,9 @@
 # builds the extension into that environment, and activates it.
 # The venv lives outside the work tree, keyed by the hash of requirements/dev.txt, so the
 # ~3 GB torch install happens once per machine, not on every run.
+# Strict mode while it runs; the caller's own shell options come back at the end (an interactive
+# shell that sources this must not be left exiting on its next failing command).
+_shardstream_saved_options="$(set +o)"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -30,3 +33,5 @@ export SHARDSTREAM_VENV="$VENV"
 
 # Build the extension in release mode into the venv (incremental: fast when nothing changed).
 (cd "$ROOT" && maturin develop --release -q >/dev/null 2>"$VENV/.maturin.log") || { cat "$VENV/.maturin.log" >&2; exit 1; }
+eval "$_shardstream_saved_options"
+unset _shardstream_saved_options

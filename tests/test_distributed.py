@@ -317,12 +317,12 @@ def test_resume_between_run_time_failures_on_one_rank_uses_each_reserve_sample_o
     full = jobs(2, args)
     assert full.batches(0) == ranks, "torchrun ranks yield what the simulated ranks yield"
     state_path = str(tmp_path / "state.json")
-    stop_args = ["--epochs", "0", "--stop-after", str(stop), "--save-state", state_path]
+    stop_args = ["--epochs", "0", "--stop-after", str(stop), "--save-state", state_path, "--gather-state"]
     before = jobs(2, args + stop_args)
     assert len(set(before.ranks[0]["state_hashes"])) == 1, "identical state on every rank"
     with open(state_path) as f:
         saved = json.load(f)
-    pass
+    assert saved["phases"][-1]["reserve_used"] == [{"rank": 1, "reader": 0, "used": 1}], saved
     after = jobs(2, args + ["--epochs", "0", "--resume-state", state_path])
     for r in range(2):
         assert before.batches(0)[r] + after.batches(0)[r] == full.batches(0)[r], f"rank {r}"

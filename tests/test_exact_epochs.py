@@ -158,7 +158,7 @@ def test_resume_between_run_time_failures_uses_each_reserve_sample_once(tmp_path
     assert loader.stats["replaced"] == 2 and not bad & {k for b in full for k in b}
     stop = refilled[0] + 1
     first, state, _ = batches_of(seed, stop_after=stop)
-    pass
+    assert state["phases"][-1]["reserve_used"], state
     rest, _, resumed = batches_of(seed, state=state)
     assert first + rest == full
     seen = [k for b in first + rest for k in b]
