@@ -167,6 +167,7 @@ class LoggedRequest:
     range: str | None
     if_match: str | None
     fault: str | None = None
+    query: str = ""  # the proxy's only: presigned URLs carry their signature here
 
 
 class RangeHTTPServer:
@@ -287,7 +288,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         path = urllib.parse.urlsplit(self.path).path
         fault = owner._next_fault(path) if method == "GET" else None
-        owner._record(method, path, self.headers, fault)
+        owner._record(method, path, self.headers, fault, urllib.parse.urlsplit(self.path).query)
         if fault is not None and fault.kind == "status":
             body = (
                 f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{fault.code}</Code>"
@@ -378,11 +379,16 @@ class FaultProxy:
             queue = self._faults.get(path)
             return queue.pop(0) if queue else None
 
-    def _record(self, method: str, path: str, headers: Any, fault: Fault | None) -> None:
+    def _record(self, method: str, path: str, headers: Any, fault: Fault | None, query: str) -> None:
         with self._lock:
             self.requests.append(
                 LoggedRequest(
-                    method, path, headers.get("Range"), headers.get("If-Match"), str(fault) if fault else None
+                    method,
+                    path,
+                    headers.get("Range"),
+                    headers.get("If-Match"),
+                    str(fault) if fault else None,
+                    query,
                 )
             )
 

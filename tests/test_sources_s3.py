@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 
 import pytest
 from servers import (
@@ -184,6 +185,26 @@ def test_a_run_outlives_the_life_of_a_signature(s3, local_dir, monkeypatch):
     keys = [k for batch in loader.dataloader(num_workers=2) for k in batch.keys]
     # Without an index, a reader with fewer samples cycles to make its quota.
     assert len(keys) == 3 * PER_SHARD and set(keys) <= {s["__key__"] for s in expected}
+
+
+def test_a_resume_after_the_signature_expired_is_signed_afresh(s3, local_dir, monkeypatch):
+    """The stream breaks off halfway and comes back after its signature (1 s) has expired, as a
+    stalled connection to a slow consumer does: the Range request that resumes it carries a new
+    signature instead of failing with 403."""
+    with_env(monkeypatch, s3)
+    name = "shard-000004.tar"
+    size = os.path.getsize(os.path.join(local_dir, name))
+    path = f"/{BUCKET}/train/{name}"
+    with FaultProxy(s3.endpoint_url, {path: [stall_after(size // 2, 3)]}, preserve_host=True) as proxy:
+        shards = expand_urls(
+            f"s3://{BUCKET}/train/{name}", endpoint_url=proxy.url().rstrip("/"), expires_in=1
+        )
+        got = comparable(read_samples(shards, connect_timeout=2.0, read_timeout=5.0, max_retries=3))
+    assert got == comparable(read_samples(os.path.join(local_dir, name)))
+    gets = [r for r in proxy.requests if r.method == "GET" and r.path == path]
+    assert len(gets) == 2 and gets[1].range == f"bytes={size // 2}-", gets
+    signatures = [dict(urllib.parse.parse_qsl(r.query))["X-Amz-Signature"] for r in gets]
+    assert signatures[0] != signatures[1]
 
 
 def test_a_shard_that_cannot_be_signed_names_its_url(s3):

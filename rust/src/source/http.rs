@@ -117,10 +117,15 @@ fn transient(message: impl Into<String>) -> Failure {
     }
 }
 
+/// Makes a fresh presigned URL for the same object (S3): each reconnection asks for one, so a
+/// resume long after the first request is not refused for an expired signature.
+pub type Resign = Box<dyn Fn() -> Result<String, String> + Send>;
+
 pub struct HttpReader {
     agent: Agent,
     /// The full URL: may hold a signature, never printed (use `shown`).
     url: String,
+    resign: Option<Resign>,
     shown: String,
     /// Absolute offset of the next byte to hand to the caller.
     pos: u64,
@@ -148,10 +153,23 @@ impl HttpReader {
         opts: &SourceOptions,
         stats: &Arc<SourceStats>,
     ) -> Result<Self, SourceError> {
+        Self::open_signed(url, None, start, end, opts, stats)
+    }
+
+    /// [`open`](Self::open) for a presigned `url`; every later connection uses `resign()`.
+    pub fn open_signed(
+        url: &str,
+        resign: Option<Resign>,
+        start: u64,
+        end: Option<u64>,
+        opts: &SourceOptions,
+        stats: &Arc<SourceStats>,
+    ) -> Result<Self, SourceError> {
         let shown = redact_url(url);
         let mut reader = HttpReader {
             agent: agent_for(opts, &shown)?,
             url: url.to_string(),
+            resign,
             shown,
             pos: start,
             end,
@@ -214,6 +232,14 @@ impl HttpReader {
     fn connect(&mut self) -> Result<(), Failure> {
         self.body = None;
         self.skip = 0;
+        if let (Some(_), Some(resign)) = (&self.version, &self.resign) {
+            self.url = resign().map_err(|message| {
+                Failure::Fatal(SourceError::Unsigned {
+                    url: self.shown.clone(),
+                    message,
+                })
+            })?;
+        }
         let mut request = self.agent.get(&self.url);
         let ranged = self.pos > 0 || self.end.is_some();
         if ranged {

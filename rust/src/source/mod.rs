@@ -321,21 +321,38 @@ pub fn open_range(
                         .into(),
                 });
             };
-            let signed = (signer.0)(url).map_err(|message| SourceError::Unsigned {
+            let sign = {
+                let (signer, url) = (signer.clone(), url.to_string());
+                move || match (signer.0)(&url) {
+                    Ok(signed) if matches!(locate(&signed), Ok(Location::Http)) => Ok(signed),
+                    Ok(signed) => Err(format!(
+                        "the signer gave {}, not an HTTP(S) URL",
+                        redact_url(&signed)
+                    )),
+                    Err(message) => Err(message),
+                }
+            };
+            let signed = sign().map_err(|message| SourceError::Unsigned {
                 url: redact_url(url),
                 message,
             })?;
-            if matches!(locate(&signed), Ok(Location::Http)) {
-                open_range(&signed, start, end, opts, stats).map_err(|e| e.naming(url))
-            } else {
-                Err(SourceError::Unsigned {
-                    url: redact_url(url),
-                    message: format!(
-                        "the signer gave {}, not an HTTP(S) URL",
-                        redact_url(&signed)
-                    ),
-                })
+            if opts.cache.is_some() {
+                // The cache downloads the whole object at once; it keeps the first signature.
+                return open_range(&signed, start, end, opts, stats).map_err(|e| e.naming(url));
             }
+            let reader = http::HttpReader::open_signed(
+                &signed,
+                Some(Box::new(sign)),
+                start,
+                end,
+                opts,
+                stats,
+            )
+            .map_err(|e| e.naming(url))?;
+            Ok(Box::new(CountingReader::new(
+                io::BufReader::with_capacity(READ_BUFFER_BYTES, reader),
+                stats,
+            )))
         }
         Location::Http => match &opts.cache {
             Some(cache) => cache::ShardCache::new(cache.clone()).open(url, start, end, opts, stats),
@@ -463,7 +480,11 @@ mod tests {
     #[test]
     fn s3_urls_are_signed_when_opened_and_errors_name_the_s3_url() {
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
-        let server = testserver::TestServer::start(data.clone(), vec![]);
+        // The first response breaks off mid-body: the resume must carry a fresh signature.
+        let server = testserver::TestServer::start(
+            data.clone(),
+            vec![testserver::Fault::CloseAfter(20_000)],
+        );
         let base = server.url("");
         let signed = Arc::new(AtomicU64::new(0));
         let count = signed.clone();
@@ -487,17 +508,19 @@ mod tests {
                 .unwrap();
             assert_eq!(out, data[10..]);
         }
-        // A fresh signature for every open, not one per URL list.
-        assert_eq!(signed.load(Ordering::Relaxed), 2);
-        let queries: Vec<_> = server.requests().into_iter().map(|r| r.target).collect();
-        assert!(
-            queries.iter().any(|p| p.ends_with("secret0")),
-            "{queries:?}"
+        // A fresh signature for every request (two opens, one resume), not one per URL list.
+        assert_eq!(signed.load(Ordering::Relaxed), 3);
+        let requests = server.requests();
+        let targets: Vec<_> = requests.iter().map(|r| r.target.as_str()).collect();
+        assert_eq!(
+            targets,
+            [
+                "/a.tar?X-Amz-Signature=secret0",
+                "/a.tar?X-Amz-Signature=secret1",
+                "/a.tar?X-Amz-Signature=secret2"
+            ]
         );
-        assert!(
-            queries.iter().any(|p| p.ends_with("secret1")),
-            "{queries:?}"
-        );
+        assert_eq!(requests[1].range.as_deref(), Some("bytes=20010-"));
 
         match open("s3://bucket/refused.tar", 0, &opts, &stats) {
             Err(e @ SourceError::Unsigned { .. }) => {
