@@ -282,3 +282,19 @@ def test_exact_epoch_over_s3_with_an_index_built_by_the_cli(s3, local_dir, monke
     remainder = loader.stats["remainder_keys"]
     local = [s["__key__"] for s in read_samples(local_dir)]
     assert len(keys) == len(set(keys)) and sorted(keys + remainder) == sorted(local)
+
+    # The index itself from S3 (fetched through a presigned URL made for that one request).
+    with open(index, "rb") as f:
+        s3.client().put_object(Bucket=BUCKET, Key="indexes/train.index", Body=f.read())
+    remote = ShardLoader(
+        spec,
+        index=f"s3://{BUCKET}/indexes/train.index",
+        batch_size=8,
+        image_size=32,
+        rank=1,
+        world_size=2,
+        shuffle_buffer=10,
+        threads=1,
+        **FAST,
+    )
+    assert [k for b in remote for k in b.keys] == keys[len(keys) // 2 :]
