@@ -124,14 +124,17 @@ fn source_options(config: &Bound<'_, PyDict>) -> PyResult<SourceOptions> {
 
 /// A [`Signer`] that calls a Python callable (`url -> presigned url`) from the reader threads.
 /// The callers of every reading function release the GIL while they wait, so this can take it.
+/// A reader thread still running while the interpreter shuts down gets an error instead of
+/// attaching to a finalising interpreter.
 fn python_signer(callable: Py<PyAny>) -> Signer {
     Signer(Arc::new(move |url: &str| {
-        Python::attach(|py| {
+        Python::try_attach(|py| {
             callable
                 .call1(py, (url,))
                 .and_then(|signed| signed.extract::<String>(py))
                 .map_err(|e| e.value(py).to_string())
         })
+        .unwrap_or_else(|| Err("the Python interpreter is shutting down".into()))
     }))
 }
 
