@@ -336,7 +336,7 @@ class ShardLoader:
             return {"epoch": self.epoch, "batches": done, "exact": False}
         uses = self.reserve_use(done)
         if gather and self.world_size > 1:
-            uses = _gather_from_ranks(uses)
+            uses = _gather_from_ranks(uses, max(self._num_workers, 1))
         elif self.world_size > 1:
             uses = []
         reserve_used = [(u["rank"], u["reader"], u["used"]) for u in uses]
@@ -389,13 +389,25 @@ def _seed(*parts: int) -> int:
     return derive_seed(list(parts))
 
 
-def _gather_from_ranks(uses: list[dict[str, int]]) -> list[dict[str, int]]:
-    """Every rank's reserve use, on every rank (a collective)."""
+def _gather_from_ranks(uses: list[dict[str, int]], readers: int) -> list[dict[str, int]]:
+    """Every rank's reserve use, on every rank: one all_gather of a tensor of ``readers`` counts
+    (no pickling; on the device the backend needs: CUDA for NCCL)."""
     if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
         raise RuntimeError("state_dict(gather=True) with several ranks needs torch.distributed initialised")
-    parts: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(parts, uses)
-    return [u for part in parts for u in part]
+    dist = torch.distributed
+    on_cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
+    mine = torch.zeros(readers, dtype=torch.int64, device=device)
+    for u in uses:
+        mine[u["reader"]] = u["used"]
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return [
+        {"rank": rank, "reader": reader, "used": used}
+        for rank, counts in enumerate(everyone)
+        for reader, used in enumerate(counts.tolist())
+        if used
+    ]
 
 
 def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
