@@ -207,6 +207,36 @@ def test_a_resume_after_the_signature_expired_is_signed_afresh(s3, local_dir, mo
     assert signatures[0] != signatures[1]
 
 
+def test_index_from_img2dataset_stats_on_s3(s3, local_dir, monkeypatch):
+    """img2dataset writes NNNNN_stats.json next to each shard: the index is made from them with
+    one S3 client for all the stats files (not one per file), and plans an exact epoch."""
+    import json
+
+    from shardstream import ShardLoader, urls
+    from shardstream.index import index_from_img2dataset
+
+    with_env(monkeypatch, s3)
+    for i in range(SHARDS):
+        stats = {"count": PER_SHARD + 1, "successes": PER_SHARD, "failed_to_download": 1}
+        s3.client().put_object(
+            Bucket=BUCKET, Key=f"train/shard-{i:06d}_stats.json", Body=json.dumps(stats).encode()
+        )
+    clients = []
+    make_client = urls._new_s3_client
+    monkeypatch.setattr(urls, "_new_s3_client", lambda opts: clients.append(opts) or make_client(opts))
+    spec = f"s3://{BUCKET}/train/shard-{{000000..000005}}.tar"
+    index = index_from_img2dataset(spec)
+    assert index.num_samples == SHARDS * PER_SHARD
+    assert len(clients) == 2, "one client for the shards, one for all their stats files"
+    loader = ShardLoader(spec, index=index, batch_size=8, image_size=32, threads=1, **FAST)
+    keys = [k for batch in loader for k in batch.keys]
+    assert len(keys) == len(set(keys)) == SHARDS * PER_SHARD
+
+    s3.client().delete_object(Bucket=BUCKET, Key="train/shard-000003_stats.json")
+    with pytest.raises(NotFoundError, match="shard-000003_stats.json"):
+        index_from_img2dataset(spec)
+
+
 def test_a_shard_that_cannot_be_signed_names_its_url(s3):
     """Signing fails when the shard is opened (here: a profile that does not exist; in a long
     run, credentials that can no longer be refreshed): a credentials error naming the shard."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +18,8 @@ from typing import Any
 
 from shardstream import _core
 from shardstream._system import available_cores
-from shardstream.errors import ShardError
-from shardstream.urls import expand_urls, redact, scheme_of, source_config
+from shardstream.errors import CredentialsError, NotFoundError, ShardError
+from shardstream.urls import Shard, expand_urls, redact, scheme_of, source_config
 
 DatasetIndex = _core.DatasetIndex
 
@@ -26,17 +27,28 @@ DatasetIndex = _core.DatasetIndex
 def _read_bytes(where: str, what: str, *, timeout: float, **source_options: Any) -> bytes:
     """The whole content of a small file (an index, a stats file) at a path or URL."""
     if scheme_of(where) == "local" or where.startswith("file://"):
+        return _fetch(Shard(where, where), what, timeout=timeout)
+    (url,) = expand_urls(where, **source_options)
+    return _fetch(url, what, timeout=timeout)
+
+
+def _fetch(shard: Shard, what: str, *, timeout: float) -> bytes:
+    """The whole content of one small file, named by an expanded URL."""
+    if scheme_of(shard.url) == "local" or shard.url.startswith("file://"):
         try:
-            with open(where.removeprefix("file://"), "rb") as f:
+            with open(shard.url.removeprefix("file://"), "rb") as f:
                 return f.read()
         except OSError as e:
-            raise ShardError("unreadable", where, "", f"cannot read {what}: {e.strerror}") from None
-    (url,) = expand_urls(where, **source_options)
+            raise ShardError("unreadable", shard.display, "", f"cannot read {what}: {e.strerror}") from None
     try:
-        with urllib.request.urlopen(url.open_url(), timeout=timeout) as response:  # noqa: S310 - http(s) only
+        with urllib.request.urlopen(shard.open_url(), timeout=timeout) as response:  # noqa: S310 - http(s) only
             return response.read()
+    except urllib.error.HTTPError as e:
+        kind = {404: NotFoundError, 410: NotFoundError, 401: CredentialsError, 403: CredentialsError}
+        error = kind.get(e.code, ShardError)
+        raise error("unreadable", shard.display, "", f"cannot fetch {what}: HTTP {e.code}") from None
     except OSError as e:
-        raise ShardError("unreadable", url.display, "", f"cannot fetch {what}: {e}") from None
+        raise ShardError("unreadable", shard.display, "", f"cannot fetch {what}: {e}") from None
 
 
 def load_index(source: Any, *, timeout: float = 60.0, **source_options: Any) -> DatasetIndex:
@@ -60,16 +72,21 @@ def index_from_img2dataset(spec: Any, *, timeout: float = 60.0, **source_options
     scan needed, exact epochs from the sample counts (no offsets: shards are read from their
     start, and samples are validated only at run time)."""
     shards = expand_urls(spec, **source_options)
-    entries = []
+    stats_urls = []
     for shard in shards:
         stats_url = DatasetIndex.img2dataset_stats_url(shard.display)
         if stats_url is None:
             raise ShardError(
                 "unreadable", shard.display, "", "not a .tar/.tar.gz/.tgz shard: no img2dataset stats"
             )
-        entries.append(
-            (shard.display, _read_bytes(stats_url, "img2dataset stats", timeout=timeout, **source_options))
-        )
+        stats_urls.append(stats_url)
+    # One expansion for every stats file: one S3 client for thousands of them, and no existence
+    # check (a missing file fails its own read, by name).
+    stats = expand_urls(stats_urls, check="none", **source_options)
+    entries = [
+        (shard.display, _fetch(stat, "img2dataset stats", timeout=timeout))
+        for shard, stat in zip(shards, stats, strict=True)
+    ]
     try:
         return DatasetIndex.from_img2dataset_stats(entries)
     except ValueError as e:
