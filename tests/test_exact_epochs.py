@@ -180,6 +180,22 @@ def test_dataloader_workers_split_a_rank_exactly(dataset):
     assert isinstance(loader.state_dict(), dict) and torch.is_tensor(torch.zeros(1))
 
 
+@pytest.mark.slow
+def test_dataloader_workers_started_by_spawn(dataset):
+    """Worker processes started by spawn (what CUDA users must use instead of fork) receive the
+    loader pickled, index included, and yield the same batches as forked ones."""
+    paths, _, index = dataset
+
+    def batches(context: str) -> list[list[str]]:
+        loader = shardstream.ShardLoader(
+            paths, index=load_index(index), batch_size=3, image_size=32, shuffle_buffer=5, threads=1
+        )
+        dataloader = loader.dataloader(num_workers=2, multiprocessing_context=context)
+        return [list(b.keys) for b in dataloader]
+
+    assert batches("spawn") == batches("fork")
+
+
 def test_index_round_trip_and_mismatched_urls(dataset, tmp_path):
     paths, keys, index = dataset
     idx = load_index(index)

@@ -140,6 +140,8 @@ class DatasetIndex:
     def img2dataset_stats_url(shard_url: str) -> str | None:
         """Where img2dataset writes a shard's stats (``00001.tar`` -> ``00001_stats.json``)."""
     def to_json(self) -> bytes: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        """Pickles as its JSON document (DataLoader workers started by spawn)."""
     @property
     def urls(self) -> list[str]: ...
     @property

@@ -75,6 +75,11 @@ class EpochPlanner:
         self.shards = [by_name[n] for n in names]
         self._cache: dict[tuple, Any] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Plans are cheap to remake and live in Rust: a pickle (spawned DataLoader workers) leaves
+        # them out.
+        return {**self.__dict__, "_cache": {}}
+
     def plan(self, params: dict[str, Any], state: dict[str, Any] | None) -> Any:
         key = (tuple(sorted(params.items())), json.dumps(state, sort_keys=True) if state else None)
         if key not in self._cache:

@@ -440,6 +440,12 @@ impl DatasetIndex {
         PyBytes::new(py, &self.index.to_json()).unbind()
     }
 
+    /// Pickles as its JSON document, so that DataLoader workers started by spawn receive it.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Py<PyBytes>,))> {
+        let from_json = slf.get_type().getattr("from_json")?;
+        Ok((from_json, (slf.get().to_json(slf.py()),)))
+    }
+
     #[getter]
     fn urls(&self) -> Vec<String> {
         self.index.shards().iter().map(|s| s.url.clone()).collect()
