@@ -125,7 +125,7 @@ class Loader:
 
 @final
 class DatasetIndex:
-    """A dataset index (rust/src/index.rs defines the format)."""
+    """A dataset index (rust/src/index.rs defines the format). Pickles as its JSON document."""
 
     @staticmethod
     def from_json(data: bytes) -> DatasetIndex:
@@ -140,8 +140,6 @@ class DatasetIndex:
     def img2dataset_stats_url(shard_url: str) -> str | None:
         """Where img2dataset writes a shard's stats (``00001.tar`` -> ``00001_stats.json``)."""
     def to_json(self) -> bytes: ...
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        """Pickles as its JSON document (DataLoader workers started by spawn)."""
     @property
     def urls(self) -> list[str]: ...
     @property
