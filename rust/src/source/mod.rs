@@ -313,47 +313,7 @@ pub fn open_range(
 ) -> Result<Box<dyn Read + Send>, SourceError> {
     match locate(url)? {
         Location::Local(path) => open_local(url, path, start, end, stats),
-        Location::S3 => {
-            let Some(signer) = &opts.signer else {
-                return Err(SourceError::BadUrl {
-                    url: redact_url(url),
-                    message: "s3:// URLs need S3 options (shardstream.expand_urls gives them)"
-                        .into(),
-                });
-            };
-            let sign = {
-                let (signer, url) = (signer.clone(), url.to_string());
-                move || match (signer.0)(&url) {
-                    Ok(signed) if matches!(locate(&signed), Ok(Location::Http)) => Ok(signed),
-                    Ok(signed) => Err(format!(
-                        "the signer gave {}, not an HTTP(S) URL",
-                        redact_url(&signed)
-                    )),
-                    Err(message) => Err(message),
-                }
-            };
-            let signed = sign().map_err(|message| SourceError::Unsigned {
-                url: redact_url(url),
-                message,
-            })?;
-            if opts.cache.is_some() {
-                // The cache downloads the whole object at once; it keeps the first signature.
-                return open_range(&signed, start, end, opts, stats).map_err(|e| e.naming(url));
-            }
-            let reader = http::HttpReader::open_signed(
-                &signed,
-                Some(Box::new(sign)),
-                start,
-                end,
-                opts,
-                stats,
-            )
-            .map_err(|e| e.naming(url))?;
-            Ok(Box::new(CountingReader::new(
-                io::BufReader::with_capacity(READ_BUFFER_BYTES, reader),
-                stats,
-            )))
-        }
+        Location::S3 => open_s3(url, start, end, opts, stats),
         Location::Http => match &opts.cache {
             Some(cache) => cache::ShardCache::new(cache.clone()).open(url, start, end, opts, stats),
             None => {
@@ -365,6 +325,48 @@ pub fn open_range(
             }
         },
     }
+}
+
+/// Opens an `s3://` object through a URL the signer presigns now; every reconnection of the
+/// stream asks the signer again (the on-disk cache keeps the first: it downloads at once).
+fn open_s3(
+    url: &str,
+    start: u64,
+    end: Option<u64>,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    let Some(signer) = &opts.signer else {
+        return Err(SourceError::BadUrl {
+            url: redact_url(url),
+            message: "s3:// URLs need S3 options (shardstream.expand_urls gives them)".into(),
+        });
+    };
+    let sign = {
+        let (signer, url) = (signer.clone(), url.to_string());
+        move || match (signer.0)(&url) {
+            Ok(signed) if matches!(locate(&signed), Ok(Location::Http)) => Ok(signed),
+            Ok(signed) => Err(format!(
+                "the signer gave {}, not an HTTP(S) URL",
+                redact_url(&signed)
+            )),
+            Err(message) => Err(message),
+        }
+    };
+    let signed = sign().map_err(|message| SourceError::Unsigned {
+        url: redact_url(url),
+        message,
+    })?;
+    if opts.cache.is_some() {
+        return open_range(&signed, start, end, opts, stats).map_err(|e| e.naming(url));
+    }
+    let reader =
+        http::HttpReader::open_signed(&signed, Some(Box::new(sign)), start, end, opts, stats)
+            .map_err(|e| e.naming(url))?;
+    Ok(Box::new(CountingReader::new(
+        io::BufReader::with_capacity(READ_BUFFER_BYTES, reader),
+        stats,
+    )))
 }
 
 fn open_local(
