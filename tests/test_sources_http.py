@@ -307,3 +307,37 @@ def test_https_with_a_private_ca(shard_dir, tmp_path):
             list(read_samples(urls[:1], **FAST))
         assert time.monotonic() - started < 5
         assert "TLS" in str(info.value) and "deadbeef" not in str(info.value)
+        # Building an index scans the shards with the same reader options.
+        from shardstream.index import build_index
+
+        index = build_index(urls, decode=False, threads=2, source_options={"ca_bundle": ca, **FAST})
+        assert index.num_valid == SHARDS * PER_SHARD
+
+
+def test_s3_endpoint_behind_a_private_ca_from_aws_ca_bundle(shard_dir, tmp_path, monkeypatch):
+    """An S3-compatible store behind a private CA, trusted the AWS way (AWS_CA_BUNDLE): the Rust
+    reader fetching the presigned URLs trusts the same CA as boto3. (Our HTTPS server plays the
+    S3 endpoint: presigning makes no request, and the server ignores the signature.)"""
+    import shutil
+
+    from shardstream.urls import S3Options, S3Signer, Shard
+
+    try:
+        ca, cert, key = make_test_pki(str(tmp_path))
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    root = tmp_path / "endpoint"
+    (root / "bucket").mkdir(parents=True)
+    shutil.copy(os.path.join(shard_dir, names()[0]), root / "bucket" / names()[0])
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CA_BUNDLE", ca)
+    with RangeHTTPServer(str(root), tls=(cert, key)) as srv:
+        options = S3Options(endpoint_url=srv.url().rstrip("/"), region="us-east-1", addressing_style="path")
+        shard = Shard(f"s3://bucket/{names()[0]}", signer=S3Signer(options))
+        got = comparable(read_samples([shard], **FAST))
+    assert got == comparable(read_samples(os.path.join(shard_dir, names()[0])))

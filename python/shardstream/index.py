@@ -94,15 +94,22 @@ def index_from_img2dataset(spec: Any, *, timeout: float = 60.0, **source_options
 
 
 def scan_shards(
-    urls: Iterable[Any], *, threads: int | None = None, **scan_options: Any
+    urls: Iterable[Any],
+    *,
+    threads: int | None = None,
+    source_options: dict[str, Any] | None = None,
+    **scan_options: Any,
 ) -> list[dict[str, Any]]:
-    """``_core.scan_shard`` over shards in parallel (the scan releases the GIL)."""
+    """``_core.scan_shard`` over shards in parallel (the scan releases the GIL), with the reader
+    options among ``source_options`` (timeouts, retries, ``ca_bundle``, cache)."""
     shards = list(urls)
     workers = threads or available_cores()
+
+    def scan(shard: Any) -> dict[str, Any]:
+        return _core.scan_shard(str(shard), config=source_config([shard], source_options), **scan_options)
+
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(
-            pool.map(lambda u: _core.scan_shard(str(u), config=source_config([u]), **scan_options), shards)
-        )
+        return list(pool.map(scan, shards))
 
 
 def index_from_reports(
@@ -118,8 +125,9 @@ def build_index(
     spec: Any, *, decode: bool = True, threads: int | None = None, with_keys: bool = True, **options: Any
 ) -> DatasetIndex:
     """Scans every shard of ``spec`` (validating samples unless ``decode=False``) and indexes them."""
-    shards = expand_urls(spec, **options.pop("source_options", {}))
-    reports = scan_shards(shards, threads=threads, decode=decode, **options)
+    source_options = options.pop("source_options", {})
+    shards = expand_urls(spec, **source_options)
+    reports = scan_shards(shards, threads=threads, decode=decode, source_options=source_options, **options)
     return index_from_reports(reports, [s.display for s in shards], with_keys=with_keys)
 
 

@@ -376,11 +376,22 @@ def reader_signer(shards: Iterable[Any]) -> Any:
 
 
 def source_config(shards: Iterable[Any], options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The reader options among ``options``, plus the signer of any S3 shards."""
-    config = {k: v for k, v in (options or {}).items() if k in READER_OPTIONS}
+    """The reader options among ``options``, plus the signer of any S3 shards and, unless
+    ``ca_bundle`` is given, the CA bundle boto3 trusts for their endpoint (``ca_bundle`` of the
+    S3 options, else ``AWS_CA_BUNDLE``): the Rust reader fetches the presigned URLs there."""
+    shards = list(shards)
+    config = {k: v for k, v in (options or {}).items() if k in READER_OPTIONS and v is not None}
     signer = reader_signer(shards)
     if signer is not None:
         config["signer"] = signer
+        if "ca_bundle" not in config:
+            bundles = {
+                s.signer.s3.ca_bundle or os.environ.get("AWS_CA_BUNDLE")
+                for s in shards
+                if isinstance(s, Shard) and s.signer is not None
+            } - {None, ""}
+            if len(bundles) == 1:
+                config["ca_bundle"] = os.fspath(bundles.pop())
     return config
 
 
