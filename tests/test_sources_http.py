@@ -312,6 +312,15 @@ def test_https_with_a_private_ca(shard_dir, tmp_path):
 
         index = build_index(urls, decode=False, threads=2, source_options={"ca_bundle": ca, **FAST})
         assert index.num_valid == SHARDS * PER_SHARD
+        # ... and an index file on that server is fetched trusting the same CA.
+        from shardstream.index import load_index, write_index
+
+        write_index(index, os.path.join(shard_dir, "private-ca.index"))
+        try:
+            fetched = load_index(srv.url("private-ca.index"), ca_bundle=ca)
+        finally:
+            os.unlink(os.path.join(shard_dir, "private-ca.index"))
+        assert fetched.to_json() == index.to_json()
 
 
 def test_s3_endpoint_behind_a_private_ca_from_aws_ca_bundle(shard_dir, tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import tempfile
 import urllib.error
 import urllib.request
@@ -29,11 +30,12 @@ def _read_bytes(where: str, what: str, *, timeout: float, **source_options: Any)
     if scheme_of(where) == "local" or where.startswith("file://"):
         return _fetch(Shard(where, where), what, timeout=timeout)
     (url,) = expand_urls(where, **source_options)
-    return _fetch(url, what, timeout=timeout)
+    return _fetch(url, what, timeout=timeout, ca_bundle=source_config([url], source_options).get("ca_bundle"))
 
 
-def _fetch(shard: Shard, what: str, *, timeout: float) -> bytes:
-    """The whole content of one small file, named by an expanded URL."""
+def _fetch(shard: Shard, what: str, *, timeout: float, ca_bundle: str | None = None) -> bytes:
+    """The whole content of one small file, named by an expanded URL; ``ca_bundle``: the PEM roots
+    to trust for HTTPS instead of the system's (as the shard reader does)."""
     if scheme_of(shard.url) == "local" or shard.url.startswith("file://"):
         try:
             with open(shard.url.removeprefix("file://"), "rb") as f:
@@ -41,7 +43,8 @@ def _fetch(shard: Shard, what: str, *, timeout: float) -> bytes:
         except OSError as e:
             raise ShardError("unreadable", shard.display, "", f"cannot read {what}: {e.strerror}") from None
     try:
-        with urllib.request.urlopen(shard.open_url(), timeout=timeout) as response:  # noqa: S310 - http(s) only
+        context = ssl.create_default_context(cafile=os.fspath(ca_bundle)) if ca_bundle else None
+        with urllib.request.urlopen(shard.open_url(), timeout=timeout, context=context) as response:  # noqa: S310
             return response.read()
     except urllib.error.HTTPError as e:
         kind = {404: NotFoundError, 410: NotFoundError, 401: CredentialsError, 403: CredentialsError}
@@ -83,8 +86,9 @@ def index_from_img2dataset(spec: Any, *, timeout: float = 60.0, **source_options
     # One expansion for every stats file: one S3 client for thousands of them, and no existence
     # check (a missing file fails its own read, by name).
     stats = expand_urls(stats_urls, check="none", **source_options)
+    ca_bundle = source_config(stats, source_options).get("ca_bundle")
     entries = [
-        (shard.display, _fetch(stat, "img2dataset stats", timeout=timeout))
+        (shard.display, _fetch(stat, "img2dataset stats", timeout=timeout, ca_bundle=ca_bundle))
         for shard, stat in zip(shards, stats, strict=True)
     ]
     try:
