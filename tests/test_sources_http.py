@@ -329,6 +329,7 @@ def test_s3_endpoint_behind_a_private_ca_from_aws_ca_bundle(shard_dir, tmp_path,
     S3 endpoint: presigning makes no request, and the server ignores the signature.)"""
     import shutil
 
+    from shardstream import ShardLoader
     from shardstream.urls import S3Options, S3Signer, Shard
 
     try:
@@ -349,4 +350,13 @@ def test_s3_endpoint_behind_a_private_ca_from_aws_ca_bundle(shard_dir, tmp_path,
         options = S3Options(endpoint_url=srv.url().rstrip("/"), region="us-east-1", addressing_style="path")
         shard = Shard(f"s3://bucket/{names()[0]}", signer=S3Signer(options))
         got = comparable(read_samples([shard], **FAST))
+
+        # An explicit ca_bundle wins over AWS_CA_BUNDLE (here: another CA's), in the loader too.
+        (tmp_path / "other").mkdir()
+        other_ca = make_test_pki(str(tmp_path / "other"))[0]
+        monkeypatch.setenv("AWS_CA_BUNDLE", other_ca)
+        shard = Shard(f"s3://bucket/{names()[0]}", signer=S3Signer(options))
+        assert comparable(read_samples([shard], ca_bundle=ca, **FAST)) == got
+        loader = ShardLoader([shard], batch_size=PER_SHARD, image_size=32, threads=1, ca_bundle=ca, **FAST)
+        assert sorted(k for b in loader for k in b.keys) == sorted(s["__key__"] for s in got)
     assert got == comparable(read_samples(os.path.join(shard_dir, names()[0])))

@@ -243,7 +243,7 @@ class ShardLoader:
             reserve, phase_reader = [], worker
             config.update(extra, block_size=self.shuffle_buffer, first_block=0)
         config["crop_seed"] = _seed(self.seed, self.epoch)
-        config.update(source_config(self._shards))
+        config.update(source_config(self._shards, config))  # an explicit ca_bundle wins
         display = [s.display for s in self._shards]
         return _core.Loader(spans, reserve, display, config), phase_reader
 
