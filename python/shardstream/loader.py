@@ -166,7 +166,6 @@ class ShardLoader:
         self._batches_done = 0
         # Per yielded batch: (phase reader, reserve positions it had used by then).
         self._reserve_marks: list[tuple[int, int]] = []
-        self._last_mark = (0, 0)
 
     def __len__(self) -> int:
         if self._plan is not None:
@@ -291,8 +290,7 @@ class ShardLoader:
                 n, keys, texts, urls, reserve_used = result
                 buf = lent.popleft()
                 self._batches_done += 1
-                self._last_mark = (phase_reader, reserve_used)
-                self._reserve_marks.append(self._last_mark)
+                self._reserve_marks.append((phase_reader, reserve_used))
                 if workers > 1:  # a DataLoader worker: the main process reads stats per batch
                     self._last_stats = core.stats()
                 yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls)
@@ -464,7 +462,7 @@ if torch is not None:
         def _with_stats(self) -> Iterator[tuple[Batch, int, dict[str, Any], tuple[int, int]]]:
             worker = _worker()[0]
             for batch in self.loader:
-                yield batch, worker, self.loader._last_stats, self.loader._last_mark
+                yield batch, worker, self.loader._last_stats, self.loader._reserve_marks[-1]
 
         def __len__(self) -> int:
             return len(self.loader)

@@ -130,6 +130,8 @@ impl Transformer {
         size: u32,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
+        let n = size as usize * size as usize;
+        assert_eq!(out.len(), 3 * n, "slot must hold one [3, size, size] image");
         match img {
             Pixels::Rgb(rgb) => self.rgb_into_chw(rgb, region, size, out),
             Pixels::YCbCr(planes) => self.ycbcr_into_chw(planes, region, size, out),
@@ -144,7 +146,6 @@ impl Transformer {
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let n = size as usize * size as usize;
-        assert_eq!(out.len(), 3 * n, "slot must hold one [3, size, size] image");
         let Some(chroma) = img.chroma else {
             let (gray, rest) = out.split_at_mut(n);
             self.planes.resize(img.luma, region, size, gray)?;
@@ -177,7 +178,6 @@ impl Transformer {
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let n = size as usize * size as usize;
-        assert_eq!(out.len(), 3 * n, "slot must hold one [3, size, size] image");
         let src = ImageRef::new(img.width, img.height, img.pixels, PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
         crate::decode::grow(&mut self.hwc, 3 * n);

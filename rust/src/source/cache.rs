@@ -19,9 +19,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::http::HttpReader;
-use super::{
-    open_file_at, redact_url, CacheOptions, CountingReader, SourceError, SourceOptions, SourceStats,
-};
+use super::{open_file_at, redact_url, CacheOptions, SourceError, SourceOptions, SourceStats};
 use crate::rng::hash_bytes;
 
 const SHARD_SUFFIX: &str = ".cached";
@@ -144,10 +142,7 @@ impl ShardCache {
             drop(source);
             drop(lock);
             let reader = HttpReader::open(url, start, end, source_opts, stats)?;
-            return Ok(Box::new(CountingReader::new(
-                io::BufReader::with_capacity(super::READ_BUFFER_BYTES, reader),
-                stats,
-            )));
+            return Ok(super::buffered(reader, stats));
         }
         self.fill(url, &stem, &path, &mut source)?;
         drop(source);

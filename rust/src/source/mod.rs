@@ -316,13 +316,10 @@ pub fn open_range(
         Location::S3 => open_s3(url, start, end, opts, stats),
         Location::Http => match &opts.cache {
             Some(cache) => cache::ShardCache::new(cache.clone()).open(url, start, end, opts, stats),
-            None => {
-                let reader = http::HttpReader::open(url, start, end, opts, stats)?;
-                Ok(Box::new(CountingReader::new(
-                    io::BufReader::with_capacity(READ_BUFFER_BYTES, reader),
-                    stats,
-                )))
-            }
+            None => Ok(buffered(
+                http::HttpReader::open(url, start, end, opts, stats)?,
+                stats,
+            )),
         },
     }
 }
@@ -363,10 +360,15 @@ fn open_s3(
     let reader =
         http::HttpReader::open_signed(&signed, Some(Box::new(sign)), start, end, opts, stats)
             .map_err(|e| e.naming(url))?;
-    Ok(Box::new(CountingReader::new(
+    Ok(buffered(reader, stats))
+}
+
+/// An HTTP stream read in large buffered chunks, its bytes counted.
+pub(crate) fn buffered(reader: http::HttpReader, stats: &Arc<SourceStats>) -> Box<dyn Read + Send> {
+    Box::new(CountingReader::new(
         io::BufReader::with_capacity(READ_BUFFER_BYTES, reader),
         stats,
-    )))
+    ))
 }
 
 fn open_local(
