@@ -195,3 +195,72 @@ def test_a_corrupt_jpeg_does_not_poison_the_next_decode_on_the_same_thread(photo
     keys = [k for b in loader for k in b.keys]
     assert keys == ["a", "z0", "z1", "z2"]
     assert loader.stats["skipped"] == {"corrupt_image": 1}
+
+
+# -- decoding only the rows a crop needs ---------------------------------------------------------
+
+
+def _layouts(photos) -> list[tuple[str, bytes]]:
+    """JPEGs of real photos in the layouts the raw decoder handles: each chroma subsampling,
+    grayscale, progressive; portrait and landscape; sizes decoded at full size and at 1/2, 1/4
+    and 1/8 DCT scale for a 224 crop; sizes that are not whole blocks."""
+    import simplejpeg
+
+    out = []
+    for i, (w, h) in enumerate([(301, 517), (517, 301), (227, 227), (461, 1003), (1901, 977), (3605, 1811)]):
+        img = photos[i % len(photos)].resize((w, h), Image.BICUBIC)
+        for subsampling in (0, 1, 2):
+            data = encode(img, "JPEG", quality=90, subsampling=subsampling)
+            out.append((f"{w}x{h} pil-{subsampling}", data))
+        pixels = np.ascontiguousarray(np.asarray(img))
+        for layout in ("440", "411"):
+            data = simplejpeg.encode_jpeg(pixels, quality=90, colorspace="RGB", colorsubsampling=layout)
+            out.append((f"{w}x{h} {layout}", data))
+        out.append((f"{w}x{h} gray", encode(img.convert("L"), "JPEG", quality=90)))
+        out.append((f"{w}x{h} progressive", encode(img, "JPEG", quality=90, progressive=True)))
+    return out
+
+
+def test_stopping_after_the_crops_last_row_gives_the_whole_decodes_pixels(photos):
+    """The loader stops decoding a JPEG after the last row its crop's resize reads (the rows below
+    a portrait photo's centre, or a random crop, are never entropy-decoded); validation decodes
+    every row. Both must give the same bytes, for every layout and for centre and random crops
+    (whose boxes reach every edge of the image over these seeds)."""
+    checked = 0
+    for name, data in _layouts(photos):
+        for crop, seeds in (("center", [0]), ("random", range(12))):
+            for seed in seeds:
+                partial = ours(data, crop=crop, crop_seed=seed)
+                whole = ours(data, crop=crop, crop_seed=seed, whole=True)
+                assert np.array_equal(partial, whole), (name, crop, seed)
+                checked += 1
+    assert checked == 6 * 7 * 13
+
+
+def test_a_truncated_jpeg_is_rejected_even_when_the_crop_ends_above_the_cut(photos):
+    # A portrait photo's centre crop ends well above its last quarter, which the loader's decode
+    # never reaches: a file cut there must still count as corrupt (it lacks its end marker).
+    data = encode(photos[2].resize((300, 900), Image.BICUBIC), "JPEG", quality=90)
+    assert ours(data).any()
+    cut = data[: len(data) * 9 // 10]
+    for whole in (False, True):
+        with pytest.raises(ValueError, match="corrupt_image"):
+            ours(cut, whole=whole)
+
+
+def test_validation_decodes_rows_the_crop_does_not_need(photos, tmp_path):
+    """Damage below a portrait photo's centre crop, in a file that still ends with its end marker:
+    the loader's decode stops above it and gives correct pixels; validation (``whole``, and the
+    shard scan behind ``shardstream validate`` and the index) decodes every row and reports it."""
+    from corpus import sample_members, tar_bytes, write_file
+
+    data = encode(photos[2].resize((300, 900), Image.BICUBIC), "JPEG", quality=90)
+    damaged = data[: len(data) * 9 // 10] + b"\xff\xd9"
+    assert np.array_equal(ours(damaged), ours(data))
+    with pytest.raises(ValueError, match="corrupt_image"):
+        ours(damaged, whole=True)
+    members = sample_members("ok", {"jpg": data, "txt": "a"})
+    members += sample_members("bad", {"jpg": damaged, "txt": "b"})
+    path = write_file(str(tmp_path / "damaged.tar"), tar_bytes(members))
+    report = _core.scan_shard(path, decode=True)
+    assert [(s["key"], s["reason"]) for s in report["invalid"]] == [("bad", "corrupt_image")], report

@@ -201,8 +201,20 @@ def probe_image(data: bytes) -> tuple[str, int, int]:
 
     Raises ``ValueError`` when the header is not a supported image."""
 
-def decode_image(data: bytes, size: int = 224, max_pixels: int = 64000000) -> bytes:
-    """Decodes one image exactly as the loader does: ``3 * size * size`` uint8 bytes, CHW."""
+def decode_image(
+    data: bytes,
+    size: int = 224,
+    max_pixels: int = 64000000,
+    *,
+    crop: Literal["center", "random"] = "center",
+    crop_seed: int = 0,
+    whole: bool = False,
+) -> bytes:
+    """Decodes one image exactly as the loader does: ``3 * size * size`` uint8 bytes, CHW.
+
+    ``crop`` and ``crop_seed`` as in the loader (random crops use the default scale range);
+    ``whole`` decodes every row of the image, as validation does, instead of stopping after
+    the last row the crop needs."""
 
 def redact_url(url: str) -> str:
     """The URL with credentials and query string (presigned signatures) removed."""

@@ -329,10 +329,19 @@ fn probe_image(data: &[u8]) -> PyResult<(String, u32, u32)> {
     Ok((probe.format.name().to_string(), w, h))
 }
 
-/// Decodes one image exactly as the loader does: [3, size, size] uint8 bytes.
+/// Decodes one image exactly as the loader does: [3, size, size] uint8 bytes. `crop` and
+/// `crop_seed` as in the loader's config; `whole` decodes every row, as validation does.
 #[pyfunction]
-#[pyo3(signature = (data, size = 224, max_pixels = 64_000_000))]
-fn decode_image(py: Python<'_>, data: &[u8], size: u32, max_pixels: u64) -> PyResult<Py<PyBytes>> {
+#[pyo3(signature = (data, size = 224, max_pixels = 64_000_000, *, crop = "center", crop_seed = 0, whole = false))]
+fn decode_image(
+    py: Python<'_>,
+    data: &[u8],
+    size: u32,
+    max_pixels: u64,
+    crop: &str,
+    crop_seed: u64,
+    whole: bool,
+) -> PyResult<Py<PyBytes>> {
     let raw = crate::group::RawSample {
         key: "image".into(),
         members: vec![("jpg".into(), data.to_vec()), ("txt".into(), Vec::new())],
@@ -343,10 +352,16 @@ fn decode_image(py: Python<'_>, data: &[u8], size: u32, max_pixels: u64) -> PyRe
     let spec = SampleSpec {
         image_size: size,
         max_pixels,
+        crop: crop_mode(crop, (0.08, 1.0))?,
         ..SampleSpec::default()
     };
+    let mut worker = if whole {
+        Worker::validating()
+    } else {
+        Worker::default()
+    };
     let mut out = vec![0u8; 3 * size as usize * size as usize];
-    py.detach(|| prepare(&raw, &spec, 0, &mut Worker::default(), &mut out))
+    py.detach(|| prepare(&raw, &spec, crop_seed, &mut worker, &mut out))
         .map_err(|(reason, detail)| PyValueError::new_err(format!("{reason}: {detail}")))?;
     Ok(PyBytes::new(py, &out).unbind())
 }

@@ -49,9 +49,8 @@ impl Weights {
         }
         self.computed_for = Some(key);
         let out = out_size as usize;
-        let scale = (in1 - in0) / out_size as f64;
-        let filter_scale = scale.max(1.0);
-        let radius = 2.0 * filter_scale;
+        let axis = Axis::new(in0, in1, out_size);
+        let (scale, filter_scale, radius) = (axis.scale, axis.filter_scale, axis.radius);
         let window = radius.ceil() as usize * 2 + 1;
         self.window = window;
         self.starts.clear();
@@ -59,10 +58,7 @@ impl Weights {
         self.centers.clear();
         for o in 0..out {
             let center = in0 + (o as f64 + 0.5) * scale;
-            // Casts truncate toward zero: floor and ceil without a libm call (x86-64's
-            // baseline has no rounding instruction).
-            let lo = (center - radius).max(0.0) as u32;
-            let hi = ((center + radius + 1.0) as u32).min(in_size).max(lo + 1);
+            let (lo, hi) = axis.taps(center, in_size);
             self.starts.push(lo);
             self.counts.push((hi - lo).min(window as u32));
             self.centers.push(center);
@@ -106,6 +102,48 @@ impl Weights {
             self.counts[o] = (last - first + 1) as u32;
         }
     }
+}
+
+/// The resampling of one axis: the span `[in0, in1)` onto `out` samples.
+struct Axis {
+    scale: f64,
+    filter_scale: f64,
+    radius: f64,
+}
+
+impl Axis {
+    fn new(in0: f64, in1: f64, out: u32) -> Axis {
+        let scale = (in1 - in0) / out as f64;
+        let filter_scale = scale.max(1.0);
+        Axis {
+            scale,
+            filter_scale,
+            radius: 2.0 * filter_scale,
+        }
+    }
+
+    /// The input samples `lo..hi` the output centred at `center` reads.
+    #[inline]
+    fn taps(&self, center: f64, in_size: u32) -> (u32, u32) {
+        // Casts truncate toward zero: floor and ceil without a libm call (x86-64's baseline
+        // has no rounding instruction).
+        let lo = (center - self.radius).max(0.0) as u32;
+        let hi = ((center + self.radius + 1.0) as u32)
+            .min(in_size)
+            .max(lo + 1);
+        (lo, hi)
+    }
+}
+
+/// One past the last input sample that resampling `[in0, in1)` of an axis `in_size` long onto
+/// `out_size` samples reads (what [`Weights::compute`] would give): how many rows of an image a
+/// decoder must produce for the vertical pass.
+pub fn input_end(in_size: u32, in0: f64, in1: f64, out_size: u32) -> u32 {
+    let axis = Axis::new(in0, in1, out_size);
+    // Centres grow with the output index, and so do the taps' ends: the last output reads
+    // furthest.
+    let last_center = in0 + (out_size as f64 - 0.5) * axis.scale;
+    axis.taps(last_center, in_size).1
 }
 
 /// What [`Weights::compute`] knows per output before evaluating the kernel.

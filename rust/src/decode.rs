@@ -5,13 +5,16 @@
 //! (1/8, 1/4, 1/2, 1) that still covers what the crop needs, as Pillow's `draft()` does:
 //! a 1024 px photo headed for a 224 px crop costs a quarter of a full decode.
 //! YCbCr JPEGs stored upright come out as their raw Y/Cb/Cr planes (see [`Pixels`]), so chroma
-//! upsampling and colour conversion happen once per output pixel instead of once per stored one.
+//! upsampling and colour conversion happen once per output pixel instead of once per stored one,
+//! and their decode stops after the last row the crop's resize reads.
 //! PNG and WebP go through the pure-Rust decoders of the `image` crate.
 
 use std::io::Cursor;
 
 use crate::error::Reason;
 use crate::jpeg::{self, Colorspace, Subsampling};
+use crate::jpeg_raw::RawDecoder;
+use crate::resize::{self, CropBox};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -89,12 +92,15 @@ pub struct Rgb<'a> {
 }
 
 /// `count` image planes of the same size side by side: each row holds row y of plane 0, then
-/// row y of plane 1, ... (so one resize call serves planes that share a geometry).
+/// row y of plane 1, ..., each `pitch` bytes (so one resize call serves planes that share a
+/// geometry). `data` may end before row `height` when the decode stopped early: it holds the
+/// rows the resize reads.
 #[derive(Clone, Copy)]
 pub struct Planes<'a> {
     pub count: u32,
     pub width: u32,
     pub height: u32,
+    pub pitch: u32,
     pub data: &'a [u8],
 }
 
@@ -130,8 +136,29 @@ impl Pixels<'_> {
 /// per-sample path allocates nothing once warmed up.
 pub struct Decoder {
     jpeg: Option<jpeg::Handle>,
+    raw: Option<RawDecoder>,
     pixels: Vec<u8>,
     oriented: Vec<u8>,
+}
+
+/// Where the planes of a raw JPEG decode lie in `Decoder::pixels`.
+#[derive(Clone, Copy)]
+struct PlanesLayout {
+    width: u32,
+    height: u32,
+    luma: PlaneSpan,
+    chroma: Option<PlaneSpan>,
+    subsampling: (u32, u32),
+}
+
+#[derive(Clone, Copy)]
+struct PlaneSpan {
+    width: u32,
+    height: u32,
+    pitch: u32,
+    start: usize,
+    /// Bytes of decoded rows from `start`.
+    len: usize,
 }
 
 impl Default for Decoder {
@@ -160,6 +187,7 @@ impl Decoder {
     pub fn new() -> Self {
         Self {
             jpeg: None,
+            raw: None,
             pixels: Vec::new(),
             oriented: Vec::new(),
         }
@@ -215,16 +243,20 @@ impl Decoder {
         }
     }
 
-    /// Decodes, reduced by the largest power-of-two DCT factor that keeps a region of
-    /// `min_region_side` stored pixels at least `target` pixels on its shorter side
-    /// (`target == 0` asks for full size). Applies the EXIF orientation.
+    /// Decodes for a resize of `region` (displayed coordinates, full size) to `target` pixels
+    /// square: reduced by the largest power-of-two DCT factor that keeps the region at least
+    /// `target` pixels on its shorter side (`target == 0` asks for full size). With `partial`,
+    /// a JPEG decoded as planes stops after the last row that resize reads (the rows below are
+    /// then not checked for corruption: validation decodes whole images). Applies the EXIF
+    /// orientation.
     pub fn decode(
         &mut self,
         bytes: &[u8],
         probe: &Probe,
-        min_region_side: u32,
+        region: CropBox,
         target: u32,
         max_pixels: u64,
+        partial: bool,
     ) -> Result<Pixels<'_>, DecodeError> {
         check_pixels(probe.width, probe.height, max_pixels)?;
         let (w, h) = match (probe.format, probe.jpeg) {
@@ -232,24 +264,24 @@ impl Decoder {
                 let reduction = if header.lossless {
                     1
                 } else {
-                    dct_reduction(min_region_side, target)
+                    dct_reduction(region.min_side(), target)
                 };
                 let planes = probe.orientation <= 1
                     && !header.lossless
                     && matches!(header.colorspace, Colorspace::YCbCr | Colorspace::Gray)
                     && header.subsampling != Subsampling::Unknown;
-                let decoded = if planes {
-                    self.decode_jpeg_planes(bytes, &header, reduction)
-                } else {
-                    self.decode_jpeg_packed(bytes, &header, reduction)
-                };
+                if planes {
+                    let stop = (partial && target > 0).then_some((region, target));
+                    // As with TurboJPEG below, a failed decode leaves no state behind.
+                    let layout = self
+                        .decode_jpeg_planes(bytes, probe, reduction, stop)
+                        .inspect_err(|_| self.raw = None)?;
+                    return Ok(Pixels::YCbCr(self.planes(layout)));
+                }
                 // libjpeg-turbo keeps state (Huffman tables, scan progress) from a failed decode
                 // that poisons the next image on the same handle: start the next one afresh.
-                let decoded = decoded.inspect_err(|_| self.jpeg = None)?;
-                if planes {
-                    return Ok(Pixels::YCbCr(self.planes(&header, decoded)));
-                }
-                decoded
+                self.decode_jpeg_packed(bytes, &header, reduction)
+                    .inspect_err(|_| self.jpeg = None)?
             }
             (Format::Png | Format::Webp, _) => {
                 self.decode_with_image_crate(bytes, probe, max_pixels)?
@@ -304,46 +336,96 @@ impl Decoder {
         Ok((w as u32, h as u32))
     }
 
-    /// Decodes the Y plane, then Cb and Cr side by side, into `self.pixels`.
+    /// Decodes the Y plane, then Cb and Cr side by side (row by row), into `self.pixels`, raw
+    /// from libjpeg. With `stop` (a region and the size it is resized to), only the rows that
+    /// resize reads are decoded.
     fn decode_jpeg_planes(
         &mut self,
         bytes: &[u8],
-        header: &jpeg::Header,
+        probe: &Probe,
         reduction: u32,
-    ) -> Result<(u32, u32), DecodeError> {
-        let (w, h) = reduced(header, reduction);
-        let [luma, chroma] = plane_sizes(header, (w, h));
-        let luma_len = luma.0 * luma.1;
-        grow(&mut self.pixels, luma_len + 2 * chroma.0 * chroma.1);
-        let (y, cbcr) = self.pixels.split_at_mut(luma_len);
-        reduced_handle(&mut self.jpeg, reduction)?
-            .decode_planes(bytes, (y, luma), (cbcr, chroma), header.subsampling)
-            .map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
-        Ok((w, h))
+        stop: Option<(CropBox, u32)>,
+    ) -> Result<PlanesLayout, DecodeError> {
+        let corrupt = |e: String| DecodeError::corrupt(format!("jpeg: {e}"));
+        if self.raw.is_none() {
+            self.raw = Some(RawDecoder::new().map_err(DecodeError::corrupt)?);
+        }
+        let raw = self.raw.as_mut().expect("created above");
+        let started = raw.start(bytes, reduction).map_err(corrupt)?;
+        let g = started.geometry;
+        let (width, height) = (g.width as u32, g.height as u32);
+        let color = g.components == 3;
+        let pitch = |c: usize| g.plane_stride[c] as usize;
+        let rows_of = |c: usize| g.plane_rows[c] as usize;
+        let luma_len = pitch(0) * rows_of(0);
+        // Cb and Cr rows interleaved: one resize pass serves both (see `Planes`).
+        let chroma_len = if color { 2 * pitch(1) * rows_of(1) } else { 0 };
+        let subsampling = if color {
+            (g.plane_h_ratio[1] as u32, g.plane_v_ratio[1] as u32)
+        } else {
+            (1, 1)
+        };
+        let stop_row = stop.and_then(|(region, size)| {
+            // A file that does not end with its end marker may be truncated: decode it whole,
+            // so that a missing tail is reported even when the crop does not reach it.
+            if !bytes.ends_with(&[0xFF, 0xD9]) {
+                return None;
+            }
+            let scaled = region.rescaled((probe.width, probe.height), (width, height));
+            let chroma = color.then_some((g.plane_height[1] as u32, subsampling));
+            Some(resize::planes_rows_read(
+                scaled,
+                size,
+                g.plane_height[0] as u32,
+                chroma,
+            ))
+        });
+        grow(&mut self.pixels, luma_len + chroma_len);
+        let planes = [
+            (0, pitch(0)),
+            (luma_len, 2 * pitch(1)),
+            (luma_len + pitch(1), 2 * pitch(1)),
+        ];
+        let rows = started
+            .read(&mut self.pixels, planes, stop_row)
+            .map_err(corrupt)? as usize;
+        let span = |c: usize, start: usize, count: u32| {
+            let pitch = pitch(c);
+            let per_call = g.plane_rows_per_call[c] as usize;
+            let rows_done = (rows.div_ceil(g.rows_per_call as usize) * per_call)
+                .min(g.plane_height[c] as usize);
+            PlaneSpan {
+                width: g.plane_width[c] as u32,
+                height: g.plane_height[c] as u32,
+                pitch: pitch as u32,
+                start,
+                len: rows_done * pitch * count as usize,
+            }
+        };
+        Ok(PlanesLayout {
+            width,
+            height,
+            luma: span(0, 0, 1),
+            chroma: color.then(|| span(1, luma_len, 2)),
+            subsampling,
+        })
     }
 
     /// Views the planes [`decode_jpeg_planes`](Self::decode_jpeg_planes) left in `self.pixels`.
-    fn planes(&self, header: &jpeg::Header, (w, h): (u32, u32)) -> YCbCr<'_> {
-        let [luma, chroma] = plane_sizes(header, (w, h));
-        let (y, cbcr) = self.pixels.split_at(luma.0 * luma.1);
-        fn planes(count: usize, (pw, ph): (usize, usize), data: &[u8]) -> Planes<'_> {
-            Planes {
-                count: count as u32,
-                width: pw as u32,
-                height: ph as u32,
-                data: &data[..count * pw * ph],
-            }
-        }
-        let (chroma, subsampling) = match header.subsampling {
-            Subsampling::Factors { h: sh, v: sv, .. } => (Some(planes(2, chroma, cbcr)), (sh, sv)),
-            _ => (None, (1, 1)),
+    fn planes(&self, layout: PlanesLayout) -> YCbCr<'_> {
+        let view = |span: PlaneSpan, count: u32| Planes {
+            count,
+            width: span.width,
+            height: span.height,
+            pitch: span.pitch,
+            data: &self.pixels[span.start..][..span.len],
         };
         YCbCr {
-            width: w,
-            height: h,
-            luma: planes(1, luma, y),
-            chroma,
-            subsampling,
+            width: layout.width,
+            height: layout.height,
+            luma: view(layout.luma, 1),
+            chroma: layout.chroma.map(|span| view(span, 2)),
+            subsampling: layout.subsampling,
         }
     }
 
@@ -422,16 +504,6 @@ fn dct_reduction(region_side: u32, target: u32) -> u32 {
 /// The decoded size at DCT reduction 1/`denom` (libjpeg rounds up).
 fn reduced(header: &jpeg::Header, denom: u32) -> (u32, u32) {
     (header.width.div_ceil(denom), header.height.div_ceil(denom))
-}
-
-/// Luma and chroma plane sizes for a decoded size (chroma empty for grayscale).
-fn plane_sizes(header: &jpeg::Header, (w, h): (u32, u32)) -> [(usize, usize); 2] {
-    let size = |c| jpeg::plane_size(c, w, h, header.subsampling);
-    if header.subsampling == Subsampling::Gray {
-        [size(0), (0, 0)]
-    } else {
-        [size(0), size(1)]
-    }
 }
 
 /// Makes `buf` at least `len` long. Scratch buffers only grow: resizing them to each image's

@@ -1,7 +1,6 @@
 //! A thin safe wrapper over libjpeg-turbo's TurboJPEG 3 API: one handle, the header read once,
-//! and the two decodes the loader uses: packed RGB/CMYK, and raw Y/Cb/Cr planes. The planes skip
-//! chroma upsampling and colour conversion at full resolution, which the resize then does for
-//! free at the (much smaller) output size.
+//! and the packed RGB/CMYK decode (for CMYK, lossless and rotated JPEGs). Upright YCbCr and
+//! grayscale JPEGs are decoded as raw planes by [`crate::jpeg_raw`] instead.
 
 use std::ffi::{c_int, CStr};
 
@@ -56,14 +55,6 @@ impl Subsampling {
         match factors.iter().find(|(c, _)| *c as c_int == code) {
             Some(&(_, (h, v))) => Subsampling::Factors { code, h, v },
             None => Subsampling::Unknown,
-        }
-    }
-
-    fn code(self) -> c_int {
-        match self {
-            Subsampling::Gray => raw::TJSAMP_TJSAMP_GRAY as c_int,
-            Subsampling::Factors { code, .. } => code,
-            Subsampling::Unknown => raw::TJSAMP_TJSAMP_UNKNOWN as c_int,
         }
     }
 }
@@ -177,57 +168,4 @@ impl Handle {
             )
         })
     }
-
-    /// Decodes the Y plane into `luma` (rows packed) and, for colour images, Cb and Cr side by
-    /// side into `chroma` (each row: a Cb row, then a Cr row), at the [`plane_size`]s of the
-    /// header's size reduced by the current DCT reduction.
-    pub fn decode_planes(
-        &mut self,
-        bytes: &[u8],
-        (luma, (lw, lh)): (&mut [u8], (usize, usize)),
-        (chroma, (cw, ch)): (&mut [u8], (usize, usize)),
-        subsampling: Subsampling,
-    ) -> Result<(), String> {
-        assert!(luma.len() >= lw * lh, "luma buffer too small");
-        let mut pointers = [
-            luma.as_mut_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        ];
-        let mut strides = [lw as c_int, 0, 0];
-        if subsampling != Subsampling::Gray {
-            assert!(chroma.len() >= 2 * cw * ch, "chroma buffer too small");
-            let (cb, cr) = chroma.split_at_mut(cw);
-            pointers[1] = cb.as_mut_ptr();
-            pointers[2] = cr.as_mut_ptr();
-            strides[1] = 2 * cw as c_int;
-            strides[2] = 2 * cw as c_int;
-        }
-        self.check(unsafe {
-            raw::tj3DecompressToYUVPlanes8(
-                self.0,
-                bytes.as_ptr(),
-                bytes.len() as raw::size_t,
-                pointers.as_mut_ptr(),
-                strides.as_mut_ptr(),
-            )
-        })
-    }
-}
-
-/// (width, height) of plane `component` (0 = Y, 1 = Cb, 2 = Cr) of a `width x height` image.
-pub fn plane_size(
-    component: usize,
-    width: u32,
-    height: u32,
-    subsampling: Subsampling,
-) -> (usize, usize) {
-    let code = subsampling.code();
-    let (w, h) = unsafe {
-        (
-            raw::tj3YUVPlaneWidth(component as c_int, width as c_int, code),
-            raw::tj3YUVPlaneHeight(component as c_int, height as c_int, code),
-        )
-    };
-    (w.max(0) as usize, h.max(0) as usize)
 }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod group;
 pub mod index;
 pub mod jpeg;
+pub mod jpeg_raw;
 pub mod pipeline;
 pub mod plan;
 pub mod resize;

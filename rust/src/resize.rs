@@ -102,7 +102,10 @@ pub struct Transformer {
     resizer: Resizer,
     hwc: Vec<u8>,
     ycc: Vec<u8>,
-    planes: PlaneResizer,
+    /// One resizer each, so that each keeps its weights: a dataset of one image size (as
+    /// img2dataset writes them) then computes none after the first image.
+    luma: PlaneResizer,
+    chroma: PlaneResizer,
 }
 
 impl Default for Transformer {
@@ -117,7 +120,8 @@ impl Transformer {
             resizer: Resizer::new(),
             hwc: Vec::new(),
             ycc: Vec::new(),
-            planes: PlaneResizer::default(),
+            luma: PlaneResizer::default(),
+            chroma: PlaneResizer::default(),
         }
     }
 
@@ -148,23 +152,20 @@ impl Transformer {
         let n = size as usize * size as usize;
         let Some(chroma) = img.chroma else {
             let (gray, rest) = out.split_at_mut(n);
-            self.planes.resize(img.luma, region, size, gray)?;
+            self.luma.resize(img.luma, region, size, gray)?;
             rest[..n].copy_from_slice(gray);
             rest[n..].copy_from_slice(gray);
             return Ok(());
         };
         crate::decode::grow(&mut self.ycc, 3 * n);
         let (luma_out, chroma_out) = self.ycc[..3 * n].split_at_mut(n);
-        self.planes.resize(img.luma, region, size, luma_out)?;
-        let (sh, sv) = (img.subsampling.0 as f64, img.subsampling.1 as f64);
-        let chroma_region = CropBox {
-            x: region.x / sh,
-            y: region.y / sv,
-            w: region.w / sh,
-            h: region.h / sv,
-        };
-        self.planes
-            .resize(chroma, chroma_region, size, chroma_out)?;
+        self.luma.resize(img.luma, region, size, luma_out)?;
+        self.chroma.resize(
+            chroma,
+            chroma_region(region, img.subsampling),
+            size,
+            chroma_out,
+        )?;
         let (cb_out, cr_out) = chroma_out.split_at(n);
         ycbcr_to_rgb_planar(luma_out, cb_out, cr_out, out);
         Ok(())
@@ -195,6 +196,34 @@ impl Transformer {
         }
         Ok(())
     }
+}
+
+/// `region` of the luma plane, in the coordinates of a chroma plane subsampled by `(sh, sv)`.
+fn chroma_region(region: CropBox, (sh, sv): (u32, u32)) -> CropBox {
+    let (sh, sv) = (sh as f64, sv as f64);
+    CropBox {
+        x: region.x / sh,
+        y: region.y / sv,
+        w: region.w / sh,
+        h: region.h / sv,
+    }
+}
+
+/// How many luma rows (from the top) resizing `region` of a JPEG's planes to `size x size`
+/// reads: rows of the luma plane `luma_height` tall and, for colour images, of the chroma
+/// plane (`chroma_height` rows, one per `subsampling.1` luma rows). A decoder may stop there.
+pub fn planes_rows_read(
+    region: CropBox,
+    size: u32,
+    luma_height: u32,
+    chroma: Option<(u32, (u32, u32))>,
+) -> u32 {
+    let luma = convolve::input_end(luma_height, region.y, region.y + region.h, size);
+    let chroma = chroma.map_or(0, |(height, subsampling)| {
+        let r = chroma_region(region, subsampling);
+        convolve::input_end(height, r.y, r.y + r.h, size) * subsampling.1
+    });
+    luma.max(chroma)
 }
 
 fn fail(e: String) -> DecodeError {
@@ -245,11 +274,11 @@ impl PlaneResizer {
         size: u32,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
-        let (count, width) = (src.count as usize, src.width as usize);
+        let (count, width, pitch) = (src.count as usize, src.width as usize, src.pitch as usize);
         let side = size as usize;
         let square = side * side;
         assert_eq!(out.len(), count * square, "output must hold every plane");
-        assert!(src.data.len() >= count * width * src.height as usize);
+        assert!(pitch >= width, "a plane's rows hold its width");
         if region.w <= 0.0 || region.h <= 0.0 || width == 0 || src.height == 0 {
             return Err(fail(format!("empty region {region:?}")));
         }
@@ -268,8 +297,8 @@ impl PlaneResizer {
         for p in 0..count {
             let tall = &mut self.rows[p * strip * side..][..strip * side];
             convolve::vertical(
-                &src.data[p * width + x0..],
-                count * width,
+                &src.data[p * pitch + x0..],
+                count * pitch,
                 strip,
                 &self.down,
                 tall,
@@ -381,6 +410,7 @@ mod tests {
             count: 1,
             width: 131,
             height: 112,
+            pitch: 131,
             data: &data,
         };
         let region = CropBox {

@@ -67,6 +67,19 @@ pub type Rejection = (Reason, String);
 pub struct Worker {
     pub decoder: Decoder,
     pub transformer: Transformer,
+    /// Decode every row of an image even when the crop needs fewer, so that corruption
+    /// anywhere in it is found: what validation and index scans want; the loader does not.
+    pub whole_images: bool,
+}
+
+impl Worker {
+    /// A worker that checks whole images (see [`Worker::whole_images`]).
+    pub fn validating() -> Worker {
+        Worker {
+            whole_images: true,
+            ..Worker::default()
+        }
+    }
 }
 
 /// The caption of a sample, checked (UTF-8, present).
@@ -148,9 +161,10 @@ pub fn prepare(
         .decode(
             bytes,
             &probe,
-            region.min_side(),
+            region,
             spec.image_size,
             spec.max_pixels,
+            !worker.whole_images,
         )
         .map_err(|e| (e.reason, e.detail))?;
     let scaled = region.rescaled(displayed, img.size());

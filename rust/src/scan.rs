@@ -73,7 +73,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
     };
     report.compressed = reader.is_compressed();
     let mut reader = reader;
-    let mut worker = Worker::default();
+    let mut worker = Worker::validating();
     let size = opts.spec.image_size as usize;
     let mut slot = vec![0u8; 3 * size * size];
     let mut first_ordinal_of_key: HashMap<String, u64> = HashMap::new();

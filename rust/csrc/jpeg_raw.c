@@ -1,0 +1,214 @@
+/* Raw JPEG decoding for shardstream: the stored Y/Cb/Cr planes (not upsampled, not colour
+ * converted) written straight into the caller's memory, stopping after the last row the caller
+ * needs. TurboJPEG's planar decode cannot stop early and copies every row whose plane is not a
+ * whole number of blocks wide; the libjpeg API below it can do both.
+ *
+ * libjpeg reports errors by longjmp. Every libjpeg call is made from this file, under a setjmp
+ * of the entry point that made it, so no jump ever crosses a Rust frame. */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jpeglib.h"
+
+#define SS_MAX_COMPONENTS 3
+/* Rows one jpeg_read_raw_data call writes per component: v_samp_factor (<= 4) times the
+ * scaled block size (<= 8 when reducing). */
+#define SS_MAX_ROWS_PER_CALL 32
+
+struct ss_error {
+  struct jpeg_error_mgr pub;
+  jmp_buf jump;
+  int failed;
+  char message[JMSG_LENGTH_MAX];
+};
+
+struct ss_raw {
+  struct jpeg_decompress_struct cinfo;
+  struct ss_error err;
+};
+
+/* Kept in step with `RawGeometry` in jpeg_raw.rs. */
+typedef struct {
+  int components;
+  int width, height;           /* output (luma) size at the chosen reduction */
+  int rows_per_call;           /* output rows each iMCU row holds */
+  int plane_width[SS_MAX_COMPONENTS], plane_height[SS_MAX_COMPONENTS]; /* image data */
+  int plane_stride[SS_MAX_COMPONENTS];      /* bytes libjpeg may write per row */
+  int plane_rows[SS_MAX_COMPONENTS];        /* rows libjpeg may write in all */
+  int plane_rows_per_call[SS_MAX_COMPONENTS];
+  int plane_h_ratio[SS_MAX_COMPONENTS], plane_v_ratio[SS_MAX_COMPONENTS]; /* output px/sample */
+} ss_raw_geometry;
+
+/* The head of libjpeg-turbo's `struct jpeg_inverse_dct` (jpegint.h, an internal header that is
+ * not installed): the per-component IDCT functions, which TurboJPEG's own planar decode swaps
+ * exactly as ss_keep_chroma_subsampled() does. turbojpeg-sys pins the libjpeg-turbo version. */
+struct ss_inverse_dct_head {
+  void (*start_pass)(j_decompress_ptr cinfo);
+  void (*inverse_DCT[MAX_COMPONENTS])(void);
+};
+
+static void ss_error_exit(j_common_ptr cinfo) {
+  struct ss_error *err = (struct ss_error *)cinfo->err;
+  (*cinfo->err->format_message)(cinfo, err->message);
+  err->failed = 1;
+  longjmp(err->jump, 1);
+}
+
+/* libjpeg's warnings are corrupt data (a premature end, a bad Huffman code, stray bytes);
+ * TurboJPEG fails on them, and so do we: the first is kept and the entry point fails. */
+static void ss_emit_message(j_common_ptr cinfo, int level) {
+  struct ss_error *err = (struct ss_error *)cinfo->err;
+  if (level < 0 && !err->failed) {
+    (*cinfo->err->format_message)(cinfo, err->message);
+    err->failed = 1;
+  }
+}
+
+struct ss_raw *ss_raw_new(void) {
+  struct ss_raw *volatile h = (struct ss_raw *)calloc(1, sizeof(struct ss_raw));
+  if (!h) return NULL;
+  h->cinfo.err = jpeg_std_error(&h->err.pub);
+  h->err.pub.error_exit = ss_error_exit;
+  h->err.pub.emit_message = ss_emit_message;
+  if (setjmp(h->err.jump)) {
+    free(h);
+    return NULL;
+  }
+  jpeg_create_decompress(&h->cinfo);
+  return h;
+}
+
+void ss_raw_free(struct ss_raw *h) {
+  if (!h) return;
+  jpeg_destroy_decompress(&h->cinfo);
+  free(h);
+}
+
+const char *ss_raw_message(const struct ss_raw *h) { return h->err.message; }
+
+static void ss_fail(struct ss_raw *h, const char *message) {
+  snprintf(h->err.message, sizeof h->err.message, "%s", message);
+  h->err.failed = 1;
+  longjmp(h->err.jump, 1);
+}
+
+/* When reducing a 4:2:0 image, libjpeg decodes chroma with a larger IDCT so that its planes
+ * come out at the reduced luma size (no upsampling needed). We resize chroma from its stored
+ * resolution anyway, so that only costs time: a bigger IDCT and four times the chroma pixels to
+ * resize. Give those components the luma's reduced IDCT back, as TurboJPEG does. */
+static void ss_keep_chroma_subsampled(struct jpeg_decompress_struct *cinfo) {
+  struct ss_inverse_dct_head *idct = (struct ss_inverse_dct_head *)cinfo->idct;
+  int ci, reference = -1;
+  for (ci = 0; ci < cinfo->num_components; ci++)
+    if (cinfo->comp_info[ci].DCT_scaled_size == cinfo->min_DCT_scaled_size) reference = ci;
+  if (reference < 0) return;
+  for (ci = 0; ci < cinfo->num_components; ci++) {
+    jpeg_component_info *c = &cinfo->comp_info[ci];
+    if (c->DCT_scaled_size == cinfo->min_DCT_scaled_size) continue;
+    c->DCT_scaled_size = cinfo->min_DCT_scaled_size;
+    c->MCU_sample_width = c->MCU_width * c->DCT_scaled_size;
+    c->downsampled_width = (JDIMENSION)(((long)cinfo->image_width * c->h_samp_factor *
+                                         c->DCT_scaled_size + cinfo->max_h_samp_factor * DCTSIZE - 1) /
+                                        (cinfo->max_h_samp_factor * DCTSIZE));
+    c->downsampled_height = (JDIMENSION)(((long)cinfo->image_height * c->v_samp_factor *
+                                          c->DCT_scaled_size + cinfo->max_v_samp_factor * DCTSIZE - 1) /
+                                         (cinfo->max_v_samp_factor * DCTSIZE));
+    idct->inverse_DCT[ci] = idct->inverse_DCT[reference];
+  }
+}
+
+/* Reads the header of `data` and starts a raw decode reduced to 1/`denom` (1, 2, 4 or 8);
+ * describes the planes in `geometry`. 0 on success; -1 with ss_raw_message() set. */
+int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len, int denom,
+                 ss_raw_geometry *geometry) {
+  struct jpeg_decompress_struct *cinfo = &h->cinfo;
+  int ci;
+  h->err.failed = 0;
+  h->err.message[0] = 0;
+  if (setjmp(h->err.jump)) {
+    jpeg_abort_decompress(cinfo);
+    return -1;
+  }
+  jpeg_mem_src(cinfo, data, len);
+  jpeg_read_header(cinfo, TRUE);
+  if (h->err.failed) longjmp(h->err.jump, 1);
+  if (cinfo->num_components > SS_MAX_COMPONENTS ||
+      (cinfo->jpeg_color_space != JCS_YCbCr && cinfo->jpeg_color_space != JCS_GRAYSCALE))
+    ss_fail(h, "raw decoding takes YCbCr and grayscale JPEGs only");
+  cinfo->raw_data_out = TRUE;
+  cinfo->dct_method = JDCT_ISLOW;
+  cinfo->scale_num = 1;
+  cinfo->scale_denom = denom;
+  jpeg_start_decompress(cinfo);
+  if (h->err.failed) longjmp(h->err.jump, 1);
+  ss_keep_chroma_subsampled(cinfo);
+  geometry->components = cinfo->num_components;
+  geometry->width = cinfo->output_width;
+  geometry->height = cinfo->output_height;
+  geometry->rows_per_call = cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size;
+  for (ci = 0; ci < cinfo->num_components; ci++) {
+    jpeg_component_info *c = &cinfo->comp_info[ci];
+    int rows_per_call = c->v_samp_factor * c->DCT_scaled_size;
+    /* Whole MCUs of blocks: more than libjpeg writes, never less. */
+    int blocks = (int)((c->width_in_blocks + c->h_samp_factor - 1) / c->h_samp_factor) *
+                 c->h_samp_factor;
+    int h_out = cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size;
+    int v_out = cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size;
+    int h_plane = c->h_samp_factor * c->DCT_scaled_size;
+    if (rows_per_call > SS_MAX_ROWS_PER_CALL || h_out % h_plane || v_out % rows_per_call)
+      ss_fail(h, "unsupported sampling factors");
+    geometry->plane_h_ratio[ci] = h_out / h_plane;
+    geometry->plane_v_ratio[ci] = v_out / rows_per_call;
+    geometry->plane_width[ci] = c->downsampled_width;
+    geometry->plane_height[ci] = c->downsampled_height;
+    geometry->plane_stride[ci] = blocks * c->DCT_scaled_size;
+    geometry->plane_rows_per_call[ci] = rows_per_call;
+    geometry->plane_rows[ci] = (int)cinfo->total_iMCU_rows * rows_per_call;
+  }
+  return 0;
+}
+
+/* Decodes the started image into `planes` (rows `strides` apart, sized as the geometry says)
+ * until at least `stop_row` output rows are done (0: all of them), then ends the decode:
+ * reading on to the end marker when every row was decoded, abandoning the rest otherwise.
+ * Returns the output rows decoded, or -1 with ss_raw_message() set. */
+int ss_raw_read(struct ss_raw *h, unsigned char *const *planes, const int *strides,
+                int stop_row) {
+  struct jpeg_decompress_struct *cinfo = &h->cinfo;
+  const int last = (stop_row <= 0 || stop_row > (int)cinfo->output_height)
+                       ? (int)cinfo->output_height : stop_row;
+  JSAMPROW rows[SS_MAX_COMPONENTS][SS_MAX_ROWS_PER_CALL];
+  JSAMPARRAY arrays[SS_MAX_COMPONENTS];
+  int ci, r;
+  if (setjmp(h->err.jump)) {
+    jpeg_abort_decompress(cinfo);
+    return -1;
+  }
+  while ((int)cinfo->output_scanline < last) {
+    int call = cinfo->output_scanline / (cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size);
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+      jpeg_component_info *c = &cinfo->comp_info[ci];
+      int per_call = c->v_samp_factor * c->DCT_scaled_size;
+      for (r = 0; r < per_call; r++)
+        rows[ci][r] = planes[ci] + (size_t)(call * per_call + r) * (size_t)strides[ci];
+      arrays[ci] = rows[ci];
+    }
+    if (jpeg_read_raw_data(cinfo, arrays,
+                           cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size) == 0)
+      ss_fail(h, "JPEG decoding suspended");
+    if (h->err.failed) longjmp(h->err.jump, 1);
+  }
+  r = (int)cinfo->output_scanline;
+  if (r >= (int)cinfo->output_height) {
+    jpeg_finish_decompress(cinfo);
+    if (h->err.failed) longjmp(h->err.jump, 1);
+  } else {
+    jpeg_abort_decompress(cinfo);
+  }
+  return r;
+}
+
+/* Ends a started decode that will not be read. */
+void ss_raw_abort(struct ss_raw *h) { jpeg_abort_decompress(&h->cinfo); }
