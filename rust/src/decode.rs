@@ -106,8 +106,8 @@ pub struct Planes<'a> {
 
 /// A JPEG's planes as stored: full-resolution luma, and for colour images Cb and Cr side by
 /// side at their subsampled resolution, one chroma sample per `subsampling` luma pixels
-/// (centred, as JFIF sites them). Planes are padded to whole chroma samples; the image is
-/// `width x height`.
+/// (centred, as JFIF sites them); the chroma plane covers the last luma column and row even
+/// when they are odd. The image is `width x height`.
 #[derive(Clone, Copy)]
 pub struct YCbCr<'a> {
     pub width: u32,

@@ -32,10 +32,13 @@ pub enum Reason {
     TooManyPixels,
     /// The shard could not be fetched (after the retry budget) or opened.
     Unreadable,
+    /// A bug in shardstream (a panic while decoding a sample or reading a shard), reported
+    /// (the sample counted, the pass failed) rather than ending the pass early unnoticed.
+    Internal,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -48,6 +51,7 @@ impl Reason {
         Reason::UnsupportedFormat,
         Reason::TooManyPixels,
         Reason::Unreadable,
+        Reason::Internal,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +68,7 @@ impl Reason {
             Reason::UnsupportedFormat => "unsupported_format",
             Reason::TooManyPixels => "too_many_pixels",
             Reason::Unreadable => "unreadable",
+            Reason::Internal => "internal_error",
         }
     }
 }

@@ -230,6 +230,8 @@ enum Item {
 enum ReadMsg {
     Item(Item),
     EndOfSpan,
+    /// The reader thread panicked (the message); nothing follows.
+    Panicked(String),
 }
 
 /// A caller-provided output buffer (raw pointer into memory the caller keeps alive until the
@@ -297,7 +299,12 @@ impl Pipeline {
                     reserve: ReserveReader::new(reserve),
                     slot_len,
                 };
-                pool.install(|| batcher.run(buf_rx, out_tx));
+                let faults = out_tx.clone();
+                let run =
+                    std::panic::AssertUnwindSafe(|| pool.install(|| batcher.run(buf_rx, out_tx)));
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    let _ = faults.send(Err(panic_fault("batching", panic.as_ref())));
+                }
             })
         };
         Pipeline {
@@ -449,17 +456,22 @@ fn spawn_readers(
             if spans.is_empty() {
                 return;
             }
-            let mut i = t;
-            loop {
-                if i >= spans.len() && !cfg.cycle {
-                    return;
+            let read_all = std::panic::AssertUnwindSafe(|| {
+                let mut i = t;
+                loop {
+                    if i >= spans.len() && !cfg.cycle {
+                        return;
+                    }
+                    if stop.load(Ordering::Relaxed)
+                        || !read_span(&spans[i % spans.len()], &cfg, &stats, &tx, &stop)
+                    {
+                        return;
+                    }
+                    i += readers;
                 }
-                if stop.load(Ordering::Relaxed)
-                    || !read_span(&spans[i % spans.len()], &cfg, &stats, &tx, &stop)
-                {
-                    return;
-                }
-                i += readers;
+            });
+            if let Err(panic) = std::panic::catch_unwind(read_all) {
+                let _ = tx.send(ReadMsg::Panicked(panic_message(panic.as_ref())));
             }
         });
     }
@@ -482,10 +494,20 @@ struct MergedReader {
     items_since_cycle: u64,
 }
 
+/// Why the sample stream cannot go on.
+#[derive(Debug)]
+enum StreamError {
+    /// A whole cycle over the spans produced nothing: a quota could never be met (better an
+    /// error than a hang).
+    Starved,
+    /// A reader thread ended before its spans did: it panicked (with this message, when it
+    /// could send one).
+    ReaderLost(Option<String>),
+}
+
 impl MergedReader {
-    /// Next item in span order; `Err` if a whole cycle over the spans produced nothing (a
-    /// quota could never be met: better an error than a hang).
-    fn next(&mut self) -> Result<Option<Item>, ()> {
+    /// Next item in span order.
+    fn next(&mut self) -> Result<Option<Item>, StreamError> {
         loop {
             if self.queues.is_empty() || (!self.cycle && self.spans_done >= self.span_count) {
                 return Ok(None);
@@ -501,12 +523,17 @@ impl MergedReader {
                     self.spans_done += 1;
                     if self.cycle && self.spans_done.is_multiple_of(self.span_count) {
                         if self.items_since_cycle == 0 {
-                            return Err(());
+                            return Err(StreamError::Starved);
                         }
                         self.items_since_cycle = 0;
                     }
                 }
-                Err(_) => return Ok(None),
+                Ok(ReadMsg::Panicked(message)) => {
+                    return Err(StreamError::ReaderLost(Some(message)))
+                }
+                // Readers send every span's end before they finish: a queue that closes
+                // earlier lost its reader.
+                Err(_) => return Err(StreamError::ReaderLost(None)),
             }
         }
     }
@@ -524,7 +551,7 @@ struct BlockShuffle {
 }
 
 impl BlockShuffle {
-    fn next(&mut self) -> Result<Option<Item>, ()> {
+    fn next(&mut self) -> Result<Option<Item>, StreamError> {
         loop {
             if self.pos < self.order.len() {
                 let i = self.order[self.pos] as usize;
@@ -625,7 +652,49 @@ fn prepare_into(
     cfg: &PipelineConfig,
     slot: &mut [u8],
 ) -> Result<String, Rejection> {
-    WORKER.with(|w| prepare(raw, &cfg.spec, cfg.crop_seed, &mut w.borrow_mut(), slot))
+    WORKER.with(|w| {
+        guarded(
+            || prepare(raw, &cfg.spec, cfg.crop_seed, &mut w.borrow_mut(), slot),
+            // The worker's decoder may be mid-image: the next sample gets a fresh one.
+            || *w.borrow_mut() = Worker::default(),
+        )
+    })
+}
+
+/// Runs `work` for one sample; a panic in it (a bug in a decoder, met on some input) becomes
+/// that sample's `internal_error` rejection, counted like any other, after `reset`.
+fn guarded<T>(
+    work: impl FnOnce() -> Result<T, Rejection>,
+    reset: impl FnOnce(),
+) -> Result<T, Rejection> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        reset();
+        Err((
+            Reason::Internal,
+            format!("decoding panicked: {}", panic_message(panic.as_ref())),
+        ))
+    })
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// A fault for a pipeline thread that panicked: the pass fails with it instead of ending early.
+fn panic_fault(thread: &str, panic: &(dyn std::any::Any + Send)) -> Fault {
+    Fault {
+        reason: Reason::Internal,
+        url: String::new(),
+        key: String::new(),
+        detail: format!(
+            "the {thread} thread panicked ({}): this pass cannot finish; please report it",
+            panic_message(panic)
+        ),
+    }
 }
 
 struct Batcher {
@@ -690,7 +759,12 @@ impl Batcher {
                 match stream.next() {
                     Ok(Some(item)) => items.push(item),
                     Ok(None) => break,
-                    Err(()) => {
+                    Err(StreamError::ReaderLost(message)) => {
+                        let message = message.unwrap_or_else(|| "it sent no message".into());
+                        let _ = out.send(Err(panic_fault("shard reading", &message)));
+                        return;
+                    }
+                    Err(StreamError::Starved) => {
                         let _ = out.send(Err(Fault {
                             reason: Reason::Unreadable,
                             url: String::new(),
@@ -930,5 +1004,60 @@ impl Batcher {
             shards,
             reserve_used: self.reserve.used,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_while_preparing_a_sample_is_that_samples_internal_error() {
+        let mut reset = false;
+        let result: Result<(), Rejection> = guarded(|| panic!("bad table"), || reset = true);
+        let (reason, detail) = result.unwrap_err();
+        assert_eq!(reason, Reason::Internal);
+        assert!(detail.contains("bad table"), "{detail}");
+        assert!(reset, "the worker is replaced after a panic");
+        let ok: Result<u8, Rejection> = guarded(|| Ok(7), || panic!("not reset when all is well"));
+        assert_eq!(ok.unwrap(), 7);
+    }
+
+    /// Regression: a reader thread that died mid-pass closed its queue, which read as the end of
+    /// the data: the pass ended early with no error (and in DDP, one rank stopping early hangs
+    /// the others in their next collective).
+    #[test]
+    fn a_reader_thread_lost_mid_pass_fails_the_pass_instead_of_ending_it() {
+        let (tx, rx) = bounded::<ReadMsg>(4);
+        let reader = std::thread::spawn(move || {
+            tx.send(ReadMsg::EndOfSpan).unwrap();
+            panic!("reader bug");
+        });
+        assert!(reader.join().is_err());
+        let mut merged = MergedReader {
+            queues: vec![rx],
+            current: 0,
+            span_count: 2,
+            cycle: false,
+            spans_done: 0,
+            items_since_cycle: 0,
+        };
+        assert!(matches!(merged.next(), Err(StreamError::ReaderLost(None))));
+
+        let (tx, rx) = bounded::<ReadMsg>(4);
+        tx.send(ReadMsg::Panicked("tar bug".into())).unwrap();
+        let mut merged = MergedReader {
+            queues: vec![rx],
+            current: 0,
+            span_count: 1,
+            cycle: false,
+            spans_done: 0,
+            items_since_cycle: 0,
+        };
+        match merged.next() {
+            Err(StreamError::ReaderLost(Some(message))) => assert_eq!(message, "tar bug"),
+            Err(other) => panic!("expected the reader's panic, got {other:?}"),
+            Ok(_) => panic!("expected the reader's panic, got an item or the end"),
+        }
     }
 }
