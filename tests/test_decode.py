@@ -221,20 +221,37 @@ def _layouts(photos) -> list[tuple[str, bytes]]:
     return out
 
 
-def test_stopping_after_the_crops_last_row_gives_the_whole_decodes_pixels(photos):
+def test_decoding_only_what_the_crop_reads_gives_the_whole_decodes_pixels(photos, tmp_path):
     """The loader stops decoding a JPEG after the last row its crop's resize reads (the rows below
-    a portrait photo's centre, or a random crop, are never entropy-decoded); validation decodes
-    every row. Both must give the same bytes, for every layout and for centre and random crops
-    (whose boxes reach every edge of the image over these seeds)."""
+    a portrait photo's centre, or a random crop, are never entropy-decoded) and skips the IDCT of
+    blocks the resize does not read (beside a landscape photo's centre); validation decodes all.
+    Both must give the same bytes, for every layout, for centre and random crops (whose boxes
+    reach every edge of the image over these seeds), and in the loader, whose decoder reuses
+    its buffers, so that skipped blocks hold the previous image's pixels."""
+    import shardstream
+    from corpus import sample_members, tar_bytes, write_file
+
+    layouts = _layouts(photos)
     checked = 0
-    for name, data in _layouts(photos):
-        for crop, seeds in (("center", [0]), ("random", range(12))):
+    for name, data in layouts:
+        for crop, scale, seeds in (("center", (0.9, 1.0), [0]), ("random", (0.08, 1.0), range(12))):
             for seed in seeds:
-                partial = ours(data, crop=crop, crop_seed=seed)
-                whole = ours(data, crop=crop, crop_seed=seed, whole=True)
+                kw = {"crop": crop, "random_crop_scale": scale, "crop_seed": seed}
+                partial = ours(data, **kw)
+                whole = ours(data, **kw, whole=True)
                 assert np.array_equal(partial, whole), (name, crop, seed)
                 checked += 1
     assert checked == 6 * 7 * 13
+
+    members = []
+    for i, (_, data) in enumerate(layouts):
+        members += sample_members(f"{i:03d}", {"jpg": data, "txt": "x"})
+    path = write_file(str(tmp_path / "layouts.tar"), tar_bytes(members))
+    loader = shardstream.ShardLoader(path, batch_size=7, threads=1, shuffle_buffer=1, drop_last=False)
+    loaded = {k: np.asarray(img) for b in loader for k, img in zip(b.keys, b.images, strict=True)}
+    assert len(loaded) == len(layouts)
+    for i, (name, data) in enumerate(layouts):
+        assert np.array_equal(loaded[f"{i:03d}"], ours(data, whole=True)), name
 
 
 def test_a_truncated_jpeg_is_rejected_even_when_the_crop_ends_above_the_cut(photos):

@@ -207,14 +207,15 @@ def decode_image(
     max_pixels: int = 64000000,
     *,
     crop: Literal["center", "random"] = "center",
+    random_crop_scale: tuple[float, float] = (0.9, 1.0),
     crop_seed: int = 0,
     whole: bool = False,
 ) -> bytes:
     """Decodes one image exactly as the loader does: ``3 * size * size`` uint8 bytes, CHW.
 
-    ``crop`` and ``crop_seed`` as in the loader (random crops use the default scale range);
-    ``whole`` decodes every row of the image, as validation does, instead of stopping after
-    the last row the crop needs."""
+    ``crop``, ``random_crop_scale`` and ``crop_seed`` as in the loader's config (the crop's
+    randomness also depends on the sample key, here ``"image"``); ``whole`` decodes every row
+    and block of the image, as validation does, instead of only what the crop's resize reads."""
 
 def redact_url(url: str) -> str:
     """The URL with credentials and query string (presigned signatures) removed."""

@@ -6,6 +6,7 @@
  * libjpeg reports errors by longjmp. Every libjpeg call is made from this file, under a setjmp
  * of the entry point that made it, so no jump ever crosses a Rust frame. */
 #include <setjmp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,19 @@ struct ss_error {
   char message[JMSG_LENGTH_MAX];
 };
 
+/* libjpeg-turbo's inverse_DCT_method_ptr (jpegint.h). */
+typedef void (*ss_idct_fn)(j_decompress_ptr cinfo, jpeg_component_info *compptr,
+                           JCOEFPTR coef_block, JSAMPARRAY output_buf, JDIMENSION output_col);
+
 struct ss_raw {
-  struct jpeg_decompress_struct cinfo;
+  struct jpeg_decompress_struct cinfo; /* first: the IDCT hook finds the rest from it */
   struct ss_error err;
+  /* The IDCT libjpeg chose for each component, called by ss_idct_in_window() for the blocks
+   * inside the component's window (samples [x0, x1) x [y0, y1) of the plane at `base`). */
+  ss_idct_fn idct[SS_MAX_COMPONENTS];
+  JSAMPLE *base[SS_MAX_COMPONENTS];
+  size_t stride[SS_MAX_COMPONENTS];
+  long x0[SS_MAX_COMPONENTS], x1[SS_MAX_COMPONENTS], y0[SS_MAX_COMPONENTS], y1[SS_MAX_COMPONENTS];
 };
 
 /* Kept in step with `RawGeometry` in jpeg_raw.rs. */
@@ -46,7 +57,7 @@ typedef struct {
  * exactly as ss_keep_chroma_subsampled() does. turbojpeg-sys pins the libjpeg-turbo version. */
 struct ss_inverse_dct_head {
   void (*start_pass)(j_decompress_ptr cinfo);
-  void (*inverse_DCT[MAX_COMPONENTS])(void);
+  ss_idct_fn inverse_DCT[MAX_COMPONENTS];
 };
 
 static void ss_error_exit(j_common_ptr cinfo) {
@@ -119,6 +130,30 @@ static void ss_keep_chroma_subsampled(struct jpeg_decompress_struct *cinfo) {
   }
 }
 
+/* Every block's IDCT goes through here: blocks outside the component's window are left
+ * undecoded (their coefficients were still entropy-decoded: the bitstream is sequential). The
+ * caller reads nothing outside the windows it gave. */
+static void ss_idct_in_window(j_decompress_ptr cinfo, jpeg_component_info *compptr,
+                              JCOEFPTR coef_block, JSAMPARRAY output_buf, JDIMENSION output_col) {
+  struct ss_raw *h = (struct ss_raw *)cinfo;
+  int ci = compptr->component_index;
+  long size = compptr->DCT_scaled_size;
+  long x = (long)output_col;
+  long y = (long)((output_buf[0] - h->base[ci]) / (ptrdiff_t)h->stride[ci]);
+  if (x + size <= h->x0[ci] || x >= h->x1[ci] || y + size <= h->y0[ci] || y >= h->y1[ci]) return;
+  h->idct[ci](cinfo, compptr, coef_block, output_buf, output_col);
+}
+
+static void ss_hook_idct(struct ss_raw *h) {
+  struct jpeg_decompress_struct *cinfo = &h->cinfo;
+  struct ss_inverse_dct_head *idct = (struct ss_inverse_dct_head *)cinfo->idct;
+  int ci;
+  for (ci = 0; ci < cinfo->num_components; ci++) {
+    h->idct[ci] = idct->inverse_DCT[ci];
+    idct->inverse_DCT[ci] = ss_idct_in_window;
+  }
+}
+
 /* Reads the header of `data` and starts a raw decode reduced to 1/`denom` (1, 2, 4 or 8);
  * describes the planes in `geometry`. 0 on success; -1 with ss_raw_message() set. */
 int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len, int denom,
@@ -144,6 +179,7 @@ int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len,
   jpeg_start_decompress(cinfo);
   if (h->err.failed) longjmp(h->err.jump, 1);
   ss_keep_chroma_subsampled(cinfo);
+  ss_hook_idct(h);
   geometry->components = cinfo->num_components;
   geometry->width = cinfo->output_width;
   geometry->height = cinfo->output_height;
@@ -173,15 +209,25 @@ int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len,
 /* Decodes the started image into `planes` (rows `strides` apart, sized as the geometry says)
  * until at least `stop_row` output rows are done (0: all of them), then ends the decode:
  * reading on to the end marker when every row was decoded, abandoning the rest otherwise.
+ * With `windows` (x0, x1, y0, y1 per component, in plane samples), only blocks that meet a
+ * component's window are transformed to pixels; the rest of the plane is left as it was.
  * Returns the output rows decoded, or -1 with ss_raw_message() set. */
 int ss_raw_read(struct ss_raw *h, unsigned char *const *planes, const int *strides,
-                int stop_row) {
+                int stop_row, const int *windows) {
   struct jpeg_decompress_struct *cinfo = &h->cinfo;
   const int last = (stop_row <= 0 || stop_row > (int)cinfo->output_height)
                        ? (int)cinfo->output_height : stop_row;
   JSAMPROW rows[SS_MAX_COMPONENTS][SS_MAX_ROWS_PER_CALL];
   JSAMPARRAY arrays[SS_MAX_COMPONENTS];
   int ci, r;
+  for (ci = 0; ci < cinfo->num_components; ci++) {
+    h->base[ci] = planes[ci];
+    h->stride[ci] = (size_t)strides[ci];
+    h->x0[ci] = windows ? windows[4 * ci] : 0;
+    h->x1[ci] = windows ? windows[4 * ci + 1] : 0x7fffffffL;
+    h->y0[ci] = windows ? windows[4 * ci + 2] : 0;
+    h->y1[ci] = windows ? windows[4 * ci + 3] : 0x7fffffffL;
+  }
   if (setjmp(h->err.jump)) {
     jpeg_abort_decompress(cinfo);
     return -1;

@@ -330,15 +330,21 @@ fn probe_image(data: &[u8]) -> PyResult<(String, u32, u32)> {
 }
 
 /// Decodes one image exactly as the loader does: [3, size, size] uint8 bytes. `crop` and
-/// `crop_seed` as in the loader's config; `whole` decodes every row, as validation does.
+/// `random_crop_scale` and `crop_seed` as in the loader's config; `whole` decodes every row, as
+/// validation does.
 #[pyfunction]
-#[pyo3(signature = (data, size = 224, max_pixels = 64_000_000, *, crop = "center", crop_seed = 0, whole = false))]
+#[pyo3(signature = (
+    data, size = 224, max_pixels = 64_000_000, *,
+    crop = "center", random_crop_scale = (0.9, 1.0), crop_seed = 0, whole = false,
+))]
+#[allow(clippy::too_many_arguments)]
 fn decode_image(
     py: Python<'_>,
     data: &[u8],
     size: u32,
     max_pixels: u64,
     crop: &str,
+    random_crop_scale: (f64, f64),
     crop_seed: u64,
     whole: bool,
 ) -> PyResult<Py<PyBytes>> {
@@ -352,7 +358,7 @@ fn decode_image(
     let spec = SampleSpec {
         image_size: size,
         max_pixels,
-        crop: crop_mode(crop, (0.08, 1.0))?,
+        crop: crop_mode(crop, random_crop_scale)?,
         ..SampleSpec::default()
     };
     let mut worker = if whole {

@@ -135,15 +135,18 @@ impl Axis {
     }
 }
 
-/// One past the last input sample that resampling `[in0, in1)` of an axis `in_size` long onto
-/// `out_size` samples reads (what [`Weights::compute`] would give): how many rows of an image a
-/// decoder must produce for the vertical pass.
-pub fn input_end(in_size: u32, in0: f64, in1: f64, out_size: u32) -> u32 {
+/// The input samples `first..end` that resampling `[in0, in1)` of an axis `in_size` long onto
+/// `out_size` samples reads (what [`Weights::compute`] gives, before it drops zero weights):
+/// the rows of an image a decoder must produce for the vertical pass.
+pub fn input_span(in_size: u32, in0: f64, in1: f64, out_size: u32) -> (u32, u32) {
     let axis = Axis::new(in0, in1, out_size);
-    // Centres grow with the output index, and so do the taps' ends: the last output reads
-    // furthest.
-    let last_center = in0 + (out_size as f64 - 0.5) * axis.scale;
-    axis.taps(last_center, in_size).1
+    // Centres grow with the output index, and so do the taps' bounds: the first output reads
+    // the lowest sample, the last the highest.
+    let first = axis.taps(in0 + 0.5 * axis.scale, in_size).0;
+    let end = axis
+        .taps(in0 + (out_size as f64 - 0.5) * axis.scale, in_size)
+        .1;
+    (first, end)
 }
 
 /// What [`Weights::compute`] knows per output before evaluating the kernel.

@@ -13,7 +13,7 @@ use std::io::Cursor;
 
 use crate::error::Reason;
 use crate::jpeg::{self, Colorspace, Subsampling};
-use crate::jpeg_raw::RawDecoder;
+use crate::jpeg_raw::{self, RawDecoder};
 use crate::resize::{self, CropBox};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -365,21 +365,31 @@ impl Decoder {
         } else {
             (1, 1)
         };
-        let stop_row = stop.and_then(|(region, size)| {
-            // A file that does not end with its end marker may be truncated: decode it whole,
-            // so that a missing tail is reported even when the crop does not reach it.
-            if !bytes.ends_with(&[0xFF, 0xD9]) {
-                return None;
-            }
-            let scaled = region.rescaled((probe.width, probe.height), (width, height));
-            let chroma = color.then_some((g.plane_height[1] as u32, subsampling));
-            Some(resize::planes_rows_read(
-                scaled,
-                size,
-                g.plane_height[0] as u32,
-                chroma,
-            ))
-        });
+        // What the resize will read of each plane: rows below it need no decoding at all, and
+        // blocks outside it no IDCT. A file that does not end with its end marker may be
+        // truncated: it is decoded whole, so that a missing tail is reported even when the crop
+        // does not reach it.
+        let windows = stop
+            .filter(|_| bytes.ends_with(&[0xFF, 0xD9]))
+            .map(|(region, size)| {
+                let scaled = region.rescaled((probe.width, probe.height), (width, height));
+                let plane = |c: usize| (g.plane_width[c] as u32, g.plane_height[c] as u32);
+                let (luma, chroma) = resize::planes_windows(
+                    scaled,
+                    size,
+                    plane(0),
+                    color.then(|| (plane(1), subsampling)),
+                );
+                let window = |w: resize::Window| jpeg_raw::Window {
+                    x0: w.x.0,
+                    x1: w.x.1,
+                    y0: w.y.0,
+                    y1: w.y.1,
+                };
+                let chroma = chroma.map_or(jpeg_raw::Window::default(), window);
+                [window(luma), chroma, chroma]
+            });
+        let stop_row = windows.map(|[luma, chroma, _]| luma.y1.max(chroma.y1 * subsampling.1));
         grow(&mut self.pixels, luma_len + chroma_len);
         let planes = [
             (0, pitch(0)),
@@ -387,7 +397,7 @@ impl Decoder {
             (luma_len + pitch(1), 2 * pitch(1)),
         ];
         let rows = started
-            .read(&mut self.pixels, planes, stop_row)
+            .read(&mut self.pixels, planes, stop_row, windows)
             .map_err(corrupt)? as usize;
         let span = |c: usize, start: usize, count: u32| {
             let pitch = pitch(c);

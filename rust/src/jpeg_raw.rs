@@ -30,6 +30,15 @@ pub struct Geometry {
     pub plane_v_ratio: [c_int; MAX_COMPONENTS],
 }
 
+/// Samples of a plane: columns `x0..x1`, rows `y0..y1`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub x0: u32,
+    pub x1: u32,
+    pub y0: u32,
+    pub y1: u32,
+}
+
 #[repr(C)]
 struct RawHandle {
     _private: [u8; 0],
@@ -51,6 +60,7 @@ extern "C" {
         planes: *const *mut c_uchar,
         strides: *const c_int,
         stop_row: c_int,
+        windows: *const c_int,
     ) -> c_int;
     fn ss_raw_abort(handle: *mut RawHandle);
 }
@@ -115,13 +125,16 @@ pub struct Started<'a> {
 impl Started<'_> {
     /// Decodes rows until at least `stop_row` output rows are done (`None`: the whole image)
     /// into `buf`, where plane `c` starts at byte `planes[c].0` with rows `planes[c].1` bytes
-    /// apart (at least `plane_stride[c]`; planes may interleave their rows). Returns the output
-    /// rows decoded: whole MCU rows, so possibly more than asked; all when the image ends first.
+    /// apart (at least `plane_stride[c]`; planes may interleave their rows). With `windows`,
+    /// only the blocks meeting plane `c`'s window (columns `x0..x1`, rows `y0..y1`) become
+    /// pixels: the rest of `buf` keeps what it held. Returns the output rows decoded: whole
+    /// MCU rows, so possibly more than asked; all when the image ends first.
     pub fn read(
         mut self,
         buf: &mut [u8],
         planes: [(usize, usize); MAX_COMPONENTS],
         stop_row: Option<u32>,
+        windows: Option<[Window; MAX_COMPONENTS]>,
     ) -> Result<u32, String> {
         let g = self.geometry;
         let mut pointers = [std::ptr::null_mut(); MAX_COMPONENTS];
@@ -143,8 +156,22 @@ impl Started<'_> {
         let stop = stop_row.map_or(0, |r| r.clamp(1, c_int::MAX as u32) as c_int);
         // SAFETY: every row libjpeg writes (`plane_rows` rows of `plane_stride` bytes for each
         // component) lies inside `buf`, as asserted above.
-        let rows =
-            unsafe { ss_raw_read(self.decoder.0, pointers.as_ptr(), strides.as_ptr(), stop) };
+        let bounds = windows.map(|w| {
+            let clip = |v: u32| v.min(c_int::MAX as u32) as c_int;
+            w.map(|w| [clip(w.x0), clip(w.x1), clip(w.y0), clip(w.y1)])
+        });
+        let bounds_ptr = bounds
+            .as_ref()
+            .map_or(std::ptr::null(), |b| b.as_ptr() as *const c_int);
+        let rows = unsafe {
+            ss_raw_read(
+                self.decoder.0,
+                pointers.as_ptr(),
+                strides.as_ptr(),
+                stop,
+                bounds_ptr,
+            )
+        };
         self.finished = true;
         if rows < 0 {
             return Err(self.decoder.message());

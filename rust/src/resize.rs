@@ -209,21 +209,27 @@ fn chroma_region(region: CropBox, (sh, sv): (u32, u32)) -> CropBox {
     }
 }
 
-/// How many luma rows (from the top) resizing `region` of a JPEG's planes to `size x size`
-/// reads: rows of the luma plane `luma_height` tall and, for colour images, of the chroma
-/// plane (`chroma_height` rows, one per `subsampling.1` luma rows). A decoder may stop there.
-pub fn planes_rows_read(
+/// The part of a plane that resizing a region of it reads: columns `x.0..x.1`, rows `y.0..y.1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub x: (u32, u32),
+    pub y: (u32, u32),
+}
+
+/// What resizing `region` (luma coordinates) of a JPEG's planes to `size x size` reads of the
+/// luma plane (`luma` = its width and height) and, for colour images, of the chroma plane
+/// (its size, and the luma pixels per chroma sample). A decoder may skip everything else.
+pub fn planes_windows(
     region: CropBox,
     size: u32,
-    luma_height: u32,
-    chroma: Option<(u32, (u32, u32))>,
-) -> u32 {
-    let luma = convolve::input_end(luma_height, region.y, region.y + region.h, size);
-    let chroma = chroma.map_or(0, |(height, subsampling)| {
-        let r = chroma_region(region, subsampling);
-        convolve::input_end(height, r.y, r.y + r.h, size) * subsampling.1
+    luma: (u32, u32),
+    chroma: Option<((u32, u32), (u32, u32))>,
+) -> (Window, Option<Window>) {
+    let luma_window = PlaneResizer::window(region, size, luma);
+    let chroma_window = chroma.map(|(plane, subsampling)| {
+        PlaneResizer::window(chroma_region(region, subsampling), size, plane)
     });
-    luma.max(chroma)
+    (luma_window, chroma_window)
 }
 
 fn fail(e: String) -> DecodeError {
@@ -265,6 +271,24 @@ struct PlaneResizer {
 }
 
 impl PlaneResizer {
+    /// Columns the horizontal filter can touch, with a pixel to spare: the pass over the
+    /// transposed strip then sees exactly the neighbourhood a one-pass resize would.
+    fn strip(region: CropBox, size: u32, width: u32) -> (u32, u32) {
+        let radius = 2.0 * (region.w / size as f64).max(1.0);
+        let x0 = (region.x - radius - 1.0).floor().max(0.0) as u32;
+        let x1 = ((region.x + region.w + radius + 1.0).ceil() as u32).min(width);
+        (x0, x1)
+    }
+
+    /// What [`resize`](Self::resize) reads of a `width x height` plane: the strip's columns, and
+    /// the rows of the vertical pass's weights.
+    fn window(region: CropBox, size: u32, (width, height): (u32, u32)) -> Window {
+        Window {
+            x: Self::strip(region, size, width),
+            y: convolve::input_span(height, region.y, region.y + region.h, size),
+        }
+    }
+
     /// Resizes `region` of each of `src`'s planes to `size x size`, written one after another
     /// into `out` (`src.count * size * size` bytes).
     fn resize(
@@ -282,12 +306,8 @@ impl PlaneResizer {
         if region.w <= 0.0 || region.h <= 0.0 || width == 0 || src.height == 0 {
             return Err(fail(format!("empty region {region:?}")));
         }
-        // Columns the horizontal filter can touch, with a pixel to spare: the pass over the
-        // transposed strip then sees exactly the neighbourhood a one-pass resize would.
-        let radius = 2.0 * (region.w / size as f64).max(1.0);
-        let x0 = (region.x - radius - 1.0).floor().max(0.0) as usize;
-        let x1 = ((region.x + region.w + radius + 1.0).ceil() as usize).min(width);
-        let strip = x1 - x0;
+        let (x0, x1) = Self::strip(region, size, width as u32);
+        let (x0, strip) = (x0 as usize, (x1 - x0) as usize);
         crate::decode::grow(&mut self.rows, count * (strip * side).max(square));
         crate::decode::grow(&mut self.columns, count * strip * side);
         let wide = count * side;
