@@ -7,6 +7,7 @@
  * of the entry point that made it, so no jump ever crosses a Rust frame. */
 #include <setjmp.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,8 +37,9 @@ struct ss_raw {
    * inside the component's window (samples [x0, x1) x [y0, y1) of the plane at `base`). */
   ss_idct_fn idct[SS_MAX_COMPONENTS];
   JSAMPLE *base[SS_MAX_COMPONENTS];
-  size_t stride[SS_MAX_COMPONENTS];
-  long x0[SS_MAX_COMPONENTS], x1[SS_MAX_COMPONENTS], y0[SS_MAX_COMPONENTS], y1[SS_MAX_COMPONENTS];
+  ptrdiff_t stride[SS_MAX_COMPONENTS];
+  long x0[SS_MAX_COMPONENTS], x1[SS_MAX_COMPONENTS];
+  ptrdiff_t y0[SS_MAX_COMPONENTS], y1[SS_MAX_COMPONENTS]; /* as byte offsets of those rows */
 };
 
 /* Kept in step with `RawGeometry` in jpeg_raw.rs. */
@@ -139,8 +141,10 @@ static void ss_idct_in_window(j_decompress_ptr cinfo, jpeg_component_info *compp
   int ci = compptr->component_index;
   long size = compptr->DCT_scaled_size;
   long x = (long)output_col;
-  long y = (long)((output_buf[0] - h->base[ci]) / (ptrdiff_t)h->stride[ci]);
-  if (x + size <= h->x0[ci] || x >= h->x1[ci] || y + size <= h->y0[ci] || y >= h->y1[ci]) return;
+  ptrdiff_t y; /* the block's first row, as a byte offset (no division per block) */
+  if (x + size <= h->x0[ci] || x >= h->x1[ci]) return;
+  y = output_buf[0] - h->base[ci];
+  if (y + size * h->stride[ci] <= h->y0[ci] || y >= h->y1[ci]) return;
   h->idct[ci](cinfo, compptr, coef_block, output_buf, output_col);
 }
 
@@ -222,11 +226,11 @@ int ss_raw_read(struct ss_raw *h, unsigned char *const *planes, const int *strid
   int ci, r;
   for (ci = 0; ci < cinfo->num_components; ci++) {
     h->base[ci] = planes[ci];
-    h->stride[ci] = (size_t)strides[ci];
+    h->stride[ci] = (ptrdiff_t)strides[ci];
     h->x0[ci] = windows ? windows[4 * ci] : 0;
     h->x1[ci] = windows ? windows[4 * ci + 1] : 0x7fffffffL;
-    h->y0[ci] = windows ? windows[4 * ci + 2] : 0;
-    h->y1[ci] = windows ? windows[4 * ci + 3] : 0x7fffffffL;
+    h->y0[ci] = windows ? (ptrdiff_t)windows[4 * ci + 2] * h->stride[ci] : 0;
+    h->y1[ci] = windows ? (ptrdiff_t)windows[4 * ci + 3] * h->stride[ci] : PTRDIFF_MAX;
   }
   if (setjmp(h->err.jump)) {
     jpeg_abort_decompress(cinfo);

@@ -190,20 +190,28 @@ impl Taps<'_> {
                 *total += *w;
             }
         }
-        for (o, total) in scales.iter_mut().enumerate() {
-            // An output whose taps all fell outside the kernel (not reachable with support 2,
-            // but cheap to rule out) copies its first input.
-            if *total == 0.0 {
-                kernel[o] = 1.0;
-                *total = 1.0;
+        // An output whose taps all fell outside the kernel (not reachable with support 2, but
+        // cheap to rule out) copies its first input. Checked apart, so the loop below vectorises.
+        if scales.contains(&0.0) {
+            for (o, total) in scales.iter_mut().enumerate() {
+                if *total == 0.0 {
+                    kernel[o] = 1.0;
+                    *total = 1.0;
+                }
             }
+        }
+        for total in scales.iter_mut() {
             *total = (1i32 << PRECISION) as f64 / *total;
         }
         for (row, fixed) in kernel.chunks_exact(out).zip(rounded.chunks_exact_mut(out)) {
             for ((&w, r), &scale) in row.iter().zip(fixed).zip(&*scales) {
                 let v = w * scale;
-                // |v| <= 2^15: a weight is at most about 1.0 and the total is at least 0.5.
-                *r = (v + 0.5f64.copysign(v)) as i32;
+                // |v| <= 2^15 (a weight is at most about 1.0 and the total at least 0.5) and
+                // finite, so the conversion needs no saturation, whose per-value NaN and range
+                // checks kept this loop scalar.
+                debug_assert!(v.abs() <= 65536.0);
+                // SAFETY: finite and within i32, as above.
+                *r = unsafe { (v + 0.5f64.copysign(v)).to_int_unchecked::<i32>() };
             }
         }
     }
