@@ -391,6 +391,46 @@ fn ycbcr_to_rgb_planar_any(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
 mod tests {
     use super::*;
 
+    /// The vectorised conversion (this CPU's path) equals the portable one and libjpeg's 16-bit
+    /// fixed-point JFIF form for every (Y, Cb, Cr).
+    #[test]
+    fn colour_conversion_matches_libjpegs_fixed_point_form_everywhere() {
+        let clamp = |v: i32| (v >> 16).clamp(0, 255) as u8;
+        let (mut y, mut cb, mut cr) = (vec![], vec![], vec![]);
+        for l in 0..=255u8 {
+            for u in 0..=255u8 {
+                for v in 0..=255u8 {
+                    y.push(l);
+                    cb.push(u);
+                    cr.push(v);
+                }
+            }
+        }
+        let n = y.len();
+        let mut fast = vec![0u8; 3 * n];
+        let mut portable = vec![0u8; 3 * n];
+        ycbcr_to_rgb_planar(&y, &cb, &cr, &mut fast);
+        ycbcr_to_rgb_planar_any(&y, &cb, &cr, &mut portable);
+        for i in 0..n {
+            let luma = ((y[i] as i32) << 16) + (1 << 15);
+            let (u, v) = (cb[i] as i32 - 128, cr[i] as i32 - 128);
+            let direct = [
+                clamp(luma + 91_881 * v),
+                clamp(luma - 22_554 * u - 46_802 * v),
+                clamp(luma + 116_130 * u),
+            ];
+            for (c, want) in direct.into_iter().enumerate() {
+                assert_eq!(
+                    fast[c * n + i],
+                    want,
+                    "channel {c} of {:?}",
+                    (y[i], cb[i], cr[i])
+                );
+                assert_eq!(portable[c * n + i], want);
+            }
+        }
+    }
+
     #[test]
     fn center_box_is_the_centred_square() {
         let b = crop_box(400, 300, CropMode::Center, &mut SplitMix64::new(0));
