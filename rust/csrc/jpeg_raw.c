@@ -1,7 +1,8 @@
 /* Raw JPEG decoding for shardstream: the stored Y/Cb/Cr planes (not upsampled, not colour
  * converted) written straight into the caller's memory, stopping after the last row the caller
- * needs. TurboJPEG's planar decode cannot stop early and copies every row whose plane is not a
- * whole number of blocks wide; the libjpeg API below it can do both.
+ * needs and transforming only the blocks it reads. TurboJPEG's planar decode can do neither,
+ * and copies every row of a plane that is not a whole number of blocks wide; the libjpeg API
+ * below it can do all three.
  *
  * libjpeg reports errors by longjmp. Every libjpeg call is made from this file, under a setjmp
  * of the entry point that made it, so no jump ever crosses a Rust frame. */
@@ -42,7 +43,7 @@ struct ss_raw {
   ptrdiff_t y0[SS_MAX_COMPONENTS], y1[SS_MAX_COMPONENTS]; /* as byte offsets of those rows */
 };
 
-/* Kept in step with `RawGeometry` in jpeg_raw.rs. */
+/* Kept in step with `Geometry` in jpeg_raw.rs. */
 typedef struct {
   int components;
   int width, height;           /* output (luma) size at the chosen reduction */
