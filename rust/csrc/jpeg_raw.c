@@ -47,11 +47,9 @@ struct ss_raw {
 typedef struct {
   int components;
   int width, height;           /* output (luma) size at the chosen reduction */
-  int rows_per_call;           /* output rows each iMCU row holds */
   int plane_width[SS_MAX_COMPONENTS], plane_height[SS_MAX_COMPONENTS]; /* image data */
   int plane_stride[SS_MAX_COMPONENTS];      /* bytes libjpeg may write per row */
   int plane_rows[SS_MAX_COMPONENTS];        /* rows libjpeg may write in all */
-  int plane_rows_per_call[SS_MAX_COMPONENTS];
   int plane_h_ratio[SS_MAX_COMPONENTS], plane_v_ratio[SS_MAX_COMPONENTS]; /* output px/sample */
 } ss_raw_geometry;
 
@@ -188,7 +186,6 @@ int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len,
   geometry->components = cinfo->num_components;
   geometry->width = cinfo->output_width;
   geometry->height = cinfo->output_height;
-  geometry->rows_per_call = cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size;
   for (ci = 0; ci < cinfo->num_components; ci++) {
     jpeg_component_info *c = &cinfo->comp_info[ci];
     int rows_per_call = c->v_samp_factor * c->DCT_scaled_size;
@@ -205,7 +202,6 @@ int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len,
     geometry->plane_width[ci] = c->downsampled_width;
     geometry->plane_height[ci] = c->downsampled_height;
     geometry->plane_stride[ci] = blocks * c->DCT_scaled_size;
-    geometry->plane_rows_per_call[ci] = rows_per_call;
     geometry->plane_rows[ci] = (int)cinfo->total_iMCU_rows * rows_per_call;
   }
   return 0;

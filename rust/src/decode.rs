@@ -13,7 +13,7 @@ use std::io::Cursor;
 
 use crate::error::Reason;
 use crate::jpeg::{self, Colorspace, Subsampling};
-use crate::jpeg_raw::{self, RawDecoder};
+use crate::jpeg_raw::RawDecoder;
 use crate::resize::{self, CropBox};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -380,16 +380,10 @@ impl Decoder {
                     plane(0),
                     color.then(|| (plane(1), subsampling)),
                 );
-                let window = |w: resize::Window| jpeg_raw::Window {
-                    x0: w.x.0,
-                    x1: w.x.1,
-                    y0: w.y.0,
-                    y1: w.y.1,
-                };
-                let chroma = chroma.map_or(jpeg_raw::Window::default(), window);
-                [window(luma), chroma, chroma]
+                let chroma = chroma.unwrap_or_default();
+                [luma, chroma, chroma]
             });
-        let stop_row = windows.map(|[luma, chroma, _]| luma.y1.max(chroma.y1 * subsampling.1));
+        let stop_row = windows.map(|[luma, chroma, _]| luma.y.1.max(chroma.y.1 * subsampling.1));
         grow(&mut self.pixels, luma_len + chroma_len);
         let planes = [
             (0, pitch(0)),
@@ -401,8 +395,9 @@ impl Decoder {
             .map_err(corrupt)? as usize;
         let span = |c: usize, start: usize, count: u32| {
             let pitch = pitch(c);
-            let per_call = g.plane_rows_per_call[c] as usize;
-            let rows_done = (rows.div_ceil(g.rows_per_call as usize) * per_call)
+            // Whole rows of MCUs: the plane rows under the output rows decoded.
+            let rows_done = rows
+                .div_ceil(g.plane_v_ratio[c] as usize)
                 .min(g.plane_height[c] as usize);
             PlaneSpan {
                 width: g.plane_width[c] as u32,

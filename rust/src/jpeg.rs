@@ -25,36 +25,34 @@ pub enum Colorspace {
     Ycck,
 }
 
-/// Chroma subsampling, as (horizontal, vertical) luma pixels per chroma sample.
+/// Chroma subsampling as TurboJPEG names it. The raw planar decode takes the layouts it names
+/// (their planes are whole multiples of each other); the rest go through the packed decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Subsampling {
     Gray,
-    Factors {
-        code: c_int,
-        h: u32,
-        v: u32,
-    },
-    /// Sampling factors TurboJPEG cannot name (planes are not available).
+    /// 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1 or 4:4:1.
+    Standard,
+    /// Sampling factors TurboJPEG cannot name.
     Unknown,
 }
 
 impl Subsampling {
     fn from_code(code: c_int) -> Subsampling {
         // The bindings' enum constants are u32 or i32 depending on the platform's C ABI.
-        let factors = [
-            (raw::TJSAMP_TJSAMP_444, (1, 1)),
-            (raw::TJSAMP_TJSAMP_422, (2, 1)),
-            (raw::TJSAMP_TJSAMP_420, (2, 2)),
-            (raw::TJSAMP_TJSAMP_440, (1, 2)),
-            (raw::TJSAMP_TJSAMP_411, (4, 1)),
-            (raw::TJSAMP_TJSAMP_441, (1, 4)),
+        let standard = [
+            raw::TJSAMP_TJSAMP_444,
+            raw::TJSAMP_TJSAMP_422,
+            raw::TJSAMP_TJSAMP_420,
+            raw::TJSAMP_TJSAMP_440,
+            raw::TJSAMP_TJSAMP_411,
+            raw::TJSAMP_TJSAMP_441,
         ];
         if code == raw::TJSAMP_TJSAMP_GRAY as c_int {
-            return Subsampling::Gray;
-        }
-        match factors.iter().find(|(c, _)| *c as c_int == code) {
-            Some(&(_, (h, v))) => Subsampling::Factors { code, h, v },
-            None => Subsampling::Unknown,
+            Subsampling::Gray
+        } else if standard.iter().any(|&c| c as c_int == code) {
+            Subsampling::Standard
+        } else {
+            Subsampling::Unknown
         }
     }
 }

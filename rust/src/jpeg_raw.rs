@@ -5,6 +5,8 @@
 
 use std::ffi::{c_char, c_int, c_uchar, c_ulong, CStr};
 
+use crate::resize::Window;
+
 /// The most components a raw decode handles (Y, Cb, Cr).
 pub const MAX_COMPONENTS: usize = 3;
 
@@ -16,27 +18,15 @@ pub struct Geometry {
     /// Output (luma) size at the chosen reduction.
     pub width: c_int,
     pub height: c_int,
-    /// Output rows each step of the decode produces (one row of MCUs).
-    pub rows_per_call: c_int,
     /// Columns and rows of each plane that hold image data.
     pub plane_width: [c_int; MAX_COMPONENTS],
     pub plane_height: [c_int; MAX_COMPONENTS],
     /// Bytes per row, and rows in all, that libjpeg may write (whole blocks, whole MCU rows).
     pub plane_stride: [c_int; MAX_COMPONENTS],
     pub plane_rows: [c_int; MAX_COMPONENTS],
-    pub plane_rows_per_call: [c_int; MAX_COMPONENTS],
     /// Output pixels per plane sample, across and down (chroma subsampling at this scale).
     pub plane_h_ratio: [c_int; MAX_COMPONENTS],
     pub plane_v_ratio: [c_int; MAX_COMPONENTS],
-}
-
-/// Samples of a plane: columns `x0..x1`, rows `y0..y1`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Window {
-    pub x0: u32,
-    pub x1: u32,
-    pub y0: u32,
-    pub y1: u32,
 }
 
 #[repr(C)]
@@ -126,8 +116,7 @@ impl Started<'_> {
     /// Decodes rows until at least `stop_row` output rows are done (`None`: the whole image)
     /// into `buf`, where plane `c` starts at byte `planes[c].0` with rows `planes[c].1` bytes
     /// apart (at least `plane_stride[c]`; planes may interleave their rows). With `windows`,
-    /// only the blocks meeting plane `c`'s window (columns `x0..x1`, rows `y0..y1`) become
-    /// pixels: the rest of `buf` keeps what it held. Returns the output rows decoded: whole
+    /// only the blocks meeting plane `c`'s window become pixels: the rest of `buf` keeps what it held. Returns the output rows decoded: whole
     /// MCU rows, so possibly more than asked; all when the image ends first.
     pub fn read(
         mut self,
@@ -158,7 +147,7 @@ impl Started<'_> {
         // component) lies inside `buf`, as asserted above.
         let bounds = windows.map(|w| {
             let clip = |v: u32| v.min(c_int::MAX as u32) as c_int;
-            w.map(|w| [clip(w.x0), clip(w.x1), clip(w.y0), clip(w.y1)])
+            w.map(|w| [clip(w.x.0), clip(w.x.1), clip(w.y.0), clip(w.y.1)])
         });
         let bounds_ptr = bounds
             .as_ref()

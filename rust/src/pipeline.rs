@@ -1034,27 +1034,20 @@ mod tests {
             panic!("reader bug");
         });
         assert!(reader.join().is_err());
-        let mut merged = MergedReader {
-            queues: vec![rx],
+        let merged = |queue, span_count| MergedReader {
+            queues: vec![queue],
             current: 0,
-            span_count: 2,
+            span_count,
             cycle: false,
             spans_done: 0,
             items_since_cycle: 0,
         };
-        assert!(matches!(merged.next(), Err(StreamError::ReaderLost(None))));
+        let mut lost = merged(rx, 2);
+        assert!(matches!(lost.next(), Err(StreamError::ReaderLost(None))));
 
         let (tx, rx) = bounded::<ReadMsg>(4);
         tx.send(ReadMsg::Panicked("tar bug".into())).unwrap();
-        let mut merged = MergedReader {
-            queues: vec![rx],
-            current: 0,
-            span_count: 1,
-            cycle: false,
-            spans_done: 0,
-            items_since_cycle: 0,
-        };
-        match merged.next() {
+        match merged(rx, 1).next() {
             Err(StreamError::ReaderLost(Some(message))) => assert_eq!(message, "tar bug"),
             Err(other) => panic!("expected the reader's panic, got {other:?}"),
             Ok(_) => panic!("expected the reader's panic, got an item or the end"),

@@ -210,7 +210,7 @@ fn chroma_region(region: CropBox, (sh, sv): (u32, u32)) -> CropBox {
 }
 
 /// The part of a plane that resizing a region of it reads: columns `x.0..x.1`, rows `y.0..y.1`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Window {
     pub x: (u32, u32),
     pub y: (u32, u32),
