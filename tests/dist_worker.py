@@ -6,7 +6,8 @@ Run under torchrun (gloo, CPU, loopback)::
         --master-port=PORT tests/dist_worker.py --out DIR --index INDEX --batch-size B SHARD...
 
 The loader gets no rank or world size: it must take them from torch.distributed. Every rank
-iterates the given epochs (directly, or through ``loader.dataloader(num_workers=K)``), does one
+iterates the given epochs (directly, or through ``loader.dataloader(num_workers=K)``, made anew each
+epoch or, with ``--persistent``, once with persistent workers), does one
 all_reduce per batch as DDP's gradient sync would (so unequal batch counts fail loudly instead of
 passing unnoticed), and writes ``DIR/rank-<r>.json`` with the keys of every batch. With
 ``--stop-after n`` it stops after n batches of the first epoch and takes ``state_dict()``; the
@@ -38,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--index", default=None)
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--workers", type=int, default=0, help="0: iterate the loader in this process")
+    p.add_argument(
+        "--persistent", action="store_true", help="one DataLoader with persistent workers for every epoch"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", default="0", help="comma-separated epochs, e.g. 0,1")
     p.add_argument("--shuffle-buffer", type=int, default=5)
@@ -69,8 +73,7 @@ def write_json(path: str, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def run_epoch(loader: ShardLoader, workers: int, stop_after: int | None, batch_size: int) -> dict[str, Any]:
-    iterable = loader.dataloader(num_workers=workers) if workers else loader
+def run_epoch(iterable: Any, stop_after: int | None, batch_size: int) -> dict[str, Any]:
     batches: list[list[str]] = []
     sizes: list[int] = []
     it = iter(iterable)
@@ -115,6 +118,9 @@ def main(argv: list[str]) -> int:
             "loader_world_size": loader.world_size,
             "epochs": {},
         }
+        persistent = (
+            loader.dataloader(num_workers=args.workers, persistent_workers=True) if args.persistent else None
+        )
         for i, epoch in enumerate(int(e) for e in args.epochs.split(",")):
             if i == 0 and args.resume_state:
                 with open(args.resume_state) as f:
@@ -122,7 +128,11 @@ def main(argv: list[str]) -> int:
             else:
                 loader.set_epoch(epoch)
             stop = args.stop_after if i == 0 else None
-            record = run_epoch(loader, args.workers, stop, args.batch_size)
+            if persistent is not None:
+                iterable = persistent
+            else:
+                iterable = loader.dataloader(num_workers=args.workers) if args.workers else loader
+            record = run_epoch(iterable, stop, args.batch_size)
             record["epoch"] = loader.epoch
             record["stats"] = loader.stats
             record["all_batch_counts"] = gather_ints(len(record["batches"]))

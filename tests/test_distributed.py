@@ -178,11 +178,27 @@ def test_same_seed_same_order_and_fresh_epochs(dataset, jobs):
     assert_exactly_once(second, 0, keys, 2)
 
 
-@pytest.mark.parametrize("workers,stop", [(2, 3), (0, 2)])
-def test_resume_in_a_new_job_continues_exactly(dataset, jobs, tmp_path, workers, stop):
+def test_persistent_workers_keep_the_contracts_across_epochs(dataset, jobs):
+    """One DataLoader with persistent workers per rank for every epoch, as open_clip makes it:
+    each epoch is the one a DataLoader made anew would yield (its workers used to replay epoch 0)."""
+    _, keys, _ = dataset
+    fresh = jobs(2, loader_args(dataset, workers=2, seed=7))
+    persistent = jobs(2, loader_args(dataset, workers=2, seed=7, epochs=(0, 1, 2), extra=("--persistent",)))
+    for epoch in (0, 1):
+        assert persistent.batches(epoch) == fresh.batches(epoch), f"epoch {epoch}"
+    for epoch in (0, 1, 2):
+        assert_exactly_once(persistent, epoch, keys, 2)
+    orders = [persistent.batches(e) for e in (0, 1, 2)]
+    assert orders[0] != orders[1] != orders[2] != orders[0], "every epoch has its own order"
+
+
+@pytest.mark.parametrize("workers,stop,persistent", [(2, 3, False), (0, 2, False), (2, 2, True)])
+def test_resume_in_a_new_job_continues_exactly(dataset, jobs, tmp_path, workers, stop, persistent):
     state_path = str(tmp_path / "state.json")
     full = jobs(2, loader_args(dataset, workers=workers, seed=7))
     stop_args = ("--stop-after", str(stop), "--save-state", state_path)
+    if persistent:
+        stop_args += ("--persistent",)
     before = jobs(2, loader_args(dataset, workers=workers, seed=7, epochs=(0,), extra=stop_args))
     states = [r["state"] for r in before.ranks]
     assert states[0] == states[1], "identical state on every rank"
@@ -192,19 +208,23 @@ def test_resume_in_a_new_job_continues_exactly(dataset, jobs, tmp_path, workers,
     assert saved == states[0] and len(json.dumps(saved)) < 1000
     for r in range(2):
         assert before.batches(0)[r] == full.batches(0)[r][:stop]
-    after = jobs(2, loader_args(dataset, workers=workers, seed=7, extra=("--resume-state", state_path)))
+    resume_args = ("--resume-state", state_path, *(("--persistent",) if persistent else ()))
+    after = jobs(2, loader_args(dataset, workers=workers, seed=7, extra=resume_args))
     for r in range(2):
         assert after.batches(0)[r] == full.batches(0)[r][stop:], f"rank {r} continues with the next batches"
         assert after.batches(1)[r] == full.batches(1)[r], "the next epoch is the uninterrupted run's"
 
 
-def test_resume_on_another_world_size(dataset, jobs, tmp_path):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_on_another_world_size(dataset, jobs, tmp_path, persistent):
     _, keys, _ = dataset
     state_path = str(tmp_path / "state.json")
     stop_args = ("--stop-after", "2", "--save-state", state_path)
     before = jobs(3, loader_args(dataset, workers=2, seed=5, epochs=(0,), extra=stop_args))
     assert len(set(before.ranks[0]["state_hashes"])) == 1
-    after = jobs(2, loader_args(dataset, workers=0, seed=5, extra=("--resume-state", state_path)))
+    # Persistent workers carry the elastic plan, then the next epoch's, into their processes.
+    after_args = ("--resume-state", state_path, *(("--persistent",) if persistent else ()))
+    after = jobs(2, loader_args(dataset, workers=2 if persistent else 0, seed=5, extra=after_args))
     counts = [len(b) for b in after.batches(0)]
     assert len(set(counts)) == 1 and counts[0] > 0, f"unequal batch counts after the elastic resume: {counts}"
     seen = [k for rank in before.batches(0) + after.batches(0) for b in rank for k in b]

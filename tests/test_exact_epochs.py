@@ -180,6 +180,46 @@ def test_dataloader_workers_split_a_rank_exactly(dataset):
     assert isinstance(loader.state_dict(), dict) and torch.is_tensor(torch.zeros(1))
 
 
+def test_persistent_workers_follow_set_epoch_and_resume(dataset):
+    """One DataLoader with persistent workers, as open_clip makes it, iterated over three epochs
+    and then resumed mid-epoch: its workers must yield each epoch's own order (they used to keep
+    the loader copy they were started with and replay epoch 0), and the resumed rest must be the
+    batches that follow the state."""
+    paths, _, index = dataset
+
+    def fresh_loader():
+        return shardstream.ShardLoader(
+            paths, index=index, batch_size=3, image_size=32, shuffle_buffer=5, threads=1, seed=3
+        )
+
+    def per_epoch_reference(epoch):
+        loader = fresh_loader()
+        loader.set_epoch(epoch)
+        return [list(b.keys) for b in loader.dataloader(num_workers=2)]
+
+    loader = fresh_loader()
+    persistent = loader.dataloader(num_workers=2, persistent_workers=True)
+    seen = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        seen.append([list(b.keys) for b in persistent])
+    assert seen == [per_epoch_reference(e) for e in range(3)]
+    assert seen[0] != seen[1] != seen[2]
+
+    loader.set_epoch(1)
+    first = []
+    for b in persistent:
+        first.append(list(b.keys))
+        if len(first) == 2:
+            break
+    state = loader.state_dict()
+    loader.set_epoch(2)
+    assert [list(b.keys) for b in persistent] == seen[2]
+    loader.load_state_dict(state)
+    rest = [list(b.keys) for b in persistent]
+    assert first + rest == seen[1]
+
+
 @pytest.mark.slow
 def test_dataloader_workers_started_by_spawn(dataset):
     """Worker processes started by spawn (what CUDA users must use instead of fork) receive the

@@ -7,6 +7,7 @@ in place, so a batch reaches Python without a copy.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections import deque
@@ -146,6 +147,7 @@ class ShardLoader:
             self._shards = self._plan.shards
         self._warned_inexact = False
         self._num_workers = 0
+        self._worker_sync: _WorkerSync | None = None
 
     # -- distribution -------------------------------------------------------------------
     @property
@@ -159,6 +161,21 @@ class ShardLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
         self._resume = None
+        self._reset_progress()
+        self._publish_position()
+
+    def _publish_position(self) -> None:
+        """Tells DataLoader worker processes the epoch and resume state to read next."""
+        if self._worker_sync is not None:
+            self._worker_sync.publish(self.epoch, self._resume)
+
+    def _follow_main_process(self) -> None:
+        """In a DataLoader worker: adopt the position the main process published. A persistent
+        worker keeps the copy of the loader it was started with, so without this every epoch
+        would replay the one it was started in."""
+        if self._worker_sync is None or torch is None or torch.utils.data.get_worker_info() is None:
+            return
+        self.epoch, self._resume = self._worker_sync.read()
         self._reset_progress()
 
     def _reset_progress(self) -> None:
@@ -268,6 +285,7 @@ class ShardLoader:
                 f"this loader runs in a DataLoader with {workers} workers: make it with "
                 f"loader.dataloader(num_workers={workers}) or loader.dataset_view(num_workers={workers})"
             )
+        self._follow_main_process()
         return self._iterate(worker, workers)
 
     def _iterate(self, worker: int, workers: int) -> Iterator[Batch]:
@@ -360,6 +378,7 @@ class ShardLoader:
         self.epoch = int(state["epoch"])
         self._resume = state
         self._reset_progress()
+        self._publish_position()
 
     def dataset_view(self, num_workers: int) -> Any:
         """An IterableDataset for a torch DataLoader with ``num_workers`` worker processes and
@@ -368,6 +387,9 @@ class ShardLoader:
         if torch is None:
             raise RuntimeError("dataset_view needs torch")
         self._num_workers = int(num_workers)
+        if self._worker_sync is None:
+            self._worker_sync = _WorkerSync()
+        self._publish_position()
         return _DatasetView(self)
 
     def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
@@ -379,6 +401,35 @@ class ShardLoader:
         kwargs.setdefault("pin_memory", self._pin)
         loader = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
         return _CountingIterable(self, loader)
+
+
+class _WorkerSync:
+    """The epoch and resume state, in shared memory that the main process writes and DataLoader
+    workers read each time they start an iteration (forked workers inherit it, spawned ones get
+    it through torch's shared-memory pickling). JSON behind an 8-byte length: a resume state is a
+    few hundred bytes per phase."""
+
+    CAPACITY = 1 << 20
+
+    def __init__(self) -> None:
+        self._buffer = torch.zeros(self.CAPACITY, dtype=torch.uint8).share_memory_()
+
+    def publish(self, epoch: int, resume: dict[str, Any] | None) -> None:
+        data = json.dumps({"epoch": epoch, "resume": resume}).encode()
+        if len(data) + 8 > self.CAPACITY:
+            raise ValueError(
+                f"resume state of {len(data)} bytes is too large to hand to DataLoader workers "
+                f"(at most {self.CAPACITY - 8})"
+            )
+        view = self._buffer.numpy()
+        view[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        view[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
+
+    def read(self) -> tuple[int, dict[str, Any] | None]:
+        view = self._buffer.numpy()
+        length = int.from_bytes(view[:8].tobytes(), "little")
+        position = json.loads(view[8 : 8 + length].tobytes())
+        return int(position["epoch"]), position["resume"]
 
 
 def _seed(*parts: int) -> int:
