@@ -8,11 +8,16 @@ import os
 import tarfile
 
 from corpus import build_corrupt_corpus, good_shard
+from index_layout import read_layout
 from servers import RangeHTTPServer
 from shardstream.cli import main
 
 
 def load_index(path: str) -> dict:
+    """What `shardstream index -o` wrote: the folder layout (read as docs/epoch-plan.md
+    describes it) or a version-1 JSON file."""
+    if os.path.isdir(path):
+        return read_layout(path)
     with open(path, "rb") as f:
         data = f.read()
     if data[:2] == b"\x1f\x8b":

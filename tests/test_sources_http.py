@@ -315,11 +315,11 @@ def test_https_with_a_private_ca(shard_dir, tmp_path):
         # ... and an index file on that server is fetched trusting the same CA.
         from shardstream.index import load_index, write_index
 
-        write_index(index, os.path.join(shard_dir, "private-ca.index"))
+        write_index(index, os.path.join(shard_dir, "private-ca.index.json"))
         try:
-            fetched = load_index(srv.url("private-ca.index"), ca_bundle=ca)
+            fetched = load_index(srv.url("private-ca.index.json"), ca_bundle=ca)
         finally:
-            os.unlink(os.path.join(shard_dir, "private-ca.index"))
+            os.unlink(os.path.join(shard_dir, "private-ca.index.json"))
         assert fetched.to_json() == index.to_json()
 
 

@@ -283,17 +283,17 @@ def test_full_epoch_over_s3_through_faults_is_byte_identical(s3, local_dir, monk
 def test_exact_epoch_over_s3_with_an_index_built_by_the_cli(s3, local_dir, monkeypatch, tmp_path):
     # The index names shards as users do (s3://...), never by a presigned URL, so the loader
     # matches it to the s3:// shards it is given and seeks with Range requests from its offsets.
-    import json
 
     from shardstream import ShardLoader
     from shardstream.cli import main
 
     with_env(monkeypatch, s3)
     spec = f"s3://{BUCKET}/train/shard-{{000000..000005}}.tar"
+    from index_layout import read_layout
+
     index = str(tmp_path / "s3.index")
     assert main(["index", spec, "-o", index, "-q"]) == 0
-    with open(index, "rb") as f:
-        urls = [s["url"] for s in json.loads(f.read())["shards"]]
+    urls = [s["url"] for s in read_layout(index)["shards"]]
     assert urls == [f"s3://{BUCKET}/train/shard-{i:06d}.tar" for i in range(SHARDS)]
     keys = []
     for rank in range(2):
@@ -313,9 +313,11 @@ def test_exact_epoch_over_s3_with_an_index_built_by_the_cli(s3, local_dir, monke
     local = [s["__key__"] for s in read_samples(local_dir)]
     assert len(keys) == len(set(keys)) and sorted(keys + remainder) == sorted(local)
 
-    # The index itself from S3 (fetched through a presigned URL made for that one request).
-    with open(index, "rb") as f:
-        s3.client().put_object(Bucket=BUCKET, Key="indexes/train.index", Body=f.read())
+    # The index itself from S3 (fetched through a presigned URL made for that one request), its
+    # detail blocks too: rank 1's spans start mid-shard, so it seeks with offsets read from them.
+    for name in os.listdir(index):
+        with open(os.path.join(index, name), "rb") as f:
+            s3.client().put_object(Bucket=BUCKET, Key=f"indexes/train.index/{name}", Body=f.read())
     remote = ShardLoader(
         spec,
         index=f"s3://{BUCKET}/indexes/train.index",

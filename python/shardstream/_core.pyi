@@ -52,8 +52,7 @@ class ScanReport(TypedDict):
 class ReaderPlan(TypedDict):
     """What ``EpochPlanView.reader`` returns: the spans and shuffle of one (rank, worker)."""
 
-    spans: list[SpanTuple]
-    reserve: list[SpanTuple]
+    spans: PlannedSpans
     num_batches: int
     last_batch_size: int | None
     block_size: int
@@ -100,11 +99,12 @@ class Loader:
 
     def __new__(
         cls,
-        spans_list: Sequence[SpanTuple],
-        reserve: Sequence[SpanTuple],
-        display_urls: Sequence[str],
+        spans_list: PlannedSpans | Sequence[SpanTuple],
         config: dict[str, Any],
-    ) -> Loader: ...
+        display_urls: Sequence[str] = ...,
+    ) -> Loader:
+        """``spans_list``: a planned reader's spans (``EpochPlanView.reader(...)["spans"]``), or
+        streaming span tuples whose shard numbers index ``display_urls``."""
     @property
     def batch_bytes(self) -> int:
         """Bytes one batch needs: batch_size * 3 * image_size * image_size."""
@@ -125,11 +125,15 @@ class Loader:
 
 @final
 class DatasetIndex:
-    """A dataset index (rust/src/index.rs defines the format). Pickles as its JSON document."""
+    """A dataset index (rust/src/index/ defines both layouts). Pickles as its bytes and location."""
 
     @staticmethod
+    def from_bytes(data: bytes, location: str | None = None) -> DatasetIndex:
+        """Parses a version-2 manifest (detail files are looked up beside ``location``) or
+        version-1 JSON (plain or gzip)."""
+    @staticmethod
     def from_json(data: bytes) -> DatasetIndex:
-        """Parses an index document (JSON, optionally gzip-compressed)."""
+        """Parses a version-1 index document (JSON, optionally gzip-compressed)."""
     @staticmethod
     def from_scan_reports(reports_json: str, urls: Sequence[str], with_keys: bool = True) -> DatasetIndex:
         """Builds an index from ``scan_shard`` reports (a JSON list) and the URLs users name them by."""
@@ -140,6 +144,18 @@ class DatasetIndex:
     def img2dataset_stats_url(shard_url: str) -> str | None:
         """Where img2dataset writes a shard's stats (``00001.tar`` -> ``00001_stats.json``)."""
     def to_json(self) -> bytes: ...
+    def to_layout(self, detail_file: str) -> tuple[bytes, bytes]:
+        """(manifest, detail file) of the version-2 layout; the manifest names the detail file
+        ``detail_file``."""
+    def with_shard_names(self, urls: Sequence[str], displays: Sequence[str]) -> DatasetIndex:
+        """The same index, opening shard i at ``urls[i]`` and naming it ``displays[i]``."""
+    @property
+    def location(self) -> str | None: ...
+    @property
+    def has_detail_files(self) -> bool: ...
+    def url(self, i: int) -> str: ...
+    def schemes(self) -> list[str]:
+        """Distinct URL schemes of the shards (``local`` for plain paths)."""
     @property
     def urls(self) -> list[str]: ...
     @property
@@ -173,13 +189,18 @@ class EpochPlanView:
         """Batches per rank from here on (the same on every rank)."""
     @property
     def remainder_len(self) -> int: ...
-    def remainder_keys(self) -> list[str]:
-        """Keys of the samples left out of this epoch, when the index holds keys."""
-    def reader(self, rank: int, worker: int, urls: Sequence[str]) -> ReaderPlan:
-        """What reader (rank, worker) reads; ``urls`` are the concrete URLs, in index order."""
+    def remainder_keys(self, config: dict[str, Any] | None = None) -> list[str]:
+        """Keys of the samples left out of this epoch, when the index holds keys (in memory, or
+        in the detail blocks of the shards holding them, fetched with the reader ``config``)."""
+    def reader(self, rank: int, worker: int) -> ReaderPlan:
+        """What reader (rank, worker) reads: ``spans`` (a :class:`PlannedSpans`) and its shuffle."""
     def state(self, batches: int, reserve_used: Sequence[tuple[int, int, int]] = ...) -> str:
         """The resumable state (JSON) after ``batches`` batches were consumed on every rank and
         readers used ``reserve_used`` = (rank, phase reader, positions) of their reserve."""
+
+@final
+class PlannedSpans:
+    """The spans and reserve spans of one planned reader, built in Rust for :class:`Loader`."""
 
 def scan_shard(
     url: str,

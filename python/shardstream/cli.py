@@ -210,13 +210,16 @@ _INDEX_DESCRIPTION = """\
 Write the dataset index: per shard its URL, size, sample count, per-sample byte offsets and
 the invalid samples found while indexing, so that training skips them deterministically and
 every rank agrees on the epoch. Validates while indexing (decoding every image) unless
---no-decode.
+--no-decode. -o names a folder: manifest.bin, what every rank loads (a few dozen bytes per
+shard), and detail files with each shard's offsets and keys, read per shard when it is opened.
+An -o ending in .json or .json.gz writes the version-1 single file instead (small datasets).
 """
 
 _INDEX_EPILOG = """\
 examples:
   shardstream index 'shards/{000000..000099}.tar' -o shards.index
   shardstream index 's3://bucket/data/{000000..000999}.tar' -o data.index --no-decode --threads 32
+  shardstream index --from-index old-index.json -o data.index
 
 exit status: 0 index written, 2 a shard could not be read (no index written) or bad usage
 """
@@ -299,8 +302,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scan_options(p)
 
     p = verb("index", "write the dataset index (exact epochs)", _INDEX_DESCRIPTION, _INDEX_EPILOG)
-    p.add_argument("urls", nargs="+", metavar="URL", help=url_help)
-    p.add_argument("-o", "--output", required=True, metavar="INDEX", help="index file to write")
+    p.add_argument("urls", nargs="*", metavar="URL", help=url_help)
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="INDEX",
+        help="where to write it: a folder (manifest + detail files), or NAME.json[.gz] for the "
+        "version-1 single file",
+    )
+    p.add_argument(
+        "--from-index",
+        metavar="OLD",
+        default=None,
+        help="rewrite an existing index (e.g. version-1 JSON) in the layout -o names, scanning nothing",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument(
         "--from-img2dataset-stats",
@@ -494,6 +510,10 @@ def cmd_index(args: argparse.Namespace) -> int:
     from .validation import default_threads
 
     options = _scan_options(args)
+    if args.from_index is not None:
+        return _rewrite_index(args)
+    if not args.urls:
+        raise UsageError("give the shards to index (URL...), or --from-index OLD")
     shards = expand_specs(args.urls)
     if args.from_img2dataset_stats:
         from .errors import ShardError
@@ -540,6 +560,24 @@ def cmd_index(args: argparse.Namespace) -> int:
                 f"  warning: {r['url']}: {r['fatal']['reason']}: {r['fatal']['detail']} "
                 f"(indexed the {r['samples']:,} samples before it)"
             )
+    return EXIT_OK
+
+
+def _rewrite_index(args: argparse.Namespace) -> int:
+    from .errors import ShardError
+    from .index import load_index, write_index
+
+    if args.urls or args.from_img2dataset_stats:
+        raise UsageError("--from-index rewrites an index: give no URL and no --from-img2dataset-stats")
+    try:
+        index = load_index(args.from_index)
+    except ShardError as e:
+        raise UsageError(str(e)) from None
+    if index.has_detail_files:
+        raise UsageError(f"{args.from_index} is already in the folder layout; rewriting one is not supported")
+    write_index(index, args.output)
+    if not args.quiet:
+        print(f"rewrote {len(index):,} shards, {index.num_samples:,} samples -> {args.output}")
     return EXIT_OK
 
 

@@ -1,8 +1,13 @@
 """The dataset index: per shard its URL, size, sample count, per-sample byte offsets and the
 samples validation rejected. It makes epochs exact (see ``shardstream.plan``).
 
-The format is defined once, in rust/src/index.rs, and documented in docs/epoch-plan.md; this
-module loads, builds and writes it.
+Two layouts, defined once in rust/src/index/ and documented in docs/epoch-plan.md:
+
+- a folder (the default): ``manifest.bin``, what every rank loads, O(shards), and detail files
+  with each shard's offsets and keys, which a reader fetches per shard when it opens it;
+- version 1, one JSON file (``-o NAME.json`` or ``NAME.json.gz``), for small datasets.
+
+This module loads, builds and writes them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,26 @@ from shardstream.errors import CredentialsError, NotFoundError, ShardError
 from shardstream.urls import Shard, expand_urls, redact, scheme_of, source_config
 
 DatasetIndex = _core.DatasetIndex
+MANIFEST_NAME = "manifest.bin"
+# Reads of img2dataset stats files in flight at once (small files: latency-bound, not CPU-bound).
+STATS_READERS = 32
+
+
+def is_json_index_path(path: str) -> bool:
+    """Whether ``path`` names a version-1 JSON index file rather than a folder layout."""
+    name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1].lower()
+    return name.endswith((".json", ".json.gz"))
+
+
+def _manifest_location(where: str) -> tuple[str, str]:
+    """(URL or path of the manifest, the folder its detail files are in) for an index named by
+    its folder or by its manifest file."""
+    path, sep, query = where.partition("?")
+    if path.rstrip("/").endswith("/" + MANIFEST_NAME) or path == MANIFEST_NAME:
+        folder = path.rstrip("/")[: -len(MANIFEST_NAME)].rstrip("/") or "."
+        return where, folder + (sep + query if sep else "")
+    folder = path.rstrip("/")
+    return f"{folder}/{MANIFEST_NAME}" + (sep + query if sep else ""), folder + (sep + query if sep else "")
 
 
 def _read_bytes(where: str, what: str, *, timeout: float, **source_options: Any) -> bytes:
@@ -55,17 +80,26 @@ def _fetch(shard: Shard, what: str, *, timeout: float, ca_bundle: str | None = N
 
 
 def load_index(source: Any, *, timeout: float = 60.0, **source_options: Any) -> DatasetIndex:
-    """An index from a DatasetIndex, bytes, a local path, or an http(s)/s3 URL."""
+    """An index from a DatasetIndex, bytes, or where ``shardstream index -o`` wrote it: a folder
+    (or its ``manifest.bin``) or a version-1 JSON file, as a local path or an http(s)/s3 URL.
+    Only the manifest is read: per-sample detail is fetched per shard, when it is opened."""
     if isinstance(source, DatasetIndex):
         return source
+    location = None
     if isinstance(source, (bytes, bytearray)):
         data = bytes(source)
         where = "<bytes>"
     else:
         where = os.fspath(source)
+        local = scheme_of(where) == "local" or where.startswith("file://")
+        folder_layout = (
+            os.path.isdir(where.removeprefix("file://")) if local else not is_json_index_path(where)
+        ) or where.rstrip("/").endswith("/" + MANIFEST_NAME)
+        if folder_layout:
+            where, location = _manifest_location(where)
         data = _read_bytes(where, "index", timeout=timeout, **source_options)
     try:
-        return DatasetIndex.from_json(data)
+        return DatasetIndex.from_bytes(data, location)
     except ValueError as e:
         raise ShardError("corrupt_tar", redact(where), "", f"not a shardstream index: {e}") from None
 
@@ -87,10 +121,14 @@ def index_from_img2dataset(spec: Any, *, timeout: float = 60.0, **source_options
     # check (a missing file fails its own read, by name).
     stats = expand_urls(stats_urls, check="none", **source_options)
     ca_bundle = source_config(stats, source_options).get("ca_bundle")
-    entries = [
-        (shard.display, _fetch(stat, "img2dataset stats", timeout=timeout, ca_bundle=ca_bundle))
-        for shard, stat in zip(shards, stats, strict=True)
-    ]
+
+    def read(stat: Shard) -> bytes:
+        return _fetch(stat, "img2dataset stats", timeout=timeout, ca_bundle=ca_bundle)
+
+    # Latency-bound small reads, a bounded number in flight: 230k files take minutes, not hours.
+    with ThreadPoolExecutor(max_workers=min(STATS_READERS, max(1, len(stats)))) as pool:
+        contents = list(pool.map(read, stats))
+    entries = [(shard.display, data) for shard, data in zip(shards, contents, strict=True)]
     try:
         return DatasetIndex.from_img2dataset_stats(entries)
     except ValueError as e:
@@ -136,21 +174,42 @@ def build_index(
 
 
 def write_index(index_or_reports: Any, path: str, *, urls: list[str] | None = None) -> str:
-    """Writes an index atomically (temp file + rename); accepts an index or scan reports."""
+    """Writes an index (or scan reports) where ``path`` says: a version-1 JSON file for a
+    ``.json``/``.json.gz`` name, else a folder holding ``manifest.bin`` and a detail file.
+    Atomic: a reader sees the old index or the new one, never a mix (detail files are new
+    names, the manifest is replaced last)."""
     index = (
         index_or_reports
         if isinstance(index_or_reports, DatasetIndex)
         else index_from_reports(index_or_reports, urls)
     )
+    if is_json_index_path(path):
+        data = index.to_json()
+        if path.lower().endswith(".gz"):
+            import gzip
+
+            data = gzip.compress(data, mtime=0)
+        atomic_write(path, data)
+        return path
+    os.makedirs(path, exist_ok=True)
+    detail_name = f"detail-{os.urandom(6).hex()}.bin"
+    manifest, detail = index.to_layout(detail_name)
+    if detail:
+        atomic_write(os.path.join(path, detail_name), detail)
+    atomic_write(os.path.join(path, MANIFEST_NAME), manifest)
+    return path
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` through a temporary file in the same folder and a rename."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".index-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(index.to_json())
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path

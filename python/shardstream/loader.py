@@ -144,7 +144,7 @@ class ShardLoader:
             from shardstream.plan import EpochPlanner
 
             self._plan = EpochPlanner(index, self._shards, **source_options)
-            self._shards = self._plan.shards
+            self._shards = None  # the index names them (in Rust): nothing per shard here
         self._warned_inexact = False
         self._num_workers = 0
         self._worker_sync: _WorkerSync | None = None
@@ -246,9 +246,11 @@ class ShardLoader:
             reader = self._plan.reader(
                 self._plan_params(workers if workers > 1 else self._num_workers), self._resume, rank, worker
             )
-            spans, reserve = reader.pop("spans"), reader.pop("reserve")
+            spans = reader.pop("spans")
             phase_reader = reader.pop("reader")
             config.update(reader, planned=True)
+            config.update({k: v for k, v in self._plan.source_config().items() if k not in config})
+            display: list[str] = []
         else:
             if self._resume is not None:
                 raise ValueError(
@@ -256,12 +258,12 @@ class ShardLoader:
                 )
             self._require_quota(world * max(workers, 1))
             spans, extra = self._streaming_reader(worker, workers)
-            reserve, phase_reader = [], worker
+            phase_reader = worker
             config.update(extra, block_size=self.shuffle_buffer, first_block=0)
+            config.update(source_config(self._shards, config))  # an explicit ca_bundle wins
+            display = [s.display for s in self._shards]
         config["crop_seed"] = _seed(self.seed, self.epoch)
-        config.update(source_config(self._shards, config))  # an explicit ca_bundle wins
-        display = [s.display for s in self._shards]
-        return _core.Loader(spans, reserve, display, config), phase_reader
+        return _core.Loader(spans, config, display), phase_reader
 
     def _alloc(self) -> Any:
         shape = (self.batch_size, 3, self.image_size, self.image_size)
@@ -329,9 +331,9 @@ class ShardLoader:
         (with an index: the epoch's remainder across all ranks, from the plan)."""
         stats = dict(self._last_stats)
         if self._plan is not None:
-            plan = self._plan.plan(self._plan_params(self._num_workers), self._resume)
-            stats["remainder"] = plan.remainder_len
-            stats["remainder_keys"] = plan.remainder_keys()
+            params = self._plan_params(self._num_workers)
+            stats["remainder"] = self._plan.plan(params, self._resume).remainder_len
+            stats["remainder_keys"] = self._plan.remainder_keys(params, self._resume, self._config)
             stats["exact"] = True
         else:
             stats["exact"] = False

@@ -55,33 +55,48 @@ def streaming_spans(
 
 
 class EpochPlanner:
-    """Exact epochs over an index: the shards of the index, mapped to the URLs to open."""
+    """Exact epochs over an index. Holds nothing per shard in Python: the index (in Rust) names
+    the shards, and the plan hands each reader its spans directly. With ``shards`` (the URLs a
+    user passed), shard i of the index is opened at the URL whose name matches its own."""
 
     def __init__(self, index: Any, shards: list[Any] | None, **source_options: Any) -> None:
         from shardstream.index import load_index
-        from shardstream.urls import expand_urls
+        from shardstream.urls import check_first_shard, index_source_config
 
         self.index = load_index(index, **source_options)
-        names = list(self.index.urls)
-        if shards is None:
-            shards = expand_urls(names, **source_options)
-        by_name = {s.display: s for s in shards}
-        missing = [n for n in names if n not in by_name]
-        if missing or len(by_name) != len(names):
-            raise ValueError(
-                f"the loader's shards and the index's differ ({len(shards)} vs {len(names)} shards; "
-                f"first not found: {missing[:1]}); pass the same URLs, or urls=None to use the index's"
-            )
-        self.shards = [by_name[n] for n in names]
+        if len(self.index) == 0:
+            raise ValueError("the index lists no shard")
+        if shards is not None:
+            names = list(self.index.urls)
+            by_name = {s.display: s for s in shards}
+            missing = [n for n in names if n not in by_name]
+            if missing or len(by_name) != len(names):
+                raise ValueError(
+                    f"the loader's shards and the index's differ ({len(shards)} vs {len(names)} shards; "
+                    f"first not found: {missing[:1]}); pass the same URLs, or urls=None to use the index's"
+                )
+            ordered = [by_name[n] for n in names]
+            self.index = self.index.with_shard_names([s.url for s in ordered], [s.display for s in ordered])
+            self._source_config = index_source_config(ordered, source_options)
+        else:
+            # A bounded number of existence and credential checks, whatever the shard count:
+            # a missing shard further on is reported, by name, when it is read.
+            check_first_shard(self.index.url(0), **source_options)
+            self._source_config = index_source_config(None, source_options, schemes=self.index.schemes())
         self._cache: dict[tuple, Any] = {}
+        self._remainder_keys: dict[tuple, list[str]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Plans are cheap to remake and live in Rust: a pickle (spawned DataLoader workers) leaves
         # them out.
         return {**self.__dict__, "_cache": {}}
 
+    def source_config(self) -> dict[str, Any]:
+        """Reader options for the index's shards: the S3 signer and CA bundle when they need one."""
+        return dict(self._source_config)
+
     def plan(self, params: dict[str, Any], state: dict[str, Any] | None) -> Any:
-        key = (tuple(sorted(params.items())), json.dumps(state, sort_keys=True) if state else None)
+        key = _plan_key(params, state)
         if key not in self._cache:
             self._cache.clear()
             self._cache[key] = self.index.plan(**params, state=json.dumps(state) if state else None)
@@ -90,7 +105,19 @@ class EpochPlanner:
     def reader(
         self, params: dict[str, Any], state: dict[str, Any] | None, rank: int, worker: int
     ) -> dict[str, Any]:
-        return self.plan(params, state).reader(rank, worker, [s.url for s in self.shards])
+        return self.plan(params, state).reader(rank, worker)
+
+    def remainder_keys(
+        self, params: dict[str, Any], state: dict[str, Any] | None, options: dict
+    ) -> list[str]:
+        """Keys of the epoch's dropped remainder; with a version-2 index, read from the detail
+        blocks of only the shards that hold it (once per plan)."""
+        key = _plan_key(params, state)
+        if key not in self._remainder_keys:
+            self._remainder_keys.clear()
+            config = {**options, **self._source_config}
+            self._remainder_keys[key] = self.plan(params, state).remainder_keys(config)
+        return self._remainder_keys[key]
 
     def state(
         self,
@@ -102,3 +129,7 @@ class EpochPlanner:
         """The state after ``batches`` more batches per rank; ``reserve_used`` = (rank, phase
         reader, reserve positions) used since ``state``, gathered from every rank."""
         return json.loads(self.plan(params, state).state(batches, list(reserve_used)))
+
+
+def _plan_key(params: dict[str, Any], state: dict[str, Any] | None) -> tuple:
+    return (tuple(sorted(params.items())), json.dumps(state, sort_keys=True) if state else None)

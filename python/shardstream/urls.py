@@ -284,10 +284,8 @@ def expand_urls(
     """
     if check not in ("first", "all", "none"):
         raise ValueError(f"check must be 'first', 'all' or 'none', not {check!r}")
-    s3 = S3Options.from_any(s3_options, {k: v for k, v in options.items() if k not in READER_OPTIONS})
-    if options.get("ca_bundle") and s3.ca_bundle is None:
-        s3 = replace(s3, ca_bundle=os.fspath(options["ca_bundle"]))
-    resolver = _Resolver(s3)
+    resolver = _Resolver(_s3_options(s3_options, options))
+    checked_locations: set[str] = set()
     specs: Iterable[Any] = [spec] if isinstance(spec, (str, os.PathLike)) else spec
     out: list[Shard] = []
     for item in specs:
@@ -302,10 +300,44 @@ def expand_urls(
                 part_shards.extend(shards)
                 if not listed:
                     unproven.extend(shards)
-            for shard in unproven if check == "all" else unproven[:1] if check == "first" else []:
-                resolver.check(shard)
+            if check == "all":
+                for shard in unproven:
+                    resolver.check(shard)
+            elif check == "first" and unproven:
+                # One check per folder or bucket prefix, not per part: a list of a million
+                # explicit URLs must not become a million HeadObject requests.
+                location = unproven[0].display.rsplit("/", 1)[0]
+                if location not in checked_locations:
+                    checked_locations.add(location)
+                    resolver.check(unproven[0])
             out.extend(part_shards)
     return out
+
+
+def _s3_options(s3_options: S3Options | dict[str, Any] | None, options: dict[str, Any]) -> S3Options:
+    s3 = S3Options.from_any(s3_options, {k: v for k, v in options.items() if k not in READER_OPTIONS})
+    if options.get("ca_bundle") and s3.ca_bundle is None:
+        s3 = replace(s3, ca_bundle=os.fspath(options["ca_bundle"]))
+    return s3
+
+
+def check_first_shard(url: str, **options: Any) -> None:
+    """Checks that one shard exists and is readable with the credentials at hand (a local
+    ``stat``, an S3 ``HeadObject``): the bounded start-up check for an index's shards."""
+    expand_urls(url, check="first", **options)
+
+
+def index_source_config(
+    shards: Sequence[Shard] | None, options: dict[str, Any], *, schemes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """:func:`source_config` for the shards of an index: the given shards', or, when the index
+    names them itself, one signer for all of its ``s3://`` shards (made without listing them)."""
+    if shards is not None:
+        return source_config(shards, options)
+    if "s3" in set(schemes):
+        s3 = _s3_options(options.get("s3_options"), options)
+        return source_config([Shard("s3://", "s3://", signer=S3Signer(s3))], options)
+    return source_config([], options)
 
 
 class S3Signer:

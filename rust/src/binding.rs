@@ -1,6 +1,7 @@
 //! The PyO3 layer: thin wrappers that convert arguments, release the GIL around Rust work, and
 //! turn faults into Python exceptions. No logic lives here.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use pyo3::create_exception;
@@ -12,14 +13,16 @@ use crate::decode::Decoder;
 use crate::error::Fault;
 use crate::group::{open_shard, SampleReader};
 use crate::index::Index;
-use crate::pipeline::{OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan};
+use crate::pipeline::{display_table, OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan};
 use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
 use crate::resize::CropMode;
 use crate::rng;
 use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
 use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
+use crate::seek::keys_of_runs;
 use crate::source::{redact_url, Signer, SourceOptions, SourceStats};
+use crate::spans::{planned_spans, ShardNames};
 
 create_exception!(
     _core,
@@ -381,11 +384,12 @@ fn py_redact_url(url: &str) -> String {
 /// (url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)
 type SpanTuple = (String, u32, u64, u64, u64, Option<u64>, Option<(u64, u64)>);
 
-fn spans(list: Vec<SpanTuple>) -> Vec<ShardSpan> {
+fn spans(list: Vec<SpanTuple>, display: &[String]) -> Vec<ShardSpan> {
     list.into_iter()
         .map(
             |(url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)| {
                 ShardSpan {
+                    display: display.get(shard as usize).cloned().unwrap_or_default(),
                     url,
                     shard,
                     start_offset,
@@ -393,6 +397,7 @@ fn spans(list: Vec<SpanTuple>) -> Vec<ShardSpan> {
                     skip_before,
                     end_ordinal,
                     stride,
+                    detail: None,
                 }
             },
         )
@@ -403,21 +408,113 @@ fn index_err(e: crate::index::IndexError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
-/// A dataset index (rust/src/index.rs defines the format).
+/// What `DatasetIndex.__reduce__` returns: its constructor and arguments.
+type Reduced<'py> = (Bound<'py, PyAny>, (Py<PyBytes>, Option<String>));
+
+/// A dataset index (rust/src/index/ defines both layouts), with where it was loaded from (its
+/// detail files are found there) and, optionally, other URLs to open its shards by.
 #[pyclass(module = "shardstream._core", frozen)]
 pub struct DatasetIndex {
     index: Arc<Index>,
+    location: Option<String>,
+    names: Arc<ShardNames>,
+    /// The plan's input, made once: every plan of every epoch starts from it.
+    plan_input: Arc<std::sync::OnceLock<plan::PlanInput>>,
+}
+
+impl DatasetIndex {
+    fn wrap(index: Index, location: Option<String>) -> Self {
+        Self {
+            index: Arc::new(index),
+            location,
+            names: Arc::new(ShardNames::default()),
+            plan_input: Arc::default(),
+        }
+    }
 }
 
 #[pymethods]
 impl DatasetIndex {
-    /// Parses an index document (JSON, optionally gzip-compressed).
+    /// Parses an index in either layout: a version-2 manifest (its detail files are looked up
+    /// beside `location`, the folder or URL it came from) or version-1 JSON.
+    #[staticmethod]
+    #[pyo3(signature = (data, location = None))]
+    fn from_bytes(py: Python<'_>, data: &[u8], location: Option<String>) -> PyResult<Self> {
+        let index = py.detach(|| Index::from_bytes(data)).map_err(index_err)?;
+        Ok(Self::wrap(index, location))
+    }
+
+    /// Parses a version-1 JSON index (plain or gzip-compressed).
     #[staticmethod]
     fn from_json(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
         let index = py.detach(|| Index::from_json(data)).map_err(index_err)?;
+        Ok(Self::wrap(index, None))
+    }
+
+    /// The version-2 layout: (manifest bytes, detail file bytes), the offsets and keys held in
+    /// memory going to a detail file the manifest names `detail_file`.
+    fn to_layout(&self, py: Python<'_>, detail_file: &str) -> (Py<PyBytes>, Py<PyBytes>) {
+        let (manifest, detail) = py.detach(|| self.index.to_layout(detail_file));
+        (
+            PyBytes::new(py, &manifest).unbind(),
+            PyBytes::new(py, &detail).unbind(),
+        )
+    }
+
+    /// The same index, opening shard i at `urls[i]` and naming it `displays[i]` in messages.
+    fn with_shard_names(&self, urls: Vec<String>, displays: Vec<String>) -> PyResult<Self> {
+        if urls.len() != self.index.len() || displays.len() != urls.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} URLs and {} names for an index of {} shards",
+                urls.len(),
+                displays.len(),
+                self.index.len()
+            )));
+        }
         Ok(Self {
-            index: Arc::new(index),
+            index: self.index.clone(),
+            location: self.location.clone(),
+            names: Arc::new(ShardNames { urls, displays }),
+            plan_input: self.plan_input.clone(),
         })
+    }
+
+    /// Where the index was loaded from (its detail files are beside it).
+    #[getter]
+    fn location(&self) -> Option<String> {
+        self.location.clone()
+    }
+
+    /// True when per-sample detail sits in detail files (version 2), not in memory.
+    #[getter]
+    fn has_detail_files(&self) -> bool {
+        !self.index.detail_files().is_empty()
+    }
+
+    /// The URL of shard `i` as the index records it.
+    fn url(&self, i: usize) -> PyResult<String> {
+        self.index
+            .shards()
+            .get(i)
+            .map(|s| s.url.clone())
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("no shard {i} in an index of {}", self.index.len()))
+            })
+    }
+
+    /// The distinct URL schemes of the shards (`local`, `file`, `http`, `https`, `s3`).
+    fn schemes(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for s in self.index.shards() {
+            let scheme = match s.url.split_once("://") {
+                Some((scheme, _)) => scheme.to_ascii_lowercase(),
+                None => "local".to_string(),
+            };
+            if !out.contains(&scheme) {
+                out.push(scheme);
+            }
+        }
+        out
     }
 
     /// Builds an index from `scan_shard` reports (as JSON text) and the URLs users name them by.
@@ -434,9 +531,7 @@ impl DatasetIndex {
             .zip(&urls)
             .map(|(r, u)| r.to_index_entry(u, with_keys))
             .collect();
-        Ok(Self {
-            index: Arc::new(Index::new(entries).map_err(index_err)?),
-        })
+        Ok(Self::wrap(Index::new(entries).map_err(index_err)?, None))
     }
 
     /// An index from img2dataset's per-shard stats files: (shard URL, `NNNNN_stats.json` bytes).
@@ -446,9 +541,7 @@ impl DatasetIndex {
         let index =
             Index::from_img2dataset_stats(entries.iter().map(|(u, b)| (u.as_str(), b.as_slice())))
                 .map_err(index_err)?;
-        Ok(Self {
-            index: Arc::new(index),
-        })
+        Ok(Self::wrap(index, None))
     }
 
     /// Where img2dataset writes the stats of a shard (`00001.tar` -> `00001_stats.json`).
@@ -461,10 +554,22 @@ impl DatasetIndex {
         PyBytes::new(py, &self.index.to_json()).unbind()
     }
 
-    /// Pickles as its JSON document, so that DataLoader workers started by spawn receive it.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Py<PyBytes>,))> {
-        let from_json = slf.get_type().getattr("from_json")?;
-        Ok((from_json, (slf.get().to_json(slf.py()),)))
+    /// Pickles as its bytes (a manifest when its detail is in detail files, else version-1
+    /// JSON) and location, so that DataLoader workers started by spawn receive it. Shard
+    /// renames do not travel: the planner pickles its own.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        let me = slf.get();
+        let py = slf.py();
+        let bytes = if me.index.detail_files().is_empty() {
+            me.index.to_json()
+        } else {
+            crate::index::manifest::encode(&me.index)
+        };
+        let from_bytes = slf.get_type().getattr("from_bytes")?;
+        Ok((
+            from_bytes,
+            (PyBytes::new(py, &bytes).unbind(), me.location.clone()),
+        ))
     }
 
     #[getter]
@@ -508,19 +613,30 @@ impl DatasetIndex {
         state: Option<&str>,
     ) -> PyResult<EpochPlanView> {
         let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
-        let input = self.index.plan_input();
         let plan = py
-            .detach(|| match state {
-                None => EpochPlan::new(&input, seed, epoch, config),
-                Some(json) => EpochState::from_json(json.as_bytes())
-                    .and_then(|st| EpochPlan::resume(&input, &st, config)),
+            .detach(|| {
+                let input = self.plan_input.get_or_init(|| self.index.plan_input());
+                match state {
+                    None => EpochPlan::new(input, seed, epoch, config),
+                    Some(json) => EpochState::from_json(json.as_bytes())
+                        .and_then(|st| EpochPlan::resume(input, &st, config)),
+                }
             })
             .map_err(plan_err)?;
         Ok(EpochPlanView {
             plan,
             index: self.index.clone(),
+            location: self.location.clone(),
+            names: self.names.clone(),
         })
     }
+}
+
+/// The spans one planned reader opens (built in Rust, handed to `Loader` as they are).
+#[pyclass(module = "shardstream._core", frozen)]
+pub struct PlannedSpans {
+    spans: Vec<ShardSpan>,
+    reserve: Vec<ShardSpan>,
 }
 
 /// One epoch's plan over an index: what each reader reads, and the resumable state.
@@ -528,37 +644,14 @@ impl DatasetIndex {
 pub struct EpochPlanView {
     plan: EpochPlan,
     index: Arc<Index>,
+    location: Option<String>,
+    names: Arc<ShardNames>,
 }
 
 impl EpochPlanView {
-    fn span_tuples(&self, runs: &[plan::Run], urls: &[String]) -> PyResult<Vec<SpanTuple>> {
-        runs.iter()
-            .map(|run| {
-                let entry = self
-                    .index
-                    .shard(run.shard)
-                    .ok_or_else(|| PyValueError::new_err("plan names an unknown shard"))?;
-                let url = urls
-                    .get(run.shard as usize)
-                    .cloned()
-                    .unwrap_or_else(|| entry.url.clone());
-                // Gzip shards cannot be entered in the middle: their offsets only tell how much
-                // decompressed stream to skip, which open_shard does from the start.
-                let (start_offset, first_ordinal) = match &entry.offsets {
-                    Some(offsets) => (offsets[run.start as usize], run.start),
-                    None => (0, 0),
-                };
-                Ok((
-                    url,
-                    run.shard,
-                    start_offset,
-                    first_ordinal,
-                    run.start,
-                    Some(run.end),
-                    None,
-                ))
-            })
-            .collect()
+    fn spans(&self, runs: &[plan::Run]) -> PyResult<Vec<ShardSpan>> {
+        planned_spans(&self.index, self.location.as_deref(), &self.names, runs)
+            .map_err(PyValueError::new_err)
     }
 }
 
@@ -576,30 +669,33 @@ impl EpochPlanView {
     }
 
     /// Keys of the samples left out of this epoch (the tail < one global batch), when the index
-    /// holds keys.
-    fn remainder_keys(&self) -> Vec<String> {
-        let mut keys = Vec::new();
-        for run in self.plan.remainder() {
-            if let Some(entry) = self.index.shard(run.shard) {
-                keys.extend((run.start..run.end).filter_map(|o| entry.key(o).map(str::to_string)));
-            }
-        }
-        keys
-    }
-
-    /// What reader (rank, worker) reads: spans (with byte offsets), reserve spans and the block
-    /// shuffle. `urls` are the concrete URLs to open, in index order.
-    fn reader(
+    /// holds keys: in memory, or in the detail blocks of the few shards that hold the tail,
+    /// fetched with the reader options in `config`.
+    #[pyo3(signature = (config = None))]
+    fn remainder_keys(
         &self,
         py: Python<'_>,
-        rank: u32,
-        worker: u32,
-        urls: Vec<String>,
-    ) -> PyResult<Py<PyAny>> {
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Vec<String>> {
+        let opts = match config {
+            Some(c) => source_options(c)?,
+            None => SourceOptions::default(),
+        };
+        let runs = self.plan.remainder();
+        py.detach(|| keys_of_runs(&self.index, self.location.as_deref(), &runs, &opts))
+            .map_err(|e: String| PyValueError::new_err(e))
+    }
+
+    /// What reader (rank, worker) reads: its spans and reserve spans (`PlannedSpans`, for
+    /// `Loader`) and the block shuffle.
+    fn reader(&self, py: Python<'_>, rank: u32, worker: u32) -> PyResult<Py<PyAny>> {
         let r = self.plan.reader(rank, worker).map_err(plan_err)?;
         let d = PyDict::new(py);
-        d.set_item("spans", self.span_tuples(r.runs(), &urls)?)?;
-        d.set_item("reserve", self.span_tuples(r.reserve(), &urls)?)?;
+        let spans = PlannedSpans {
+            spans: self.spans(r.runs())?,
+            reserve: self.spans(r.reserve())?,
+        };
+        d.set_item("spans", Py::new(py, spans)?)?;
         d.set_item("num_batches", r.num_batches)?;
         d.set_item("last_batch_size", r.last_batch_size)?;
         d.set_item("block_size", r.shuffle.block_size())?;
@@ -633,19 +729,28 @@ type ShardAssignmentTuple = (Vec<u32>, (u64, u64), u64, u64);
 #[pyclass(module = "shardstream._core")]
 pub struct Loader {
     pipeline: Option<Pipeline>,
-    display: Vec<String>,
+    display: HashMap<u32, String>,
     batch_bytes: usize,
+}
+
+/// A loader's spans: planned ones as the plan built them, or (streaming) tuples with the
+/// display names of every shard.
+#[derive(FromPyObject)]
+enum SpanInput<'py> {
+    Planned(PyRef<'py, PlannedSpans>),
+    Tuples(Vec<SpanTuple>),
 }
 
 #[pymethods]
 impl Loader {
-    /// `spans`/`reserve`: (url, shard, start_offset, first_ordinal, end_ordinal, stride).
+    /// `spans`: a reader's `PlannedSpans`, or (url, shard, start_offset, first_ordinal,
+    /// skip_before, end_ordinal, stride) tuples named by `display_urls` (by shard number).
     #[new]
+    #[pyo3(signature = (spans_list, config, display_urls = Vec::new()))]
     fn new(
-        spans_list: Vec<SpanTuple>,
-        reserve: Vec<SpanTuple>,
-        display_urls: Vec<String>,
+        spans_list: SpanInput<'_>,
         config: &Bound<'_, PyDict>,
+        display_urls: Vec<String>,
     ) -> PyResult<Self> {
         let get = |k: &str| config.get_item(k);
         let mut cfg = PipelineConfig {
@@ -689,11 +794,15 @@ impl Loader {
         }
         let batch_bytes =
             cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
-        cfg.display_urls = Arc::new(display_urls.clone());
-        let pipeline = Pipeline::start(spans(spans_list), spans(reserve), cfg);
+        let (main, reserve) = match spans_list {
+            SpanInput::Planned(p) => (p.spans.clone(), p.reserve.clone()),
+            SpanInput::Tuples(t) => (spans(t, &display_urls), Vec::new()),
+        };
+        let display = display_table(main.iter().chain(&reserve));
+        let pipeline = Pipeline::start(main, reserve, cfg);
         Ok(Self {
             pipeline: Some(pipeline),
-            display: display_urls,
+            display,
             batch_bytes,
         })
     }
@@ -736,7 +845,7 @@ impl Loader {
                 let urls: Vec<&str> = meta
                     .shards
                     .iter()
-                    .map(|&s| self.display.get(s as usize).map_or("", |u| u.as_str()))
+                    .map(|&s| self.display.get(&s).map_or("", |u| u.as_str()))
                     .collect();
                 Ok(Some((
                     meta.len,
@@ -834,6 +943,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Loader>()?;
     m.add_class::<DatasetIndex>()?;
     m.add_class::<EpochPlanView>()?;
+    m.add_class::<PlannedSpans>()?;
     m.add_function(wrap_pyfunction!(scan_shard, m)?)?;
     m.add_function(wrap_pyfunction!(probe_image, m)?)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;

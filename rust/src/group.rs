@@ -73,7 +73,9 @@ pub struct ShardFault {
     pub offset: u64,
 }
 
-fn is_gzip_name(url: &str) -> bool {
+/// Whether a URL names a gzip-compressed shard (by its path, case-insensitively). The one
+/// definition: the index and the reader must agree on which shards cannot be entered mid-stream.
+pub fn is_gzip_name(url: &str) -> bool {
     let path = url
         .split(['?', '#'])
         .next()

@@ -16,7 +16,9 @@ pub mod resize;
 pub mod rng;
 pub mod sample;
 pub mod scan;
+pub mod seek;
 pub mod source;
+pub mod spans;
 pub mod tar;
 
 #[cfg(feature = "python")]

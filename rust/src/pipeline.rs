@@ -16,7 +16,7 @@
 //! yields exactly `num_batches`. *Streaming* (no index): failures are skipped and the next
 //! sample takes their place.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,9 +26,10 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 
 use crate::error::{Fault, Reason};
-use crate::group::{open_shard, RawSample, SampleReader, ShardFault};
+use crate::group::{is_gzip_name, open_shard, RawSample, SampleReader, ShardFault};
 use crate::rng::{derive_seed, permutation};
 use crate::sample::{prepare, Rejection, SampleSpec, Worker};
+use crate::seek::DetailSource;
 use crate::source::{redact_url, SourceOptions, SourceStats};
 
 /// A contiguous piece of one shard to read.
@@ -46,19 +47,43 @@ pub struct ShardSpan {
     pub end_ordinal: Option<u64>,
     /// Keep only ordinals with `ordinal % modulus == remainder` (readers sharing a shard).
     pub stride: Option<(u64, u64)>,
+    /// What users know the shard by (faults and stats); `url` may be presigned.
+    pub display: String,
+    /// A version-2 index's detail block for this shard: where to find the offset of
+    /// `skip_before` when the span starts mid-shard and `start_offset` is not known.
+    pub detail: Option<DetailSource>,
 }
 
 impl ShardSpan {
-    /// Opens the shard at this span's first sample.
+    /// Opens the shard at this span's first sample (seeking there with the index's detail
+    /// block when the span starts mid-shard).
     fn open(&self, cfg: &PipelineConfig, stats: &Stats) -> Result<SampleReader, ShardFault> {
+        let (start, first) = self.entry_point(cfg, stats)?;
         open_shard(
             &self.url,
-            self.start_offset,
-            self.first_ordinal,
+            start,
+            first,
             cfg.max_member_bytes,
             &cfg.source,
             &stats.source,
         )
+    }
+
+    fn entry_point(&self, cfg: &PipelineConfig, stats: &Stats) -> Result<(u64, u64), ShardFault> {
+        match &self.detail {
+            Some(d) if self.skip_before > self.first_ordinal && !is_gzip_name(&self.url) => {
+                match d.offset_of(self.skip_before, &cfg.source, &stats.source) {
+                    Ok(Some(offset)) => Ok((offset, self.skip_before)),
+                    Ok(None) => Ok((self.start_offset, self.first_ordinal)),
+                    Err(detail) => Err(ShardFault {
+                        reason: Reason::Unreadable,
+                        detail,
+                        offset: 0,
+                    }),
+                }
+            }
+            _ => Ok((self.start_offset, self.first_ordinal)),
+        }
     }
 }
 
@@ -97,23 +122,25 @@ pub struct PipelineConfig {
     pub on_error: OnError,
     pub max_member_bytes: u64,
     pub source: SourceOptions,
-    /// The URL users know each shard by (index = `ShardSpan::shard`), for faults and stats;
-    /// spans may hold presigned URLs that must not be shown.
-    pub display_urls: Arc<Vec<String>>,
+    /// The URL users know each shard by (key: `ShardSpan::shard`), for faults and stats;
+    /// spans may hold presigned URLs that must not be shown. Only the shards of this reader's
+    /// spans: never a table of the whole dataset.
+    pub display_urls: Arc<HashMap<u32, String>>,
 }
 
 impl PipelineConfig {
     fn display(&self, shard: u32) -> String {
         self.display_urls
-            .get(shard as usize)
+            .get(&shard)
             .cloned()
             .unwrap_or_else(|| format!("shard #{shard}"))
     }
 
     fn shard_fault(&self, span: &ShardSpan, reason: Reason, detail: String) -> Fault {
-        let url = match self.display_urls.get(span.shard as usize) {
-            Some(u) => u.clone(),
-            None => redact_url(&span.url),
+        let url = if span.display.is_empty() {
+            redact_url(&span.url)
+        } else {
+            span.display.clone()
         };
         Fault {
             reason,
@@ -145,7 +172,7 @@ impl Default for PipelineConfig {
             on_error: OnError::Skip,
             max_member_bytes: 256 << 20,
             source: SourceOptions::default(),
-            display_urls: Arc::new(Vec::new()),
+            display_urls: Arc::new(HashMap::new()),
         }
     }
 }
@@ -232,6 +259,8 @@ enum ReadMsg {
     EndOfSpan,
     /// The reader thread panicked (the message); nothing follows.
     Panicked(String),
+    /// A shard failed and `on_error` is raise: the pass ends with this fault; nothing follows.
+    Failed(Fault),
 }
 
 /// A caller-provided output buffer (raw pointer into memory the caller keeps alive until the
@@ -275,7 +304,12 @@ pub struct Pipeline {
 const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Pipeline {
-    pub fn start(spans: Vec<ShardSpan>, reserve: Vec<ShardSpan>, cfg: PipelineConfig) -> Pipeline {
+    pub fn start(
+        spans: Vec<ShardSpan>,
+        reserve: Vec<ShardSpan>,
+        mut cfg: PipelineConfig,
+    ) -> Pipeline {
+        cfg.display_urls = Arc::new(display_table(spans.iter().chain(&reserve)));
         let stats = Arc::new(Stats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let slot_len = 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
@@ -356,6 +390,20 @@ impl Drop for Pipeline {
     }
 }
 
+/// What users know each shard of these spans by.
+pub fn display_table<'a>(spans: impl Iterator<Item = &'a ShardSpan>) -> HashMap<u32, String> {
+    spans
+        .map(|s| {
+            let display = if s.display.is_empty() {
+                redact_url(&s.url)
+            } else {
+                s.display.clone()
+            };
+            (s.shard, display)
+        })
+        .collect()
+}
+
 /// Reads one span, sending its samples (and holes, in planned mode) then `EndOfSpan`.
 /// Returns false when the receiver is gone.
 fn read_span(
@@ -410,11 +458,8 @@ fn read_span(
             _ => 0,
         };
         if cfg.on_error == OnError::Raise {
-            let _ = tx.send(ReadMsg::Item(Item::Hole {
-                shard: u32::MAX,
-                ordinal: 0,
-            }));
-            stats.record_shard_error(f);
+            stats.record_shard_error(f.clone());
+            let _ = tx.send(ReadMsg::Failed(f));
             return false;
         }
         if planned_missing == 0 {
@@ -503,6 +548,9 @@ enum StreamError {
     /// A reader thread ended before its spans did: it panicked (with this message, when it
     /// could send one).
     ReaderLost(Option<String>),
+    /// A shard failed under `on_error = raise`. It ends the stream at once, before any sample
+    /// behind it is buffered: the reader that sent it has stopped.
+    Failed(Fault),
 }
 
 impl MergedReader {
@@ -531,6 +579,7 @@ impl MergedReader {
                 Ok(ReadMsg::Panicked(message)) => {
                     return Err(StreamError::ReaderLost(Some(message)))
                 }
+                Ok(ReadMsg::Failed(fault)) => return Err(StreamError::Failed(fault)),
                 // Readers send every span's end before they finish: a queue that closes
                 // earlier lost its reader.
                 Err(_) => return Err(StreamError::ReaderLost(None)),
@@ -764,6 +813,10 @@ impl Batcher {
                         let _ = out.send(Err(panic_fault("shard reading", &message)));
                         return;
                     }
+                    Err(StreamError::Failed(fault)) => {
+                        let _ = out.send(Err(fault));
+                        return;
+                    }
                     Err(StreamError::Starved) => {
                         let _ = out.send(Err(Fault {
                             reason: Reason::Unreadable,
@@ -778,26 +831,6 @@ impl Batcher {
                         return;
                     }
                 }
-            }
-            if let Some(Item::Hole {
-                shard: u32::MAX, ..
-            }) = items.last()
-            {
-                let fault = self
-                    .stats
-                    .inner
-                    .lock()
-                    .expect("stats lock")
-                    .faults
-                    .last()
-                    .cloned();
-                let _ = out.send(Err(fault.unwrap_or(Fault {
-                    reason: Reason::Unreadable,
-                    url: String::new(),
-                    key: String::new(),
-                    detail: "shard failed".into(),
-                })));
-                return;
             }
             if items.is_empty() {
                 return;
@@ -973,6 +1006,7 @@ impl Batcher {
                 filled += 1;
             }
         }
+        let first_shard = slots.first().map(|(s, _)| s.shard);
         // Compact the good slots to the front (only after failures in streaming mode).
         let mut keys = Vec::with_capacity(filled);
         let mut texts = Vec::with_capacity(filled);
@@ -993,6 +1027,20 @@ impl Batcher {
         if write < b && cfg.drop_last && !cfg.planned {
             self.stats.record_remainder(keys);
             return Ok(None);
+        }
+        if write == 0 && cfg.planned {
+            // Ending here would leave this rank a batch short of the others (DDP would wait for
+            // it forever): fail the pass, saying why.
+            return Err(Fault {
+                reason: Reason::Unreadable,
+                url: first_shard.map(|s| cfg.display(s)).unwrap_or_default(),
+                key: String::new(),
+                detail: format!(
+                    "all {b} samples of a batch failed and no reserve sample is left to replace them, \
+                     so this rank cannot yield the batch every other rank yields; see the skipped \
+                     samples in stats"
+                ),
+            });
         }
         if write == 0 {
             return Ok(None);

@@ -3,23 +3,25 @@
 //! [`crate::plan`]); offsets let a reader seek to a sample (HTTP Range, file seek) instead of
 //! reading a shard from its start.
 //!
-//! The JSON format (versioned) is documented in `docs/epoch-plan.md`, "Index format".
+//! Two layouts, documented in `docs/epoch-plan.md` "Index format": version 1, one JSON document
+//! holding everything (`json_v1`), and version 2, a manifest that every rank loads, O(shards)
+//! (`manifest`), with the per-sample detail in blocks a reader fetches per shard (`detail`).
+
+mod codec;
+pub mod detail;
+mod json_v1;
+pub mod manifest;
 
 use crate::error::Reason;
 use crate::plan::{PlanInput, ShardCounts};
 use crate::rng::{hash_bytes, mix64};
 use crate::source::redact_url;
 use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
-use std::io::{Read, Write};
-use std::path::Path;
 
 /// `format` of an index document.
 pub const INDEX_FORMAT: &str = "shardstream-index";
-/// The index version this code writes and reads.
+/// The JSON (version 1) index version.
 pub const INDEX_VERSION: u32 = 1;
-/// Tar headers start on 512-byte boundaries, so offsets are written in these units when they can be.
-const TAR_BLOCK: u64 = 512;
 /// The most bytes an index may have once decompressed (10 million samples take about 50 MB), so
 /// a hostile gzip file cannot exhaust memory.
 pub const MAX_INDEX_BYTES: u64 = 4 << 30;
@@ -29,20 +31,15 @@ pub enum IndexError {
     #[error("not a shardstream index: {0}")]
     Format(String),
     #[error(
-        "index version {found} is not supported (this shardstream reads version {INDEX_VERSION}); \
+        "index version {found} is not supported (this shardstream reads versions 1 and 2); \
          upgrade shardstream or rebuild the index"
     )]
     Version { found: u64 },
     #[error("bad index entry for shard {url}: {message}")]
     Shard { url: String, message: String },
-    #[error("cannot read index {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
 }
 
-fn shard_error(url: &str, message: impl Into<String>) -> IndexError {
+pub(crate) fn shard_error(url: &str, message: impl Into<String>) -> IndexError {
     IndexError::Shard {
         url: redact_url(url),
         message: message.into(),
@@ -79,13 +76,28 @@ pub struct ShardEntry {
     pub keys: Option<Vec<String>>,
     /// Invalid samples, sorted by ordinal.
     pub invalid: Vec<InvalidSample>,
+    /// What identifies the shard's content when it was indexed (an ETag, or size and mtime), so
+    /// that a shard replaced since is found out instead of read with stale offsets.
+    pub identity: Option<String>,
+    /// Where a version-2 index keeps this shard's offsets and keys (None: they are in memory,
+    /// or there are none).
+    pub detail_ref: Option<DetailRef>,
+}
+
+/// Where one shard's detail block lies: bytes `offset..offset + len` of detail file `file` (a
+/// name in [`Index::detail_files`], relative to the index's location).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DetailRef {
+    pub file: u32,
+    pub offset: u64,
+    pub len: u32,
 }
 
 impl ShardEntry {
     /// A shard known only by its URL and sample count.
     pub fn new(url: impl Into<String>, num_samples: u64) -> Self {
         let url = url.into();
-        let compressed = is_gzip_name(&url);
+        let compressed = crate::group::is_gzip_name(&url);
         Self {
             url,
             size: None,
@@ -94,6 +106,8 @@ impl ShardEntry {
             offsets: None,
             keys: None,
             invalid: Vec::new(),
+            identity: None,
+            detail_ref: None,
         }
     }
 
@@ -179,14 +193,9 @@ impl ShardEntry {
     }
 }
 
-fn is_gzip_name(url: &str) -> bool {
-    let path = url.split(['?', '#']).next().unwrap_or(url);
-    path.ends_with(".tar.gz") || path.ends_with(".tgz")
-}
-
 /// The last path component without query or fragment: what identifies a shard when a dataset
 /// moves (local disk, HTTP mirror, S3 bucket).
-fn shard_name(url: &str) -> &str {
+pub(crate) fn shard_name(url: &str) -> &str {
     let path = url.split(['?', '#']).next().unwrap_or(url);
     path.rsplit(['/', '\\']).next().unwrap_or(path)
 }
@@ -195,113 +204,8 @@ fn shard_name(url: &str) -> &str {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Index {
     shards: Vec<ShardEntry>,
-}
-
-#[derive(Deserialize)]
-struct Header {
-    format: Option<String>,
-    version: Option<u64>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct WireShard {
-    url: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    size: Option<u64>,
-    #[serde(default)]
-    compressed: bool,
-    num_samples: u64,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    invalid: Vec<InvalidSample>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    keys: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    offsets: Option<WireOffsets>,
-}
-
-/// Offsets on disk: a plain list of byte offsets (accepted on input), or the compact form this
-/// code writes, `{"encoding": "delta", "unit": 512, "values": [...]}` where offset i is
-/// `unit * (values[0] + ... + values[i])`.
-#[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum WireOffsets {
-    Plain(Vec<u64>),
-    Delta {
-        encoding: String,
-        unit: u64,
-        values: Vec<u64>,
-    },
-}
-
-impl WireOffsets {
-    fn encode(offsets: &[u64]) -> Self {
-        let unit = if offsets.iter().all(|o| o % TAR_BLOCK == 0) {
-            TAR_BLOCK
-        } else {
-            1
-        };
-        let mut prev = 0;
-        let values = offsets
-            .iter()
-            .map(|&o| {
-                let d = (o - prev) / unit;
-                prev = o;
-                d
-            })
-            .collect();
-        WireOffsets::Delta {
-            encoding: "delta".into(),
-            unit,
-            values,
-        }
-    }
-
-    fn decode(self, url: &str) -> Result<Vec<u64>, IndexError> {
-        match self {
-            WireOffsets::Plain(offsets) => Ok(offsets),
-            WireOffsets::Delta {
-                encoding,
-                unit,
-                values,
-            } => {
-                if encoding != "delta" || unit == 0 {
-                    return Err(shard_error(
-                        url,
-                        format!("unknown offsets encoding {encoding:?} with unit {unit}"),
-                    ));
-                }
-                let mut sum: u64 = 0;
-                values
-                    .into_iter()
-                    .map(|d| {
-                        sum = d
-                            .checked_mul(unit)
-                            .and_then(|b| sum.checked_add(b))
-                            .ok_or_else(|| shard_error(url, "offsets overflow u64"))?;
-                        Ok(sum)
-                    })
-                    .collect()
-            }
-        }
-    }
-}
-
-/// Reads the bytes as they are, or gunzipped when they start with the gzip magic.
-fn maybe_gunzip(bytes: &[u8], limit: u64) -> Result<Cow<'_, [u8]>, IndexError> {
-    if !bytes.starts_with(&[0x1f, 0x8b]) {
-        return Ok(Cow::Borrowed(bytes));
-    }
-    let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(bytes)
-        .take(limit + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| IndexError::Format(format!("corrupt gzip: {e}")))?;
-    if out.len() as u64 > limit {
-        return Err(IndexError::Format(format!(
-            "more than {limit} bytes once decompressed"
-        )));
-    }
-    Ok(Cow::Owned(out))
+    /// Version 2: the detail files that [`DetailRef::file`] numbers, relative to the index.
+    detail_files: Vec<String>,
 }
 
 impl Index {
@@ -317,96 +221,85 @@ impl Index {
         for shard in &mut shards {
             shard.validate()?;
         }
-        Ok(Self { shards })
+        Ok(Self {
+            shards,
+            detail_files: Vec::new(),
+        })
     }
 
-    /// Parses an index document, plain or gzip-compressed JSON.
+    /// An index whose entries may point into these detail files (a version-2 manifest).
+    pub fn with_detail_files(
+        shards: Vec<ShardEntry>,
+        detail_files: Vec<String>,
+    ) -> Result<Self, IndexError> {
+        let mut index = Self::new(shards)?;
+        index.detail_files = detail_files;
+        Ok(index)
+    }
+
+    /// Parses a version-1 JSON index (plain or gzip-compressed).
     pub fn from_json(bytes: &[u8]) -> Result<Self, IndexError> {
-        Self::parse(bytes, MAX_INDEX_BYTES)
+        json_v1::parse(bytes, MAX_INDEX_BYTES)
     }
 
-    fn parse(bytes: &[u8], limit: u64) -> Result<Self, IndexError> {
-        let bytes = maybe_gunzip(bytes, limit)?;
-        // The header first, so that a newer version is reported as such, not as a parse error.
-        let header: Header = serde_json::from_slice(&bytes)
-            .map_err(|e| IndexError::Format(format!("malformed JSON: {e}")))?;
-        if header.format.as_deref() != Some(INDEX_FORMAT) {
-            return Err(IndexError::Format(format!(
-                "\"format\" is {:?}, expected {INDEX_FORMAT:?}",
-                header.format.unwrap_or_default()
-            )));
+    /// Parses an index in either layout: a version-2 manifest, or version-1 JSON (plain or
+    /// gzip-compressed).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, IndexError> {
+        if manifest::is_manifest(bytes) {
+            manifest::decode(bytes)
+        } else {
+            json_v1::parse(bytes, MAX_INDEX_BYTES)
         }
-        match header.version {
-            Some(v) if v == INDEX_VERSION as u64 => {}
-            Some(found) => return Err(IndexError::Version { found }),
-            None => return Err(IndexError::Format("no \"version\"".into())),
-        }
-        #[derive(Deserialize)]
-        struct Body {
-            shards: Vec<WireShard>,
-        }
-        let body: Body = serde_json::from_slice(&bytes)
-            .map_err(|e| IndexError::Format(format!("bad index: {e}")))?;
-        let shards = body
-            .shards
-            .into_iter()
-            .map(|w| {
-                let offsets = w.offsets.map(|o| o.decode(&w.url)).transpose()?;
-                Ok(ShardEntry {
-                    url: w.url,
-                    size: w.size,
-                    num_samples: w.num_samples,
-                    compressed: w.compressed,
-                    offsets,
-                    keys: w.keys,
-                    invalid: w.invalid,
-                })
-            })
-            .collect::<Result<Vec<_>, IndexError>>()?;
-        Self::new(shards)
     }
 
-    /// Reads an index file from local disk (plain or gzip JSON).
-    pub fn load_file(path: &Path) -> Result<Self, IndexError> {
-        let bytes = std::fs::read(path).map_err(|source| IndexError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_json(&bytes)
-    }
-
-    /// The JSON document: a header, then one shard per line (easy to diff and grep).
+    /// The version-1 JSON document: a header, then one shard per line.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        write!(
-            out,
-            "{{\"format\":\"{INDEX_FORMAT}\",\"version\":{INDEX_VERSION},\"shards\":["
-        )
-        .unwrap();
-        for (i, shard) in self.shards.iter().enumerate() {
-            out.extend_from_slice(if i == 0 { b"\n" } else { b",\n" });
-            let wire = WireShard {
-                url: shard.url.clone(),
-                size: shard.size,
-                compressed: shard.compressed,
-                num_samples: shard.num_samples,
-                invalid: shard.invalid.clone(),
-                keys: shard.keys.clone(),
-                offsets: shard.offsets.as_deref().map(WireOffsets::encode),
-            };
-            serde_json::to_writer(&mut out, &wire).expect("an index entry always serializes");
-        }
-        out.extend_from_slice(b"\n]}\n");
-        out
+        json_v1::write(self)
     }
 
-    /// [`Index::to_json`], gzip-compressed (`from_json` reads both).
+    /// [`Index::to_json`], gzip-compressed.
     pub fn to_json_gz(&self) -> Vec<u8> {
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        encoder
-            .write_all(&self.to_json())
-            .expect("writing to memory cannot fail");
-        encoder.finish().expect("writing to memory cannot fail")
+        json_v1::write_gz(self)
+    }
+
+    /// The version-2 layout of this index: (manifest, detail file). The offsets and keys held in
+    /// memory go to one detail file, named `detail_file` in the manifest; shards that already
+    /// point into detail files keep pointing there.
+    pub fn to_layout(&self, detail_file: &str) -> (Vec<u8>, Vec<u8>) {
+        let mut files = self.detail_files.clone();
+        let file = files.len() as u32;
+        let mut blob = Vec::new();
+        let mut shards = self.shards.clone();
+        let mut used = false;
+        for shard in &mut shards {
+            let detail = detail::ShardDetail {
+                offsets: shard.offsets.take(),
+                keys: shard.keys.take(),
+            };
+            if detail.is_empty() {
+                continue;
+            }
+            let block = detail::encode(&shard.url, shard.num_samples, &detail);
+            shard.detail_ref = Some(DetailRef {
+                file,
+                offset: blob.len() as u64,
+                len: block.len() as u32,
+            });
+            blob.extend_from_slice(&block);
+            used = true;
+        }
+        if used {
+            files.push(detail_file.to_string());
+        }
+        let layout = Index {
+            shards,
+            detail_files: files,
+        };
+        (manifest::encode(&layout), blob)
+    }
+
+    pub fn detail_files(&self) -> &[String] {
+        &self.detail_files
     }
 
     /// An index from img2dataset's per-shard `NNNNN_stats.json` files, given as (shard URL, stats
@@ -681,11 +574,11 @@ mod tests {
     fn gzip_bombs_are_cut_off() {
         let index = sample_index();
         let gz = index.to_json_gz();
-        assert!(Index::parse(&gz, 100)
+        assert!(json_v1::parse(&gz, 100)
             .unwrap_err()
             .to_string()
             .contains("more than 100 bytes"));
-        assert!(Index::parse(&gz, 1 << 20).is_ok());
+        assert!(json_v1::parse(&gz, 1 << 20).is_ok());
     }
 
     #[test]

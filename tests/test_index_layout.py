@@ -1,0 +1,169 @@
+"""The version-2 index layout (a folder: manifest.bin + detail files): it plans exactly the
+epochs a version-1 JSON index plans, a reader fetches one shard's detail block only when it opens
+that shard mid-way, and a damaged, missing or mismatched layout is a clear error naming the shard."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import shardstream
+from corpus import good_samples, sample_members, tar_bytes, write_file
+from index_layout import read_layout
+from servers import RangeHTTPServer
+from shardstream.cli import main
+from shardstream.errors import ShardError
+from shardstream.index import build_index, load_index, write_index
+from test_exact_epochs import run
+
+COUNTS = [1, 7, 3, 12, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("layouts")
+    paths, keys = [], []
+    for i, n in enumerate(COUNTS):
+        samples = good_samples(n, seed=500 + i, prefix=f"l{i}_")
+        paths.append(write_file(str(d / f"shard-{i:02d}.tar"), tar_bytes(
+            [m for k, s in samples for m in sample_members(k, s)])))  # fmt: skip
+        keys += [k for k, _ in samples]
+    index = build_index(paths)
+    json_path = write_index(index, str(d / "index.json"))
+    folder = write_index(index, str(d / "index"))
+    return paths, keys, json_path, folder
+
+
+def test_the_folder_holds_a_manifest_without_per_sample_detail(layouts):
+    paths, keys, json_path, folder = layouts
+    names = sorted(os.listdir(folder))
+    assert names[-1] == "manifest.bin" and len(names) == 2 and names[0].startswith("detail-")
+    on_disk = read_layout(folder)  # read as docs/epoch-plan.md describes it
+    assert [s["url"] for s in on_disk["shards"]] == paths
+    assert [k for s in on_disk["shards"] for k in s["keys"]] == keys
+    manifest = os.path.getsize(os.path.join(folder, "manifest.bin"))
+    assert manifest < 40 * len(paths) + 200, "the manifest holds nothing per sample"
+    loaded = load_index(folder)
+    assert loaded.has_detail_files and loaded.fingerprint == load_index(json_path).fingerprint
+    assert load_index(os.path.join(folder, "manifest.bin")).fingerprint == loaded.fingerprint
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_folder_and_json_plan_identical_epochs_resumes_and_elastic_resumes(layouts, world):
+    paths, _, json_path, folder = layouts
+    for r in range(world):
+        assert run(None, folder, rank=r, world=world)[0] == run(None, json_path, rank=r, world=world)[0]
+    first, state, _ = run(None, folder, rank=0, world=world, stop_after=1)
+    rest, _, loader = run(None, folder, rank=0, world=world, state=state)
+    assert first + rest == run(None, json_path, rank=0, world=world)[0]
+    # Elastic: resumed on world size 2 from a state taken under `world`.
+    resumed = [run(None, folder, rank=r, world=2, state=state)[0] for r in range(2)]
+    assert resumed == [run(None, json_path, rank=r, world=2, state=state)[0] for r in range(2)]
+    # The remainder's keys come from the detail blocks of the shards that hold it.
+    assert (
+        loader.stats["remainder_keys"] == run(None, json_path, rank=0, world=world)[2].stats["remainder_keys"]
+    )
+
+
+def test_dataloader_workers_read_the_folder_layout(layouts):
+    paths, _, json_path, folder = layouts
+
+    def batches(index):
+        loader = shardstream.ShardLoader(
+            None, index=index, batch_size=3, image_size=32, shuffle_buffer=5, threads=1
+        )
+        return [list(b.keys) for b in loader.dataloader(num_workers=2)]
+
+    assert batches(folder) == batches(json_path)
+
+
+def test_mid_shard_spans_fetch_one_detail_block_and_seek_over_http(layouts, tmp_path):
+    paths, _, _, folder = layouts
+    root = tmp_path / "www"
+    shutil.copytree(os.path.dirname(paths[0]), root)
+    with RangeHTTPServer(str(root)) as server:
+        http_folder = str(tmp_path / "http-index")
+        urls = [server.url(os.path.basename(p)) for p in paths]
+        write_index(build_index(urls, decode=False), http_folder)
+        shutil.copytree(http_folder, root / "http-index")
+        loader = shardstream.ShardLoader(
+            None, index=server.url("http-index"), batch_size=4, image_size=32, shuffle_buffer=5, threads=1
+        )
+        got = [k for b in loader for k in b.keys]
+        requests = list(server.requests)
+    assert len(got) == sum(COUNTS) // 4 * 4
+    detail_reads = [r for r in requests if "detail-" in r.path]
+    shard_reads = [r for r in requests if r.path.endswith(".tar")]
+    seeks = [r for r in shard_reads if r.range and not r.range.startswith("bytes=0-")]
+    assert seeks, "spans that start mid-shard seek with a Range request"
+    assert len(detail_reads) == len(seeks), "one detail read per shard entered mid-way, no more"
+    assert all(r.range and r.range.startswith("bytes=") and "-" in r.range[6:] for r in detail_reads)
+    assert sum(1 for r in requests if r.path.endswith("manifest.bin")) == 1
+
+
+def test_damaged_or_foreign_detail_files_are_errors_naming_the_shard(layouts, tmp_path):
+    paths, _, _, folder = layouts
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (detail,) = [n for n in os.listdir(broken) if n.startswith("detail-")]
+    size = os.path.getsize(broken / detail)
+    with open(broken / detail, "r+b") as f:
+        f.truncate(size - 10)  # the last shard's block is cut short
+
+    def iterate(**kw):
+        loader = shardstream.ShardLoader(
+            None, index=str(broken), batch_size=4, image_size=32, shuffle_buffer=5, threads=1, seed=1, **kw
+        )
+        return [k for b in loader for k in b.keys], loader
+
+    with pytest.raises(ShardError, match=r"index detail of .*shard-05\.tar.*detail-"):
+        iterate(on_error="raise")
+    got, loader = iterate()
+    # Its samples after the span's start are skipped and counted; the batch count is unchanged.
+    assert loader.stats["skipped"].get("unreadable", 0) > 0, loader.stats["skipped"]
+    assert len(got) == sum(COUNTS) // 4 * 4
+    assert all("shard-05.tar" in f["url"] for f in loader.stats["faults"])
+    # Cut in half: whole batches fail with no reserve left. The rank must not end its epoch
+    # early (the other ranks would wait for its next batch forever): a clear error instead.
+    with open(broken / detail, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(ShardError, match="no reserve sample is left"):
+        iterate()
+    # A detail file of another dataset (same shard names, other samples) is refused, not
+    # misread: its blocks do not decode where this manifest points, or belong to other counts.
+    other = tmp_path / "other"
+    samples = good_samples(4, seed=9, prefix="o_")
+    alien = [write_file(str(tmp_path / "o" / os.path.basename(p)), tar_bytes(
+        [m for k, s in samples for m in sample_members(k, s)])) for p in paths]  # fmt: skip
+    write_index(build_index(alien, decode=False), str(other))
+    (alien_detail,) = [n for n in os.listdir(other) if n.startswith("detail-")]
+    shutil.copy(other / alien_detail, broken / detail)
+    with pytest.raises(ShardError, match=r"index detail of .*shard-\d\d\.tar"):
+        iterate(on_error="raise")
+
+
+def test_loader_construction_checks_a_bounded_number_of_shards(layouts, tmp_path):
+    """An index names thousands of shards: the loader checks one, not each (a missing one is
+    reported by name when it is read)."""
+    paths, _, _, _ = layouts
+    moved = tmp_path / "moved"
+    shutil.copytree(os.path.dirname(paths[0]), moved, ignore=shutil.ignore_patterns("index*"))
+    urls = [str(moved / os.path.basename(p)) for p in paths]
+    index = write_index(build_index(urls, decode=False), str(tmp_path / "index"))
+    os.unlink(moved / "shard-03.tar")
+    loader = shardstream.ShardLoader(
+        urls, index=index, batch_size=4, image_size=32, threads=1, on_error="raise"
+    )
+    with pytest.raises(ShardError, match="shard-03.tar"):
+        list(loader)
+
+
+def test_cli_rewrites_a_json_index_in_the_folder_layout(layouts, tmp_path, capsys):
+    paths, _, json_path, _ = layouts
+    out = str(tmp_path / "converted")
+    assert main(["index", "--from-index", json_path, "-o", out]) == 0
+    assert "6 shards" in capsys.readouterr().out
+    assert load_index(out).fingerprint == load_index(json_path).fingerprint
+    assert run(None, out, rank=1, world=2)[0] == run(None, json_path, rank=1, world=2)[0]
+    assert main(["index", "--from-index", str(tmp_path / "nothing.json"), "-o", out]) == 2
