@@ -3,11 +3,13 @@ it started, and a small demo-style dataset with its index."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +28,10 @@ def train_env(extra_path: str | None = None) -> dict[str, str]:
     return env
 
 
-def run_bounded(
-    cmd: list[str], *, timeout: float, cwd: Path = ROOT, extra_path: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Runs ``cmd`` in its own process group; on timeout the whole group (torchrun and its
-    workers) is killed and the test fails with the output so far."""
+@contextlib.contextmanager
+def started(cmd: list[str], *, cwd: Path = ROOT, extra_path: str | None = None) -> Iterator[subprocess.Popen]:
+    """``cmd`` running in its own process group, its output piped; whatever is left of the group
+    (torchrun and its workers) is killed on leaving."""
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -41,16 +42,79 @@ def run_bounded(
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-4000:]}\n{err[-4000:]}")
+        yield proc
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_tree(proc.pid)
+            proc.communicate()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL the process group of ``pid`` and those of all its descendants: torchrun starts
+    each worker in a session of its own, so killing torchrun's group alone would leave them."""
+    groups = {pid}
+    for child in _descendants(pid):
+        try:
+            groups.add(os.getpgid(child))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgrp())
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_bounded(
+    cmd: list[str], *, timeout: float, cwd: Path = ROOT, extra_path: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``cmd`` in its own process group; on timeout the whole group (torchrun and its
+    workers) is killed and the test fails with the output so far."""
+    with started(cmd, cwd=cwd, extra_path=extra_path) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            out, err = proc.communicate()
+            pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-4000:]}\n{err[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def torchrun_command(
+    script_args: list[str],
+    *,
+    port: int,
+    nproc: int = 2,
+    launcher_args: Sequence[str] = (),
+    script: str | None = None,
+    module: str | None = None,
+) -> list[str]:
+    """``python -m torch.distributed.run`` on loopback (``launcher_args``: more torchrun flags,
+    e.g. --max-restarts=1), running train_clip.py unless a ``script`` or a ``module`` is given."""
+    target = ["-m", module] if module else [script or str(ROOT / "train_clip.py")]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1", f"--master-port={port}", *launcher_args, *target, *script_args,
+    ]  # fmt: skip
 
 
 def torchrun(
@@ -58,20 +122,18 @@ def torchrun(
     *,
     nproc: int = 2,
     timeout: float = 240,
+    launcher_args: Sequence[str] = (),
     script: str | None = None,
     module: str | None = None,
     extra_path: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m torch.distributed.run`` on loopback with gloo; runs train_clip.py unless a
-    ``script`` or a ``module`` is given. A free port can be taken between choosing and binding
+    """Runs ``torchrun_command`` with gloo. A free port can be taken between choosing and binding
     it, so a launch that fails on that alone is retried on another port."""
-    target = ["-m", module] if module else [script or str(ROOT / "train_clip.py")]
     for attempt in range(3):
         (port,) = free_ports(1)
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1", f"--master-port={port}", *target, *script_args,
-        ]  # fmt: skip
+        cmd = torchrun_command(
+            script_args, port=port, nproc=nproc, launcher_args=launcher_args, script=script, module=module
+        )
         run = run_bounded(cmd, timeout=timeout, extra_path=extra_path)
         if run.returncode != 0 and "address already in use" in run.stderr.lower() and attempt < 2:
             continue
