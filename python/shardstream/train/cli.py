@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
     if args.print_config:
         print(config_to_yaml(cfg), end="")
         return 0
+    from shardstream.train.dist import DistJoinError
     from shardstream.train.loop import train
 
     try:
@@ -63,4 +64,7 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
     except ConfigError as e:
         print(f"train_clip.py: config error: {e}", file=sys.stderr)
         return 2
+    except DistJoinError as e:  # one line, and exit 1: torchrun restarts the workers if it may
+        print(f"train_clip.py: error: {e}", file=sys.stderr)
+        return 1
     return 0

@@ -160,6 +160,12 @@ class DistConfig:
 
     backend: Literal["auto", "nccl", "gloo"] = _f("auto", "auto: nccl on CUDA GPUs, gloo on CPU")
     timeout_s: int = _f(1800, "collective timeout in seconds")
+    join_timeout_s: int = _f(
+        120,
+        "joining the process group (store, then every peer) must finish within this many seconds; "
+        "otherwise the process exits with an error naming what it waited for, so that torchrun can "
+        "restart the workers instead of hanging until the collective timeout",
+    )
 
 
 @dataclass
@@ -320,6 +326,7 @@ def validate(cfg: Config) -> Config:
     require(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0")
     require(cfg.log.every_steps >= 1, "log.every_steps", "must be >= 1")
     require(cfg.dist.timeout_s >= 1, "dist.timeout_s", "must be >= 1")
+    require(cfg.dist.join_timeout_s >= 1, "dist.join_timeout_s", "must be >= 1")
     for i, spec in enumerate(cfg.train.callbacks):
         if spec.count(":") != 1 or not all(spec.split(":")):
             raise ConfigError(f"train.callbacks[{i}]: expected 'package.module:ClassName', got {spec!r}")

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.rendezvous import rendezvous
 
 from shardstream.train.config import ConfigError, DistConfig
+
+
+class DistJoinError(RuntimeError):
+    """Joining the process group failed or took longer than ``dist.join_timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +44,96 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None or value == "" else int(value)
 
 
+def attempt_prefix(env: Mapping[str, str]) -> str:
+    """The store prefix of this restart attempt, or "" where the store is new for every attempt.
+
+    Under torchrun the workers share the elastic agent's TCP store (TORCHELASTIC_USE_AGENT_STORE).
+    That store outlives a restart, and ``init_process_group`` alone puts the same keys into it on
+    every attempt, so a restarted rank can read a dead rank's address left by the attempt before
+    and dial it (connection refused, or a hang until the collective timeout). Keyed by the run id
+    and the restart count, no key of an earlier attempt can be read. The restart count is the
+    agent's; it is the same for every rank when one agent (one node) restarts them all."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return ""  # rank 0 hosts a fresh store (plain env:// launch, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+    return f"shardstream/{run_id}/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
+JOIN_GRACE_S = 10  # past dist.join_timeout_s, the watchdog ends a join that torch did not
+
+
+def _watchdog(limit_s: float, line: str) -> threading.Timer:
+    """Ends the process (exit code 1, one line on stderr) if not cancelled within ``limit_s``: a
+    join blocked in C++ cannot be interrupted otherwise. Gloo retries a connection to an address
+    that no longer answers several times over, each time for the whole timeout."""
+
+    def expire() -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(limit_s, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> None:
+    """``init_process_group`` from torchrun's environment, on this attempt's own keys, bounded by
+    ``dist.join_timeout_s``: the store connection, every store read and the peers' connections
+    time out after it (a watchdog ends the process if torch has not given up soon after), then
+    the group gets the collective timeout ``dist.timeout_s``."""
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    prefix = attempt_prefix(os.environ)
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    what = (
+        f"joining the {backend} process group as rank {rank} of {world_size} "
+        f"(store {address}{', keys ' + prefix if prefix else ''})"
+    )
+    join = datetime.timedelta(seconds=cfg.join_timeout_s)
+    limit = cfg.join_timeout_s + JOIN_GRACE_S
+    watchdog = _watchdog(
+        limit,
+        f"shardstream.train: error: {what} timed out after {limit} s (dist.join_timeout_s = "
+        f"{cfg.join_timeout_s}, then {JOIN_GRACE_S} s for torch to give up); exiting",
+    )
+    start = time.monotonic()
+    try:
+        store, rank, world_size = next(rendezvous("env://", rank, world_size, timeout=join))
+        store.set_timeout(join)
+        dist.init_process_group(
+            backend=backend,
+            store=dist.PrefixStore(prefix, store) if prefix else store,
+            rank=rank,
+            world_size=world_size,
+            timeout=join,
+            device_id=device if backend == "nccl" else None,
+        )
+        if backend == "nccl":
+            dist.barrier(device_ids=[device.index])
+        else:
+            dist.barrier()
+    except (RuntimeError, ValueError) as e:  # torch's DistError family subclasses RuntimeError
+        elapsed = time.monotonic() - start
+        verdict = "timed out" if elapsed >= 0.9 * cfg.join_timeout_s else "failed"
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise DistJoinError(
+            f"{what} {verdict} after {elapsed:.0f} s (dist.join_timeout_s = {cfg.join_timeout_s}): {cause}"
+        ) from e
+    finally:
+        watchdog.cancel()
+    collective = datetime.timedelta(seconds=cfg.timeout_s)
+    store.set_timeout(collective)
+    dist.set_timeout(collective)
+
+
 def init_distributed(cfg: DistConfig) -> DistContext:
     """Joins the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT or a c10d
     rendezvous), choosing nccl on CUDA GPUs and gloo on CPU unless the config says otherwise.
-    Without torchrun's variables it is a single process with no process group."""
+    Without torchrun's variables it is a single process with no process group. Joining is bounded
+    by ``dist.join_timeout_s`` (``DistJoinError`` after it) and isolated per restart attempt."""
     cuda = torch.cuda.is_available()
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
@@ -50,11 +145,7 @@ def init_distributed(cfg: DistConfig) -> DistContext:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistContext(0, 1, 0, 1, device, None)
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend,
-            timeout=datetime.timedelta(seconds=cfg.timeout_s),
-            device_id=device if backend == "nccl" else None,
-        )
+        _join_process_group(backend, cfg, device)
     return DistContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
