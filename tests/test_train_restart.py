@@ -7,16 +7,28 @@
   torchrun's store: most restarts failed (connection refused) or hung until the 30-minute timeout.
 - A peer that never joins: the others give up after ``dist.join_timeout_s`` with one line naming
   what they waited for (so torchrun can restart them), not after the collective timeout.
+- SIGTERM to torchrun (what a scheduler sends before it kills): the workers finish the step,
+  write a checkpoint and exit well within torchrun's 30 s grace; the resumed run continues exactly.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from test_train_support import build_small_dataset, read_log, small_config_args, torchrun
+from servers import free_ports
+from test_train_support import (
+    build_small_dataset,
+    read_log,
+    small_config_args,
+    started,
+    torchrun,
+    torchrun_command,
+)
 
 HERE = Path(__file__).resolve().parent
 # 128 samples, 2 ranks x 8: 8 steps per epoch, 16 in all; a checkpoint every 4 steps
@@ -35,6 +47,16 @@ def attempts(output_dir: Path) -> list[list[dict]]:
             runs.append([])
         runs[-1].append(record)
     return runs
+
+
+def logged_step(output_dir: Path) -> int:
+    """The last step in log.jsonl so far (while the trainer may be writing its last line)."""
+    try:
+        lines = (output_dir / "log.jsonl").read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return 0
+    found = [int(m.group(1)) for line in lines if (m := re.match(r'\{"type": "step", "step": (\d+),', line))]
+    return max(found, default=0)
 
 
 def steps(records: list[dict]) -> dict[int, dict]:
@@ -101,3 +123,42 @@ def test_peer_that_never_joins_fails_the_join_in_bounded_time(
     assert "joining the gloo process group as rank 0 of 2 (store 127.0.0.1:" in errors[0]
     assert "timed out after 5 s (dist.join_timeout_s = 5)" in errors[0]
     assert elapsed < 45, f"{elapsed:.0f} s"  # start-up, 5 s of waiting, torchrun stopping the stalled rank
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_promptly_and_resume_continues_exactly(
+    dataset, uninterrupted: dict[int, dict], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    (port,) = free_ports(1)
+    cmd = torchrun_command(small_config_args(dataset, out, *COMMON), port=port)
+    with started(cmd) as proc:
+        deadline = time.monotonic() + 120
+        while logged_step(out) < 5:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "training did not reach step 5"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # to torchrun, which passes it on to its workers
+        signalled = time.monotonic()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("torchrun did not stop within 60 s of SIGTERM")
+        stopped_in = time.monotonic() - signalled
+    assert stopped_in < 20, f"{stopped_in:.1f} s"  # one step and a checkpoint; torchrun kills at 30 s
+    assert "forcefully exiting" not in stderr, stderr[-4000:]  # no worker needed torchrun's SIGKILL
+
+    (first,) = attempts(out)
+    stop = max(steps(first))
+    assert 5 <= stop < STEPS
+    assert f"SIGTERM received: stopping after step {stop}" in stdout
+    assert f"training stopped early at step {stop}" in stdout
+    assert [r["step"] for r in first if r["type"] == "checkpoint"][-1] == stop
+    assert first[-1]["type"] == "end" and not first[-1]["finished"]
+    assert (out / "checkpoints" / f"step-{stop:08d}.pt").is_file()
+
+    resumed = torchrun(small_config_args(dataset, out, *COMMON, "--resume", "latest"), timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert f"at step {stop} (epoch" in resumed.stdout
+    _, second = attempts(out)
+    assert_continues_exactly(second, uninterrupted, from_step=stop)

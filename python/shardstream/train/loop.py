@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -57,6 +59,7 @@ class Trainer:
         self.finished = False
         self.last_eval: dict[str, float] = {}
         self._stop_requested = False
+        self._stop_signal: str | None = None  # set by the SIGTERM handler
         self._t0 = time.perf_counter()
 
     # -- public helpers for callbacks ------------------------------------------------------------
@@ -243,10 +246,12 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         self._t0 = time.perf_counter()
         self.ctx: DistContext = init_distributed(self.cfg.dist)
+        restore_sigterm = None
         try:
             self._setup()
             self._announce()
             self.callbacks.on_train_start(self)
+            restore_sigterm = self._stop_on_sigterm()
             self._train()
             self.finished = self.step >= self.total_steps
             self.callbacks.on_train_end(self)
@@ -258,7 +263,24 @@ class Trainer:
                 "output_dir": str(self.output_dir),
             }
         finally:
+            if restore_sigterm is not None:
+                restore_sigterm()
             shutdown(self.ctx)
+
+    def _stop_on_sigterm(self) -> Any:
+        """From the first step to the end of the run, SIGTERM (what a scheduler or torchrun sends
+        before it kills) ends the run after the current step, with a checkpoint, on every rank
+        together: the same path as ``request_stop``. Returns what puts the previous handler back,
+        or None where signals cannot be caught (not the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum: int, frame: Any) -> None:
+            self._stop_signal = signal.Signals(signum).name
+            self._stop_requested = True
+
+        previous = signal.signal(signal.SIGTERM, handler)
+        return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
     def _announce(self) -> None:
         ctx, cfg = self.ctx, self.cfg
@@ -292,6 +314,8 @@ class Trainer:
                         break
                     self.callbacks.on_step_end(self, metrics)
                     if any_rank(self.ctx, self._stop_requested) or self.step == stop_at:
+                        if self._stop_signal is not None:
+                            self.log(f"{self._stop_signal} received: stopping after step {self.step}")
                         return
             finally:
                 close = getattr(batches, "close", None)
