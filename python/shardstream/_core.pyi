@@ -149,6 +149,11 @@ class DatasetIndex:
         ``detail_file``."""
     def with_shard_names(self, urls: Sequence[str], displays: Sequence[str]) -> DatasetIndex:
         """The same index, opening shard i at ``urls[i]`` and naming it ``displays[i]``."""
+    @staticmethod
+    def assemble(parts: Sequence[tuple[DatasetIndex, int]], location: str | None = None) -> DatasetIndex:
+        """Shard i is shard ``parts[i][1]`` of index ``parts[i][0]``: how an index is updated."""
+    def shard_identities(self) -> list[tuple[str, int | None, str | None]]:
+        """Per shard (URL, size, identity) as the index recorded them."""
     @property
     def location(self) -> str | None: ...
     @property

@@ -479,6 +479,30 @@ impl DatasetIndex {
         })
     }
 
+    /// An index whose shard i is shard `parts[i][1]` of index `parts[i][0]` (unchanged shards
+    /// of an old index, then newly scanned ones), with detail files found beside `location`.
+    #[staticmethod]
+    #[pyo3(signature = (parts, location = None))]
+    fn assemble(
+        parts: Vec<(PyRef<'_, DatasetIndex>, u32)>,
+        location: Option<String>,
+    ) -> PyResult<Self> {
+        let refs: Vec<(&Index, u32)> = parts.iter().map(|(d, i)| (d.index.as_ref(), *i)).collect();
+        Ok(Self::wrap(
+            Index::assemble(&refs).map_err(index_err)?,
+            location,
+        ))
+    }
+
+    /// Per shard (URL, size, identity) as recorded: what an update compares with the shards now.
+    fn shard_identities(&self) -> Vec<(String, Option<u64>, Option<String>)> {
+        self.index
+            .shards()
+            .iter()
+            .map(|s| (s.url.clone(), s.size, s.identity.clone()))
+            .collect()
+    }
+
     /// Where the index was loaded from (its detail files are beside it).
     #[getter]
     fn location(&self) -> Option<String> {

@@ -8,17 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Reason;
 use crate::group::open_shard;
-use crate::index::{InvalidSample as IndexInvalid, ShardEntry};
+use crate::index::{InvalidSample, ShardEntry};
 use crate::sample::{caption, image_bytes, prepare, CaptionSource, SampleSpec, Worker};
 use crate::source::{redact_url, SourceOptions, SourceStats};
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct InvalidSample {
-    pub ordinal: u64,
-    pub key: String,
-    pub reason: Reason,
-    pub detail: String,
-}
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShardFatal {
@@ -38,6 +30,10 @@ pub struct ShardReport {
     pub invalid: Vec<InvalidSample>,
     pub fatal: Option<ShardFatal>,
     pub compressed: bool,
+    /// What identifies the shard's content (an ETag, or size and mtime), when the caller knows
+    /// it: the index records it so that a shard changed since can be found out.
+    #[serde(default)]
+    pub identity: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -60,6 +56,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         invalid: Vec::new(),
         fatal: None,
         compressed: false,
+        identity: None,
     };
     let reader = match open_shard(url, 0, 0, opts.max_member_bytes, &opts.source, &stats) {
         Ok(r) => r,
@@ -167,16 +164,8 @@ impl ShardReport {
         if with_keys {
             entry.keys = Some(self.keys.clone());
         }
-        entry.invalid = self
-            .invalid
-            .iter()
-            .map(|i| IndexInvalid {
-                ordinal: i.ordinal,
-                key: i.key.clone(),
-                reason: i.reason,
-                detail: i.detail.clone(),
-            })
-            .collect();
+        entry.identity = self.identity.clone();
+        entry.invalid = self.invalid.clone();
         entry.invalid.sort_by_key(|i| i.ordinal);
         entry.invalid.dedup_by_key(|i| i.ordinal);
         entry

@@ -119,6 +119,12 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
         let flags = d.byte().map_err(io)?;
         let identity = d.string(MAX_TEXT, "identity length").map_err(io)?;
         let detail_ref = if flags & HAS_DETAIL != 0 {
+            if files == 0 {
+                return Err(super::shard_error(
+                    &url,
+                    "a detail block is named, but the header lists no detail file",
+                ));
+            }
             let file = d
                 .bounded(files.saturating_sub(1), "detail file number")
                 .map_err(|e| {
@@ -222,6 +228,26 @@ mod tests {
         let d = detail::decode(block, &a.url, 3).unwrap();
         assert_eq!(d.offsets, original.shards()[0].offsets);
         assert_eq!(d.keys, original.shards()[0].keys);
+        // Assembled with a newly scanned shard (an update): references are kept and remapped.
+        let mut fresh = ShardEntry::new("s3://b/laion/00002.tar", 1);
+        fresh.offsets = Some(vec![0, 2048]);
+        let scanned = Index::new(vec![fresh]).unwrap();
+        let updated = Index::assemble(&[(&scanned, 0), (&loaded, 0), (&loaded, 1)]).unwrap();
+        assert_eq!(updated.detail_files(), ["detail-00000.bin".to_string()]);
+        assert_eq!(updated.shards()[1].detail_ref, Some(r));
+        let (m2, blob2) = updated.to_layout("detail-00001.bin");
+        let back = Index::from_bytes(&m2).unwrap();
+        assert_eq!(back.detail_files().len(), 2);
+        let r2 = back.shards()[0].detail_ref.unwrap();
+        assert_eq!(back.detail_files()[r2.file as usize], "detail-00001.bin");
+        let b2 = &blob2[r2.offset as usize..(r2.offset + r2.len as u64) as usize];
+        assert_eq!(
+            detail::decode(b2, &back.shards()[0].url, 1)
+                .unwrap()
+                .offsets,
+            Some(vec![0, 2048])
+        );
+        assert!(Index::assemble(&[(&loaded, 9)]).is_err());
         // Rewritten again (a grown dataset re-indexed): existing references are kept.
         let (again, more) = loaded.to_layout("detail-00001.bin");
         assert!(more.is_empty());

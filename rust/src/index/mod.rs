@@ -53,7 +53,7 @@ pub struct InvalidSample {
     pub ordinal: u64,
     pub key: String,
     pub reason: Reason,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default)]
     pub detail: String,
 }
 
@@ -296,6 +296,36 @@ impl Index {
             detail_files: files,
         };
         (manifest::encode(&layout), blob)
+    }
+
+    /// An index whose shard i is shard `parts[i].1` of index `parts[i].0`, as it is there
+    /// (counts, invalid samples, identity, offsets and keys in memory or in a detail file). How an
+    /// index is updated: unchanged shards are taken from the old index, new ones from a scan.
+    /// Detail files of different indexes are found by name beside the new index, so every part
+    /// whose shards point into detail files must live in the same folder.
+    pub fn assemble(parts: &[(&Index, u32)]) -> Result<Self, IndexError> {
+        let mut files: Vec<String> = Vec::new();
+        let mut shards = Vec::with_capacity(parts.len());
+        for &(index, i) in parts {
+            let mut entry = index
+                .shard(i)
+                .ok_or_else(|| {
+                    IndexError::Format(format!("no shard {i} in an index of {}", index.len()))
+                })?
+                .clone();
+            if let Some(r) = entry.detail_ref.as_mut() {
+                let name = &index.detail_files[r.file as usize];
+                r.file = match files.iter().position(|f| f == name) {
+                    Some(p) => p as u32,
+                    None => {
+                        files.push(name.clone());
+                        (files.len() - 1) as u32
+                    }
+                };
+            }
+            shards.push(entry);
+        }
+        Self::with_detail_files(shards, files)
     }
 
     pub fn detail_files(&self) -> &[String] {
