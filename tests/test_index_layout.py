@@ -125,11 +125,14 @@ def test_damaged_or_foreign_detail_files_are_errors_naming_the_shard(layouts, tm
     assert len(got) == sum(COUNTS) // 4 * 4
     assert all("shard-05.tar" in f["url"] for f in loader.stats["faults"])
     # Cut in half: whole batches fail with no reserve left. The rank must not end its epoch
-    # early (the other ranks would wait for its next batch forever): a clear error instead.
+    # early (the other ranks would wait for its next batch forever): the batches are padded
+    # with an earlier good sample, and counted.
     with open(broken / detail, "r+b") as f:
         f.truncate(size // 2)
-    with pytest.raises(ShardError, match="no reserve sample is left"):
-        iterate()
+    got, loader = iterate()
+    assert len(got) == sum(COUNTS) // 4 * 4, "every batch of the epoch, as on the other ranks"
+    stats = loader.stats
+    assert stats["padded"] > 4 and stats["padded"] + stats["replaced"] == stats["skipped"]["unreadable"]
     # A detail file of another dataset (same shard names, other samples) is refused, not
     # misread: its blocks do not decode where this manifest points, or belong to other counts.
     other = tmp_path / "other"
@@ -167,3 +170,53 @@ def test_cli_rewrites_a_json_index_in_the_folder_layout(layouts, tmp_path, capsy
     assert load_index(out).fingerprint == load_index(json_path).fingerprint
     assert run(None, out, rank=1, world=2)[0] == run(None, json_path, rank=1, world=2)[0]
     assert main(["index", "--from-index", str(tmp_path / "nothing.json"), "-o", out]) == 2
+
+
+def _index_with_identities(urls, identities, folder):
+    from shardstream.index import index_from_reports, scan_shards
+
+    reports = scan_shards(urls, decode=False)
+    for report, identity in zip(reports, identities, strict=True):
+        report["identity"] = identity
+    return write_index(index_from_reports(reports, [str(u) for u in urls]), folder)
+
+
+def test_a_shard_replaced_since_indexing_is_refused_by_name(tmp_path):
+    """Stale offsets must never read another version of a shard: the reader compares what the
+    index recorded (size locally; ETag, sent as If-Match, over HTTP) with the shard it opens."""
+    d = tmp_path / "shards"
+    paths = []
+    for i in range(3):
+        samples = good_samples(6, seed=700 + i, prefix=f"r{i}_")
+        paths.append(write_file(str(d / f"{i:05d}.tar"), tar_bytes(
+            [m for k, s in samples for m in sample_members(k, s)])))  # fmt: skip
+    sizes = [f"size:{os.path.getsize(p)},mtime_ns:{os.stat(p).st_mtime_ns}" for p in paths]
+    local_index = _index_with_identities(paths, sizes, str(tmp_path / "local-index"))
+    with RangeHTTPServer(str(d)) as server:
+        urls = [server.url(os.path.basename(p)) for p in paths]
+        etags = []
+        for url in urls:
+            import urllib.request
+
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10) as r:
+                etags.append(f"etag:{r.headers['ETag']}")
+        http_index = _index_with_identities(urls, etags, str(tmp_path / "http-index"))
+
+        def keys(index, **kw):
+            loader = shardstream.ShardLoader(
+                None, index=index, batch_size=3, image_size=32, shuffle_buffer=4, threads=1, **kw
+            )
+            return [k for b in loader for k in b.keys], loader
+
+        before = keys(http_index)[0]
+        assert sorted(before) == sorted(keys(local_index)[0]) and len(before) == 18
+        # 00001.tar is rewritten with other samples after indexing.
+        samples = good_samples(7, seed=99, prefix="new_")
+        write_file(paths[1], tar_bytes([m for k, s in samples for m in sample_members(k, s)]))
+        for index in (local_index, http_index):
+            with pytest.raises(ShardError, match=r"00001\.tar.*replaced since it was indexed"):
+                keys(index, on_error="raise")
+            got, loader = keys(index)
+            assert not any(k.startswith("new_") for k in got), "no sample of the new version"
+            assert loader.stats["skipped"].get("unreadable", 0) == 6, loader.stats["skipped"]
+            assert len(got) == len(before), "the batch count is unchanged (reserve and padding)"

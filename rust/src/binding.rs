@@ -21,7 +21,7 @@ use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
 use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
 use crate::seek::keys_of_runs;
-use crate::source::{redact_url, Signer, SourceOptions, SourceStats};
+use crate::source::{redact_url, Expected, Signer, SourceOptions, SourceStats};
 use crate::spans::{planned_spans, ShardNames};
 
 create_exception!(
@@ -222,7 +222,8 @@ impl SampleIter {
                     &self.source,
                     &self.stats,
                 );
-                let opened = py.detach(|| open_shard(url, 0, 0, max, opts, stats));
+                let opened =
+                    py.detach(|| open_shard(url, 0, 0, max, &Expected::default(), opts, stats));
                 self.next_shard += 1;
                 match opened {
                     Ok(r) => *self.current.lock().expect("reader lock") = Some(r),
@@ -398,6 +399,7 @@ fn spans(list: Vec<SpanTuple>, display: &[String]) -> Vec<ShardSpan> {
                     end_ordinal,
                     stride,
                     detail: None,
+                    expected: Expected::default(),
                 }
             },
         )

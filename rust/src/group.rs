@@ -92,6 +92,7 @@ pub fn open_shard(
     start: u64,
     first_ordinal: u64,
     max_member_bytes: u64,
+    expected: &source::Expected,
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<SampleReader, ShardFault> {
@@ -101,8 +102,14 @@ pub fn open_shard(
         offset: start,
     };
     let gz_by_name = is_gzip_name(url);
-    let stream =
-        source::open(url, if gz_by_name { 0 } else { start }, opts, stats).map_err(unreadable)?;
+    let stream = source::open_expecting(
+        url,
+        if gz_by_name { 0 } else { start },
+        expected,
+        opts,
+        stats,
+    )
+    .map_err(unreadable)?;
     let mut buffered = BufReader::with_capacity(256 * 1024, stream);
     let gz_by_magic = !gz_by_name && start == 0 && {
         let head = buffered.fill_buf().map_err(|e| ShardFault {

@@ -30,7 +30,7 @@ use crate::group::{is_gzip_name, open_shard, RawSample, SampleReader, ShardFault
 use crate::rng::{derive_seed, permutation};
 use crate::sample::{prepare, Rejection, SampleSpec, Worker};
 use crate::seek::DetailSource;
-use crate::source::{redact_url, SourceOptions, SourceStats};
+use crate::source::{redact_url, Expected, SourceOptions, SourceStats};
 
 /// A contiguous piece of one shard to read.
 #[derive(Clone, Debug)]
@@ -52,6 +52,8 @@ pub struct ShardSpan {
     /// A version-2 index's detail block for this shard: where to find the offset of
     /// `skip_before` when the span starts mid-shard and `start_offset` is not known.
     pub detail: Option<DetailSource>,
+    /// The shard's content as the index recorded it (size, ETag): another version is refused.
+    pub expected: Expected,
 }
 
 impl ShardSpan {
@@ -64,6 +66,7 @@ impl ShardSpan {
             start,
             first,
             cfg.max_member_bytes,
+            &self.expected,
             &cfg.source,
             &stats.source,
         )
@@ -332,6 +335,7 @@ impl Pipeline {
                     main,
                     reserve: ReserveReader::new(reserve),
                     slot_len,
+                    last_good: None,
                 };
                 let faults = out_tx.clone();
                 let run =
@@ -753,8 +757,13 @@ struct Batcher {
     main: MergedReader,
     reserve: ReserveReader,
     slot_len: usize,
+    /// A copy of one good sample of the last batch (its slot and pixels): what pads a planned
+    /// batch whose every sample failed once the reserve is used up, so the rank still yields
+    /// the batch every other rank yields.
+    last_good: Option<(Slot, Vec<u8>)>,
 }
 
+#[derive(Clone)]
 struct Slot {
     shard: u32,
     key: String,
@@ -977,6 +986,16 @@ impl Batcher {
                 }
             }
         }
+        if filled == 0 && cfg.planned && !slots.is_empty() {
+            if let Some((slot, pixels)) = &self.last_good {
+                // Nothing of this batch is left to repeat: repeat the previous batch's sample.
+                memory[..slot_len].copy_from_slice(pixels);
+                slots[0].0 = slot.clone();
+                good[0] = true;
+                filled = 1;
+                self.stats.padded.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         if filled < b && cfg.planned && filled > 0 {
             // Reserve exhausted: repeat good samples of this batch so every rank still gets
             // the same number of full batches; each repeat is counted as padding.
@@ -1028,6 +1047,15 @@ impl Batcher {
             self.stats.record_remainder(keys);
             return Ok(None);
         }
+        if write > 0 && cfg.planned {
+            let pixels = memory[..slot_len].to_vec();
+            let slot = Slot {
+                shard: shards[0],
+                key: keys[0].clone(),
+                text: Some(texts[0].clone()),
+            };
+            self.last_good = Some((slot, pixels));
+        }
         if write == 0 && cfg.planned {
             // Ending here would leave this rank a batch short of the others (DDP would wait for
             // it forever): fail the pass, saying why.
@@ -1036,9 +1064,9 @@ impl Batcher {
                 url: first_shard.map(|s| cfg.display(s)).unwrap_or_default(),
                 key: String::new(),
                 detail: format!(
-                    "all {b} samples of a batch failed and no reserve sample is left to replace them, \
-                     so this rank cannot yield the batch every other rank yields; see the skipped \
-                     samples in stats"
+                    "all {b} samples of this rank's first batch failed and no reserve sample is \
+                     left to replace them, so it cannot yield the batch every other rank yields; \
+                     see the skipped samples in stats"
                 ),
             });
         }

@@ -58,7 +58,15 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         compressed: false,
         identity: None,
     };
-    let reader = match open_shard(url, 0, 0, opts.max_member_bytes, &opts.source, &stats) {
+    let reader = match open_shard(
+        url,
+        0,
+        0,
+        opts.max_member_bytes,
+        &Default::default(),
+        &opts.source,
+        &stats,
+    ) {
         Ok(r) => r,
         Err(f) => {
             report.fatal = Some(ShardFatal {

@@ -8,7 +8,7 @@ use crate::index::Index;
 use crate::pipeline::ShardSpan;
 use crate::plan::Run;
 use crate::seek::DetailSource;
-use crate::source::redact_url;
+use crate::source::{redact_url, Expected};
 
 /// What to open for each shard: the URL and the name users know it by. Empty: the index's own
 /// URL, redacted.
@@ -62,6 +62,7 @@ pub fn planned_spans(
                 stride: None,
                 display,
                 detail,
+                expected: Expected::from_identity(entry.identity.as_deref()),
             })
         })
         .collect()

@@ -25,7 +25,7 @@ use ureq::tls::{parse_pem, Certificate, PemItem, RootCerts, TlsConfig};
 use ureq::{Agent, Body, BodyReader};
 
 use super::backoff::Backoff;
-use super::{redact_url, scrub, SourceError, SourceOptions, SourceStats};
+use super::{redact_url, scrub, Expected, SourceError, SourceOptions, SourceStats};
 
 /// Size of ureq's socket read buffer: large reads keep syscall overhead per byte small.
 const SOCKET_BUFFER_BYTES: usize = 512 * 1024;
@@ -122,6 +122,9 @@ fn transient(message: impl Into<String>) -> Failure {
 pub type Resign = Box<dyn Fn() -> Result<String, String> + Send>;
 
 pub struct HttpReader {
+    /// The version to compare responses with came from the index, and no response has been
+    /// accepted yet (a mismatch then means the shard changed since indexing).
+    version_from_index: bool,
     agent: Agent,
     /// The full URL: may hold a signature, never printed (use `shown`).
     url: String,
@@ -165,6 +168,21 @@ impl HttpReader {
         opts: &SourceOptions,
         stats: &Arc<SourceStats>,
     ) -> Result<Self, SourceError> {
+        Self::open_expecting(url, resign, start, end, &Expected::default(), opts, stats)
+    }
+
+    /// [`open_signed`](Self::open_signed), refusing any version of the object but `expected`:
+    /// its ETag goes out as `If-Match` from the first request on, and the first response's size
+    /// and ETag are compared with it as every later response's are with the first.
+    pub fn open_expecting(
+        url: &str,
+        resign: Option<Resign>,
+        start: u64,
+        end: Option<u64>,
+        expected: &Expected,
+        opts: &SourceOptions,
+        stats: &Arc<SourceStats>,
+    ) -> Result<Self, SourceError> {
         let shown = redact_url(url);
         let mut reader = HttpReader {
             agent: agent_for(opts, &shown)?,
@@ -173,7 +191,12 @@ impl HttpReader {
             shown,
             pos: start,
             end,
-            version: None,
+            version: (!expected.is_empty()).then(|| Version {
+                etag: expected.etag.clone(),
+                last_modified: None,
+                total: expected.size,
+            }),
+            version_from_index: !expected.is_empty(),
             body: None,
             skip: 0,
             done: end.is_some_and(|e| e <= start),
@@ -358,8 +381,17 @@ impl HttpReader {
                 if before.total.is_some() && seen.total.is_some() && before.total != seen.total {
                     return Err(self.changed("object size differs from the first response"));
                 }
+                // What the index did not record is taken from the server, so later resumes
+                // of this stream are as well guarded as without an expected version.
+                let merged = Version {
+                    etag: before.etag.clone().or(seen.etag),
+                    last_modified: before.last_modified.clone().or(seen.last_modified),
+                    total: before.total.or(seen.total),
+                };
+                self.version = Some(merged);
             }
         }
+        self.version_from_index = false;
         self.skip = self.pos - body_start.min(self.pos);
         self.body = Some(response.into_body().into_reader());
         Ok(())
@@ -393,10 +425,18 @@ impl HttpReader {
     }
 
     fn changed(&self, message: &str) -> Failure {
+        let message = if self.version_from_index {
+            format!(
+                "{message} (compared with the version the index recorded: the shard was replaced \
+                 since it was indexed; index it again)"
+            )
+        } else {
+            message.to_string()
+        };
         Failure::Fatal(SourceError::Changed {
             url: self.shown.clone(),
             offset: self.pos,
-            message: message.into(),
+            message,
         })
     }
 

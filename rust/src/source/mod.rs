@@ -292,6 +292,42 @@ fn locate(url: &str) -> Result<Location<'_>, SourceError> {
     Ok(Location::Local(url))
 }
 
+/// What an index recorded of a shard's content. A reader refuses another version (a shard
+/// replaced since it was indexed), so stale offsets never splice the wrong bytes into samples.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Expected {
+    /// The object's size in bytes.
+    pub size: Option<u64>,
+    /// Its strong ETag (HTTP and S3): sent as `If-Match` with the first request.
+    pub etag: Option<String>,
+}
+
+impl Expected {
+    /// From an index's identity string: `etag:<ETag>` (the rest of the string is the ETag), or
+    /// comma-separated `key:value` fields of which `size` is used (`mtime_ns` and
+    /// `last-modified` say when, which a size check alone cannot; they are not compared).
+    pub fn from_identity(identity: Option<&str>) -> Self {
+        let Some(identity) = identity else {
+            return Self::default();
+        };
+        if let Some(etag) = identity.strip_prefix("etag:") {
+            return Self {
+                size: None,
+                etag: (!etag.is_empty() && !etag.starts_with("W/")).then(|| etag.to_string()),
+            };
+        }
+        let size = identity
+            .split(',')
+            .find_map(|field| field.strip_prefix("size:"))
+            .and_then(|v| v.trim().parse().ok());
+        Self { size, etag: None }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.size.is_none() && self.etag.is_none()
+    }
+}
+
 /// Opens `url` positioned at byte `start`, reading to its end.
 pub fn open(
     url: &str,
@@ -300,6 +336,46 @@ pub fn open(
     stats: &Arc<SourceStats>,
 ) -> Result<Box<dyn Read + Send>, SourceError> {
     open_range(url, start, None, opts, stats)
+}
+
+/// [`open`], refusing a version of the object other than `expected`.
+pub fn open_expecting(
+    url: &str,
+    start: u64,
+    expected: &Expected,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    if expected.is_empty() {
+        return open_range(url, start, None, opts, stats);
+    }
+    match locate(url)? {
+        Location::Local(path) => {
+            if let (Some(size), Ok(meta)) = (expected.size, std::fs::metadata(path)) {
+                if meta.len() != size {
+                    return Err(SourceError::Changed {
+                        url: redact_url(url),
+                        offset: 0,
+                        message: format!(
+                            "it has {} bytes, the index recorded {size}: the shard was replaced \
+                             since it was indexed; index it again",
+                            meta.len()
+                        ),
+                    });
+                }
+            }
+            open_range(url, start, None, opts, stats)
+        }
+        Location::S3 if opts.cache.is_none() => {
+            open_s3_expecting(url, start, None, expected, opts, stats)
+        }
+        Location::Http if opts.cache.is_none() => Ok(buffered(
+            http::HttpReader::open_expecting(url, None, start, None, expected, opts, stats)?,
+            stats,
+        )),
+        // The shard cache downloads whole objects and keeps them: it checks versions itself.
+        _ => open_range(url, start, None, opts, stats),
+    }
 }
 
 /// Opens bytes `start..end` of `url` (`end = None`: to the end of the object). Knowing the end
@@ -333,6 +409,17 @@ fn open_s3(
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<Box<dyn Read + Send>, SourceError> {
+    open_s3_expecting(url, start, end, &Expected::default(), opts, stats)
+}
+
+fn open_s3_expecting(
+    url: &str,
+    start: u64,
+    end: Option<u64>,
+    expected: &Expected,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
     let Some(signer) = &opts.signer else {
         return Err(SourceError::BadUrl {
             url: redact_url(url),
@@ -357,9 +444,16 @@ fn open_s3(
     if opts.cache.is_some() {
         return open_range(&signed, start, end, opts, stats).map_err(|e| e.naming(url));
     }
-    let reader =
-        http::HttpReader::open_signed(&signed, Some(Box::new(sign)), start, end, opts, stats)
-            .map_err(|e| e.naming(url))?;
+    let reader = http::HttpReader::open_expecting(
+        &signed,
+        Some(Box::new(sign)),
+        start,
+        end,
+        expected,
+        opts,
+        stats,
+    )
+    .map_err(|e| e.naming(url))?;
     Ok(buffered(reader, stats))
 }
 
@@ -418,6 +512,82 @@ pub(crate) fn open_file_at(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_replaced_since_indexing_is_refused_locally_and_over_http() {
+        assert_eq!(
+            Expected::from_identity(Some("size:2048,mtime_ns:17")),
+            Expected {
+                size: Some(2048),
+                etag: None
+            }
+        );
+        assert_eq!(
+            Expected::from_identity(Some("etag:\"a,b\""))
+                .etag
+                .as_deref(),
+            Some("\"a,b\"")
+        );
+        assert!(Expected::from_identity(Some("etag:W/\"weak\"")).is_empty());
+        assert!(Expected::from_identity(None).is_empty());
+        let (opts, stats) = (SourceOptions::default(), Arc::new(SourceStats::default()));
+        let path = std::env::temp_dir().join(format!("ss-expect-{}.tar", std::process::id()));
+        std::fs::write(&path, vec![7u8; 1024]).unwrap();
+        let url = path.display().to_string();
+        let same = Expected {
+            size: Some(1024),
+            etag: None,
+        };
+        assert!(open_expecting(&url, 0, &same, &opts, &stats).is_ok());
+        let other = Expected {
+            size: Some(2048),
+            etag: None,
+        };
+        let err = open_expecting(&url, 0, &other, &opts, &stats)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("1024 bytes, the index recorded 2048"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+
+        let server = testserver::TestServer::start(vec![1u8; 4096], vec![]);
+        let url = server.url("/a.tar");
+        let indexed = Expected {
+            size: Some(4096),
+            etag: Some(testserver::TestServer::ETAG.into()),
+        };
+        let mut body = Vec::new();
+        open_expecting(&url, 100, &indexed, &opts, &stats)
+            .unwrap()
+            .read_to_end(&mut body)
+            .unwrap();
+        assert_eq!(body.len(), 3996);
+        assert!(server
+            .requests()
+            .iter()
+            .all(|r| r.if_match.as_deref() == Some(testserver::TestServer::ETAG)));
+        let stale = Expected {
+            size: None,
+            etag: Some("\"v0\"".into()),
+        };
+        let err = open_expecting(&url, 0, &stale, &opts, &stats)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("replaced since it was indexed"), "{err}");
+        let resized = Expected {
+            size: Some(5000),
+            etag: None,
+        };
+        let err = open_expecting(&url, 0, &resized, &opts, &stats)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("size") && err.contains("index it again"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn redaction_removes_signatures_and_passwords() {
