@@ -330,3 +330,47 @@ def test_exact_epoch_over_s3_with_an_index_built_by_the_cli(s3, local_dir, monke
         **FAST,
     )
     assert [k for b in remote for k in b.keys] == keys[len(keys) // 2 :]
+
+
+def test_index_records_s3_etags_from_the_listing_and_updates_only_changed_objects(
+    s3, local_dir, monkeypatch, tmp_path
+):
+    """Shards found by listing get their ETag from the listing (no HeadObject); named ones from
+    one HeadObject each; the two agree. Re-indexing after one object is replaced scans only it."""
+    from index_layout import read_layout
+    from shardstream import urls
+    from shardstream.cli import main
+    from shardstream.identity import probe_identities
+
+    with_env(monkeypatch, s3)
+    names = sorted(n for n in os.listdir(local_dir) if n.endswith(".tar"))[:3]
+    s3.upload(BUCKET, [os.path.join(local_dir, n) for n in names], prefix="update/")
+    listed = expand_urls(f"s3://{BUCKET}/update/")
+    named = expand_urls([f"s3://{BUCKET}/update/{n}" for n in names])
+    assert all(s.listed is not None for s in listed) and all(s.listed is None for s in named)
+    heads = []
+    make_client = urls._new_s3_client
+
+    def counting_client(opts):
+        client = make_client(opts)
+        client.meta.events.register("before-call.s3.HeadObject", lambda **kw: heads.append(kw))
+        return client
+
+    monkeypatch.setattr(urls, "_new_s3_client", counting_client)
+    from_listing = probe_identities(expand_urls(f"s3://{BUCKET}/update/"))
+    assert heads == []
+    from_heads = probe_identities(expand_urls([f"s3://{BUCKET}/update/{n}" for n in names], check="none"))
+    assert len(heads) == 3
+    assert from_listing == from_heads and all(i.identity.startswith('etag:"') for i in from_listing)
+    assert [i.size for i in from_listing] == [os.path.getsize(os.path.join(local_dir, n)) for n in names]
+
+    out = str(tmp_path / "s3.index")
+    assert main(["index", f"s3://{BUCKET}/update/", "-o", out, "-q"]) == 0
+    before = read_layout(out)["shards"]
+    assert [e["identity"] for e in before] == [i.identity for i in from_listing]
+    other = os.path.join(local_dir, f"shard-{SHARDS - 1:06d}.tar")
+    s3.client().upload_file(other, BUCKET, f"update/{names[1]}")  # other content under the same key
+    assert main(["index", f"s3://{BUCKET}/update/", "-o", out]) == 0
+    after = read_layout(out)["shards"]
+    assert [a == b for a, b in zip(after, before, strict=True)] == [True, False, True]
+    assert after[1]["identity"] != before[1]["identity"]

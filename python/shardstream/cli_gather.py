@@ -1,5 +1,6 @@
-"""Running ``shardstream validate`` as a distributed job under torchrun: each rank scans its share
-of the shards, and rank 0 receives every rank's results to write the one merged report.
+"""Running ``shardstream validate`` and ``shardstream index`` as distributed jobs under torchrun:
+each rank scans its share of the shards, and rank 0 receives every rank's results to write the
+one merged report or index.
 
 Results travel as JSON bytes in uint8 tensors over torch.distributed (gloo, CPU only), never as
 pickled objects, so a peer can send nothing but data.
@@ -94,6 +95,19 @@ class RankGroup:
         dist.gather(mine, None, dst=0)
         return None
 
+    def broadcast_json(self, value: Any) -> Any:
+        """Rank 0's ``value`` (JSON-serialisable; ignored elsewhere) on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        payload = json.dumps(value, separators=(",", ":")).encode() if self.rank == 0 else b""
+        length = self.broadcast_int(len(payload))
+        buffer = torch.zeros(length, dtype=torch.uint8)
+        if self.rank == 0 and payload:
+            buffer[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        dist.broadcast(buffer, src=0)
+        return json.loads(bytes(buffer.numpy()))
+
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank (also a barrier: nobody exits before rank 0 is done)."""
         import torch
@@ -102,3 +116,24 @@ class RankGroup:
         tensor = torch.tensor([value], dtype=torch.int64)
         dist.broadcast(tensor, src=0)
         return int(tensor.item())
+
+
+class SoloGroup:
+    """The one-process stand-in for :class:`RankGroup` (rank 0 of 1): the same code runs alone."""
+
+    rank, world = 0, 1
+
+    def __enter__(self) -> SoloGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def gather_json(self, value: Any) -> list[Any]:
+        return [value]
+
+    def broadcast_json(self, value: Any) -> Any:
+        return value
+
+    def broadcast_int(self, value: int) -> int:
+        return value

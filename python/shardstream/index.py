@@ -18,13 +18,15 @@ import ssl
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from shardstream import _core
 from shardstream._system import available_cores
 from shardstream.errors import CredentialsError, NotFoundError, ShardError
+from shardstream.identity import ShardIdentity, probe_identities
 from shardstream.urls import Shard, expand_urls, redact, scheme_of, source_config
 
 DatasetIndex = _core.DatasetIndex
@@ -166,11 +168,146 @@ def index_from_reports(
 def build_index(
     spec: Any, *, decode: bool = True, threads: int | None = None, with_keys: bool = True, **options: Any
 ) -> DatasetIndex:
-    """Scans every shard of ``spec`` (validating samples unless ``decode=False``) and indexes them."""
+    """Scans every shard of ``spec`` (validating samples unless ``decode=False``) and indexes them,
+    recording each shard's content identity (see ``shardstream.identity``)."""
     source_options = options.pop("source_options", {})
     shards = expand_urls(spec, **source_options)
+    identities = probe_identities(shards, source_options=source_options)
     reports = scan_shards(shards, threads=threads, decode=decode, source_options=source_options, **options)
+    with_identities(reports, identities)
     return index_from_reports(reports, [s.display for s in shards], with_keys=with_keys)
+
+
+def with_identities(
+    reports: list[dict[str, Any]], identities: Sequence[ShardIdentity]
+) -> list[dict[str, Any]]:
+    """Puts each shard's identity (probed before its scan) into its scan report, for the index."""
+    for report, found in zip(reports, identities, strict=True):
+        if found.identity is not None:
+            report["identity"] = found.identity
+    return reports
+
+
+# -- updating an index: reuse unchanged shards, scan new or changed ones ----------------------------
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """Which shards of the new list come from the old index and which must be scanned."""
+
+    reuse: dict[int, int]  # position in the new list -> position in the old index
+    scan: list[int]  # positions in the new list, in order
+    dropped: list[str]  # URLs in the old index that the new list does not name
+
+
+@dataclass(frozen=True)
+class IndexUpdate:
+    """What :func:`update_index` did."""
+
+    index: DatasetIndex
+    reused: int
+    scanned: list[str]  # URLs of the shards scanned, in order
+    dropped: list[str]
+    reports: list[dict[str, Any]]  # the scan reports of the scanned shards
+
+
+def existing_index(path: str) -> DatasetIndex | None:
+    """The folder index at ``path`` if there is one (a local folder holding ``manifest.bin``);
+    None when there is none. A damaged manifest raises ShardError."""
+    if is_json_index_path(path) or not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        return None
+    return load_index(path)
+
+
+def plan_update(
+    old: DatasetIndex | None, urls: Sequence[str], identities: Sequence[ShardIdentity]
+) -> UpdatePlan:
+    """Shard i of ``urls`` is reused when the old index has its URL with the same identity (and
+    the same size, when both are known); shards whose identity is unknown are always scanned.
+    Deterministic: every rank that runs it on the same inputs gets the same plan."""
+    recorded: dict[str, tuple[int, int | None, str | None]] = {}
+    if old is not None:
+        for position, (url, size, identity) in enumerate(old.shard_identities()):
+            recorded.setdefault(url, (position, size, identity))
+    reuse: dict[int, int] = {}
+    scan: list[int] = []
+    for i, (url, now) in enumerate(zip(urls, identities, strict=True)):
+        before = recorded.get(url)
+        if (
+            before is not None
+            and now.identity is not None
+            and before[2] == now.identity
+            and (before[1] is None or now.size is None or before[1] == now.size)
+        ):
+            reuse[i] = before[0]
+        else:
+            scan.append(i)
+    named = set(urls)
+    dropped = [url for url in recorded if url not in named]
+    return UpdatePlan(reuse, scan, dropped)
+
+
+def assemble_update(
+    plan: UpdatePlan,
+    old: DatasetIndex | None,
+    urls: Sequence[str],
+    reports: list[dict[str, Any]],
+    *,
+    with_keys: bool = True,
+) -> DatasetIndex:
+    """The index of ``urls``, in their order: reused shards as the old index has them (their
+    detail stays where it is, referenced), scanned ones from ``reports`` (one per ``plan.scan``)."""
+    if len(reports) != len(plan.scan):
+        raise ValueError(f"{len(reports)} scan reports for {len(plan.scan)} shards to scan")
+    if not plan.reuse:
+        return index_from_reports(reports, [urls[i] for i in plan.scan], with_keys=with_keys)
+    assert old is not None
+    scanned = (
+        index_from_reports(reports, [urls[i] for i in plan.scan], with_keys=with_keys) if reports else None
+    )
+    scanned_at = {shard: n for n, shard in enumerate(plan.scan)}
+    parts = [(old, plan.reuse[i]) if i in plan.reuse else (scanned, scanned_at[i]) for i in range(len(urls))]
+    return DatasetIndex.assemble(parts, old.location)
+
+
+def update_index(
+    spec: Any,
+    folder: str,
+    *,
+    rebuild: bool = False,
+    decode: bool = True,
+    threads: int | None = None,
+    with_keys: bool = True,
+    **options: Any,
+) -> IndexUpdate:
+    """Indexes the shards of ``spec`` into the folder index at ``folder``: shards the index there
+    already holds with the same content identity are kept as they are, new or changed ones are
+    scanned (every shard with ``rebuild``), shards it holds that ``spec`` does not name are
+    dropped. The result (in the order of ``spec``) is written there with :func:`write_index`: a
+    new detail file for the scanned shards, the old ones kept, the manifest replaced last.
+    Raises ShardError, writing nothing, when a shard to scan cannot be read."""
+    source_options = options.pop("source_options", {})
+    shards = expand_urls(spec, **source_options)
+    urls = [s.display for s in shards]
+    old = None if rebuild else existing_index(folder)
+    identities = probe_identities(shards, source_options=source_options)
+    plan = plan_update(old, urls, identities)
+    to_scan = [shards[i] for i in plan.scan]
+    reports = scan_shards(to_scan, threads=threads, decode=decode, source_options=source_options, **options)
+    unreadable = [r for r in reports if r["fatal"] and r["fatal"]["reason"] == "unreadable"]
+    if unreadable:
+        first = unreadable[0]
+        raise ShardError(
+            "unreadable",
+            first["url"],
+            "",
+            f"{first['fatal']['detail']} ({len(unreadable)} of {len(reports)} shards to scan unreadable: "
+            "no index written)",
+        )
+    with_identities(reports, [identities[i] for i in plan.scan])
+    index = assemble_update(plan, old, urls, reports, with_keys=with_keys)
+    write_index(index, folder)
+    return IndexUpdate(index, len(plan.reuse), [urls[i] for i in plan.scan], plan.dropped, reports)
 
 
 def write_index(index_or_reports: Any, path: str, *, urls: list[str] | None = None) -> str:

@@ -60,11 +60,19 @@ class Shard(str):
 
     display: str
     signer: S3Signer | None
+    listed: tuple[int, str] | None  # (size, ETag) as an S3 listing reported them
 
-    def __new__(cls, url: str, display: str | None = None, signer: S3Signer | None = None) -> Shard:
+    def __new__(
+        cls,
+        url: str,
+        display: str | None = None,
+        signer: S3Signer | None = None,
+        listed: tuple[int, str] | None = None,
+    ) -> Shard:
         shard = super().__new__(cls, url)
         shard.display = display if display is not None else redact(url)
         shard.signer = signer
+        shard.listed = listed
         return shard
 
     @property
@@ -459,8 +467,8 @@ class _Resolver:
         bucket, key = parse_s3_url(url)
         client = self.client(url)
         listed = key == "" or key.endswith("/") or bool(_GLOB_CHARS.search(key))
-        keys = _list_s3(client, url, bucket, key) if listed else [key]
-        shards = [Shard(f"s3://{bucket}/{k}", signer=self.signer) for k in keys]
+        objects = _list_s3(client, url, bucket, key) if listed else [(key, None)]
+        shards = [Shard(f"s3://{bucket}/{k}", signer=self.signer, listed=stat) for k, stat in objects]
         return shards, listed
 
 
@@ -582,8 +590,11 @@ def _s3_call(where: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise _translate(e, where) from None
 
 
-def _list_s3(client: Any, url: str, bucket: str, key_pattern: str) -> list[str]:
-    """Keys under a prefix (``key_pattern`` ends with ``/``) or matching a glob, sorted."""
+def _list_s3(
+    client: Any, url: str, bucket: str, key_pattern: str
+) -> list[tuple[str, tuple[int, str] | None]]:
+    """Keys under a prefix (``key_pattern`` ends with ``/``) or matching a glob, sorted, each with
+    the (size, ETag) the listing gave (the content identity an index records, at no extra request)."""
     glob_at = _GLOB_CHARS.search(key_pattern)
     if glob_at:
         prefix = key_pattern[: glob_at.start()]
@@ -594,13 +605,14 @@ def _list_s3(client: Any, url: str, bucket: str, key_pattern: str) -> list[str]:
     params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
     if not recursive:
         params["Delimiter"] = "/"
-    keys: list[str] = []
+    keys: list[tuple[str, tuple[int, str] | None]] = []
     paginator = client.get_paginator("list_objects_v2")
     for page in _s3_call(url, lambda: list(paginator.paginate(**params))):
         for obj in page.get("Contents", []):
             key = obj["Key"]
             if regex.match(key) if regex else _is_shard_file(key):
-                keys.append(key)
+                etag, size = obj.get("ETag"), obj.get("Size")
+                keys.append((key, (int(size), str(etag)) if etag and size is not None else None))
     if not keys:
         raise NotFoundError("unreadable", url, "", "not found: no matching objects under this prefix")
-    return sorted(keys)
+    return sorted(keys, key=lambda entry: entry[0])
