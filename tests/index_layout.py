@@ -48,6 +48,14 @@ def read_detail_block(block: bytes, num_samples: int) -> dict[str, Any]:
         out["offsets"] = offsets
     if flags & 2:
         out["keys"] = [r.string() for _ in range(num_samples)]
+    if flags & 4:
+        invalid = []
+        for _ in range(r.varint()):
+            ordinal = r.varint()
+            invalid.append(
+                {"ordinal": ordinal, "reason": r.string(), "key": r.string(), "detail": r.string()}
+            )
+        out["invalid"] = invalid
     r.buf.read(8)  # checksum
     assert r.buf.read() == b""
     return out
@@ -71,17 +79,20 @@ def read_layout(folder: str) -> dict[str, Any]:
         identity = r.string()
         if identity:
             entry["identity"] = identity
+        detail: dict[str, Any] = {}
         if flags & 2:
             file, offset, length = r.varint(), r.varint(), r.varint()
             with open(os.path.join(folder, header["detail_files"][file]), "rb") as f:
                 f.seek(offset)
-                entry.update(read_detail_block(f.read(length), entry["num_samples"]))
-        invalid = []
+                detail = read_detail_block(f.read(length), entry["num_samples"])
+        ordinals, ordinal = [], 0
         for _ in range(r.varint()):
-            ordinal = r.varint()
-            invalid.append(
-                {"ordinal": ordinal, "reason": r.string(), "key": r.string(), "detail": r.string()}
-            )
+            ordinal += r.varint()
+            ordinals.append(ordinal)
+        # The manifest holds the ordinals (what the plan skips); keys and reasons are detail.
+        invalid = detail.pop("invalid", [])
+        assert [i["ordinal"] for i in invalid] == ordinals, (invalid, ordinals)
+        entry.update(detail)
         entry["invalid"] = invalid
         shards.append(entry)
     return {"format": header["format"], "version": header["version"], "shards": shards, "header": header}

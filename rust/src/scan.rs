@@ -173,9 +173,10 @@ impl ShardReport {
             entry.keys = Some(self.keys.clone());
         }
         entry.identity = self.identity.clone();
-        entry.invalid = self.invalid.clone();
-        entry.invalid.sort_by_key(|i| i.ordinal);
-        entry.invalid.dedup_by_key(|i| i.ordinal);
+        let mut invalid = self.invalid.clone();
+        invalid.sort_by_key(|i| i.ordinal);
+        invalid.dedup_by_key(|i| i.ordinal);
+        entry.set_invalid(invalid);
         entry
     }
 }

@@ -182,6 +182,7 @@ mod tests {
             &ShardDetail {
                 offsets: Some(vec![0, 1024, 3072, 4096]),
                 keys: None,
+                invalid: Vec::new(),
             },
         );
         let file = dir.join("detail-00000.bin");

@@ -5,17 +5,20 @@
 //! A block is gzip of: `SSD2`, varint sample count, the shard name's 64-bit hash (little
 //! endian), a flags byte (1: offsets, 2: keys), then the offsets as a varint unit and
 //! `count + 1` varint deltas in that unit, then the keys as length-prefixed strings, and last the
-//! checksum of all of it. The count and name hash let a reader refuse a block that belongs to
+//! checksum of all of it. Flag 4 adds, before the checksum, the shard's invalid samples: a
+//! varint count, then per sample its ordinal (varint), reason, key and detail (strings). The count and name hash let a reader refuse a block that belongs to
 //! another shard; the checksum catches corrupt or cut-short bytes.
 
 use super::codec::{put_checksum, put_str, put_varint, Decoder};
-use super::{shard_error, IndexError};
+use super::{shard_error, IndexError, InvalidSample};
+use crate::error::Reason;
 use crate::rng::hash_bytes;
 use std::io::{Read, Write};
 
 const MAGIC: &[u8; 4] = b"SSD2";
 const HAS_OFFSETS: u8 = 1;
 const HAS_KEYS: u8 = 2;
+const HAS_INVALID: u8 = 4;
 /// Tar headers start on 512-byte boundaries, so offsets are stored in these units when they can be.
 const TAR_BLOCK: u64 = 512;
 /// Longest key accepted (webdataset keys are file stems: far shorter in practice).
@@ -30,11 +33,13 @@ pub struct ShardDetail {
     pub offsets: Option<Vec<u64>>,
     /// Every sample's key, in order.
     pub keys: Option<Vec<String>>,
+    /// The samples validation rejected, with key, reason and detail.
+    pub invalid: Vec<InvalidSample>,
 }
 
 impl ShardDetail {
     pub fn is_empty(&self) -> bool {
-        self.offsets.is_none() && self.keys.is_none()
+        self.offsets.is_none() && self.keys.is_none() && self.invalid.is_empty()
     }
 }
 
@@ -50,11 +55,16 @@ pub fn encode(url: &str, num_samples: u64, detail: &ShardDetail) -> Vec<u8> {
     body.extend_from_slice(MAGIC);
     put_varint(&mut body, num_samples);
     body.extend_from_slice(&name_hash(url).to_le_bytes());
-    let flags = if detail.offsets.is_some() {
-        HAS_OFFSETS
-    } else {
-        0
-    } | if detail.keys.is_some() { HAS_KEYS } else { 0 };
+    let mut flags = 0;
+    if detail.offsets.is_some() {
+        flags |= HAS_OFFSETS;
+    }
+    if detail.keys.is_some() {
+        flags |= HAS_KEYS;
+    }
+    if !detail.invalid.is_empty() {
+        flags |= HAS_INVALID;
+    }
     body.push(flags);
     if let Some(offsets) = &detail.offsets {
         let unit = if offsets.iter().all(|o| o % TAR_BLOCK == 0) {
@@ -74,6 +84,15 @@ pub fn encode(url: &str, num_samples: u64, detail: &ShardDetail) -> Vec<u8> {
             put_str(&mut body, key);
         }
     }
+    if !detail.invalid.is_empty() {
+        put_varint(&mut body, detail.invalid.len() as u64);
+        for bad in &detail.invalid {
+            put_varint(&mut body, bad.ordinal);
+            put_str(&mut body, bad.reason.as_str());
+            put_str(&mut body, &bad.key);
+            put_str(&mut body, &bad.detail);
+        }
+    }
     put_checksum(&mut body);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&body).expect("writing to memory cannot fail");
@@ -87,7 +106,7 @@ pub fn decode(bytes: &[u8], url: &str, num_samples: u64) -> Result<ShardDetail, 
         return Err(bad(format!("{num_samples} samples is more than supported")));
     }
     // The most a valid block can hold once decompressed: a hostile gzip stops there.
-    let limit = 64 + (num_samples + 1) * 10 + num_samples * (MAX_KEY_BYTES + 10);
+    let limit = 64 + (num_samples + 1) * 10 + num_samples * (2 * MAX_KEY_BYTES + (64 << 10) + 100);
     let gz = flate2::read::MultiGzDecoder::new(bytes).take(limit + 1);
     let mut d = Decoder::new(std::io::BufReader::new(gz));
     let io = |e: std::io::Error| bad(e.to_string());
@@ -132,6 +151,23 @@ pub fn decode(bytes: &[u8], url: &str, num_samples: u64) -> Result<ShardDetail, 
         }
         detail.keys = Some(keys);
     }
+    if flags & HAS_INVALID != 0 {
+        let n = d.bounded(count, "invalid count").map_err(io)?;
+        for _ in 0..n {
+            let ordinal = d.varint().map_err(io)?;
+            let name = d.string(64, "reason length").map_err(io)?;
+            let reason = Reason::ALL
+                .into_iter()
+                .find(|r| r.as_str() == name)
+                .ok_or_else(|| bad(format!("unknown reason {name:?}")))?;
+            detail.invalid.push(InvalidSample {
+                ordinal,
+                reason,
+                key: d.string(MAX_KEY_BYTES, "key length").map_err(io)?,
+                detail: d.string(64 << 10, "detail length").map_err(io)?,
+            });
+        }
+    }
     d.verify_checksum().map_err(io)?;
     if !d.at_end().map_err(io)? {
         return Err(bad("bytes after the checksum".into()));
@@ -147,6 +183,7 @@ mod tests {
         ShardDetail {
             offsets: Some(vec![0, 1536, 4096, 9216]),
             keys: Some(vec!["a".into(), "bé".into(), "000123".into()]),
+            invalid: Vec::new(),
         }
     }
 
@@ -158,10 +195,17 @@ mod tests {
             ShardDetail {
                 offsets: Some(vec![0, 700, 1400, 2101]),
                 keys: None,
+                invalid: vec![InvalidSample {
+                    ordinal: 2,
+                    key: "z".into(),
+                    reason: Reason::CorruptImage,
+                    detail: "JPEG: premature end".into(),
+                }],
             },
             ShardDetail {
                 offsets: None,
                 keys: Some(vec!["x".into(), "y".into(), "z".into()]),
+                invalid: Vec::new(),
             },
         ] {
             let block = encode(url, 3, &detail);

@@ -121,6 +121,24 @@ fn maybe_gunzip(bytes: &[u8], limit: u64) -> Result<Cow<'_, [u8]>, IndexError> {
     Ok(Cow::Owned(out))
 }
 
+/// The invalid samples as version 1 writes them: with their details when in memory, else (an
+/// index loaded from a folder, whose details stay in its detail blocks) by ordinal only.
+fn invalid_details(shard: &ShardEntry) -> Vec<InvalidSample> {
+    if !shard.invalid_details.is_empty() || shard.invalid.is_empty() {
+        return shard.invalid_details.clone();
+    }
+    shard
+        .invalid
+        .iter()
+        .map(|&ordinal| InvalidSample {
+            ordinal,
+            key: String::new(),
+            reason: crate::error::Reason::Unreadable,
+            detail: "recorded in the folder index's detail block".into(),
+        })
+        .collect()
+}
+
 pub fn parse(bytes: &[u8], limit: u64) -> Result<Index, IndexError> {
     let bytes = maybe_gunzip(bytes, limit)?;
     // The header first, so that a newer version is reported as such, not as a parse error.
@@ -155,7 +173,8 @@ pub fn parse(bytes: &[u8], limit: u64) -> Result<Index, IndexError> {
                 compressed: w.compressed,
                 offsets,
                 keys: w.keys,
-                invalid: w.invalid,
+                invalid: w.invalid.iter().map(|i| i.ordinal).collect(),
+                invalid_details: w.invalid,
                 identity: w.identity,
                 detail_ref: None,
             })
@@ -178,7 +197,7 @@ pub fn write(index: &Index) -> Vec<u8> {
             size: shard.size,
             compressed: shard.compressed,
             num_samples: shard.num_samples,
-            invalid: shard.invalid.clone(),
+            invalid: invalid_details(shard),
             keys: shard.keys.clone(),
             offsets: shard.offsets.as_deref().map(WireOffsets::encode),
             identity: shard.identity.clone(),

@@ -6,14 +6,14 @@
 //! `version`, `num_shards`, `fingerprint`, `detail_files`), one record per shard, and the
 //! checksum of all of it. A record: URL, size + 1 (0: unknown), sample count, a flags byte (1:
 //! gzip shard, 2: has a detail block), identity (empty: unknown), the block's file number,
-//! offset and length when flagged, then the invalid samples (count, then ordinal, reason, key,
-//! detail each). Integers are LEB128 varints, strings length-prefixed UTF-8.
+//! offset and length when flagged, then the invalid ordinals (count, then the first ordinal and
+//! the gaps to each next one): what the plan skips; their keys and reasons are in the detail
+//! block. Integers are LEB128 varints, strings length-prefixed UTF-8.
 //! docs/epoch-plan.md documents it for other implementations.
 
 use super::codec::{put_checksum, put_str, put_varint, Decoder};
 use super::detail::MAX_SHARD_SAMPLES;
-use super::{DetailRef, Index, IndexError, InvalidSample, ShardEntry, INDEX_FORMAT};
-use crate::error::Reason;
+use super::{DetailRef, Index, IndexError, ShardEntry, INDEX_FORMAT};
 use serde::{Deserialize, Serialize};
 use std::io::{BufReader, Write};
 
@@ -70,11 +70,10 @@ pub fn encode(index: &Index) -> Vec<u8> {
             put_varint(&mut body, r.len as u64);
         }
         put_varint(&mut body, s.invalid.len() as u64);
-        for bad in &s.invalid {
-            put_varint(&mut body, bad.ordinal);
-            put_str(&mut body, bad.reason.as_str());
-            put_str(&mut body, &bad.key);
-            put_str(&mut body, &bad.detail);
+        let mut prev = 0;
+        for (i, &bad) in s.invalid.iter().enumerate() {
+            put_varint(&mut body, if i == 0 { bad } else { bad - prev });
+            prev = bad;
         }
     }
     put_checksum(&mut body);
@@ -140,21 +139,16 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
         };
         let n_invalid = d.bounded(num_samples, "invalid count").map_err(io)?;
         let mut invalid = Vec::with_capacity(n_invalid as usize);
-        for _ in 0..n_invalid {
-            let ordinal = d.varint().map_err(io)?;
-            let reason_name = d.string(64, "reason length").map_err(io)?;
-            let reason = Reason::ALL
-                .into_iter()
-                .find(|r| r.as_str() == reason_name)
-                .ok_or_else(|| {
-                    super::shard_error(&url, format!("unknown reason {reason_name:?}"))
-                })?;
-            invalid.push(InvalidSample {
-                ordinal,
-                reason,
-                key: d.string(MAX_TEXT, "key length").map_err(io)?,
-                detail: d.string(MAX_TEXT, "detail length").map_err(io)?,
-            });
+        let mut ordinal = 0u64;
+        for i in 0..n_invalid {
+            let step = d.varint().map_err(io)?;
+            if i > 0 && step == 0 {
+                return Err(super::shard_error(&url, "invalid ordinals not increasing"));
+            }
+            ordinal = ordinal
+                .checked_add(step)
+                .ok_or_else(|| super::shard_error(&url, "invalid ordinal overflows"))?;
+            invalid.push(ordinal);
         }
         shards.push(ShardEntry {
             compressed: flags & COMPRESSED != 0,
@@ -164,6 +158,7 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
             offsets: None,
             keys: None,
             invalid,
+            invalid_details: Vec::new(),
             identity: (!identity.is_empty()).then_some(identity),
             detail_ref,
         });
@@ -194,12 +189,12 @@ mod tests {
         a.offsets = Some(vec![0, 1536, 3072, 4608]);
         a.keys = Some(vec!["k0".into(), "k1".into(), "k2".into()]);
         a.identity = Some("etag:\"9b2cf535f27731c974343645a3985328\"".into());
-        a.invalid = vec![InvalidSample {
+        a.set_invalid(vec![super::super::InvalidSample {
             ordinal: 1,
             key: "k1".into(),
-            reason: Reason::CorruptImage,
+            reason: crate::error::Reason::CorruptImage,
             detail: "JPEG: premature end".into(),
-        }];
+        }]);
         let b = ShardEntry::new("s3://b/laion/00001.tar.gz", 2); // img2dataset counts only
         Index::new(vec![a, b]).unwrap()
     }
@@ -218,8 +213,8 @@ mod tests {
             "nothing per sample in the manifest"
         );
         assert_eq!(
-            (a.size, a.num_samples, &a.invalid),
-            (Some(6144), 3, &original.shards()[0].invalid)
+            (a.size, a.num_samples, &a.invalid, a.invalid_details.len()),
+            (Some(6144), 3, &vec![1], 0)
         );
         assert_eq!(a.identity, original.shards()[0].identity);
         assert!(b.compressed && b.detail_ref.is_none() && b.size.is_none());
@@ -228,6 +223,11 @@ mod tests {
         let d = detail::decode(block, &a.url, 3).unwrap();
         assert_eq!(d.offsets, original.shards()[0].offsets);
         assert_eq!(d.keys, original.shards()[0].keys);
+        assert_eq!(
+            d.invalid,
+            original.shards()[0].invalid_details,
+            "keys and reasons of invalid samples"
+        );
         // Assembled with a newly scanned shard (an update): references are kept and remapped.
         let mut fresh = ShardEntry::new("s3://b/laion/00002.tar", 1);
         fresh.offsets = Some(vec![0, 2048]);

@@ -74,8 +74,12 @@ pub struct ShardEntry {
     pub offsets: Option<Vec<u64>>,
     /// Every sample's key in order, when the index was written with keys.
     pub keys: Option<Vec<String>>,
-    /// Invalid samples, sorted by ordinal.
-    pub invalid: Vec<InvalidSample>,
+    /// Ordinals of the samples validation rejected, sorted: what the plan skips. Every rank
+    /// holds these (8 bytes each); their keys and reasons are per-sample detail.
+    pub invalid: Vec<u64>,
+    /// The invalid samples with key, reason and detail, sorted by ordinal, when held in memory
+    /// (a scan, a version-1 index); a version-2 manifest keeps them in the detail block.
+    pub invalid_details: Vec<InvalidSample>,
     /// What identifies the shard's content when it was indexed (an ETag, or size and mtime), so
     /// that a shard replaced since is found out instead of read with stale offsets.
     pub identity: Option<String>,
@@ -106,6 +110,7 @@ impl ShardEntry {
             offsets: None,
             keys: None,
             invalid: Vec::new(),
+            invalid_details: Vec::new(),
             identity: None,
             detail_ref: None,
         }
@@ -113,6 +118,13 @@ impl ShardEntry {
 
     pub fn num_valid(&self) -> u64 {
         self.num_samples - self.invalid.len() as u64
+    }
+
+    /// Sets the invalid samples from their details (ordinals and details together).
+    pub fn set_invalid(&mut self, mut details: Vec<InvalidSample>) {
+        details.sort_by_key(|s| s.ordinal);
+        self.invalid = details.iter().map(|s| s.ordinal).collect();
+        self.invalid_details = details;
     }
 
     /// Byte range `[from, to)` of samples `start..end` in the uncompressed tar stream (the bytes
@@ -171,22 +183,44 @@ impl ShardEntry {
                 ));
             }
         }
-        self.invalid.sort_by_key(|s| s.ordinal);
-        for pair in self.invalid.windows(2) {
-            if pair[0].ordinal == pair[1].ordinal {
+        self.invalid_details.sort_by_key(|s| s.ordinal);
+        if !self.invalid_details.is_empty()
+            && !self
+                .invalid_details
+                .iter()
+                .map(|s| s.ordinal)
+                .eq(self.invalid.iter().copied())
+        {
+            let mut sorted = self.invalid.clone();
+            sorted.sort_unstable();
+            if !self
+                .invalid_details
+                .iter()
+                .map(|s| s.ordinal)
+                .eq(sorted.iter().copied())
+            {
                 return Err(shard_error(
                     &self.url,
-                    format!("sample {} is listed as invalid twice", pair[0].ordinal),
+                    "the invalid samples' details do not match their ordinals",
                 ));
             }
         }
-        if let Some(bad) = self.invalid.iter().find(|s| s.ordinal >= n) {
+        self.invalid.sort_unstable();
+        if let Some(pair) = self.invalid.windows(2).find(|p| p[0] == p[1]) {
             return Err(shard_error(
                 &self.url,
-                format!(
-                    "invalid sample {} (key {:?}) is beyond the {n} samples",
-                    bad.ordinal, bad.key
-                ),
+                format!("sample {} is listed as invalid twice", pair[0]),
+            ));
+        }
+        if let Some(&bad) = self.invalid.last().filter(|&&o| o >= n) {
+            let key = self
+                .invalid_details
+                .last()
+                .map(|d| format!(" (key {:?})", d.key))
+                .unwrap_or_default();
+            return Err(shard_error(
+                &self.url,
+                format!("invalid sample {bad}{key} is beyond the {n} samples"),
             ));
         }
         Ok(())
@@ -275,6 +309,7 @@ impl Index {
             let detail = detail::ShardDetail {
                 offsets: shard.offsets.take(),
                 keys: shard.keys.take(),
+                invalid: std::mem::take(&mut shard.invalid_details),
             };
             if detail.is_empty() {
                 continue;
@@ -398,8 +433,8 @@ impl Index {
             feed(hash_bytes(shard_name(&shard.url).as_bytes()));
             feed(shard.num_samples);
             feed(shard.invalid.len() as u64);
-            for bad in &shard.invalid {
-                feed(bad.ordinal);
+            for &bad in &shard.invalid {
+                feed(bad);
             }
         }
         h
@@ -412,7 +447,7 @@ impl Index {
             .iter()
             .map(|s| ShardCounts {
                 num_samples: s.num_samples,
-                invalid: s.invalid.iter().map(|b| b.ordinal).collect(),
+                invalid: s.invalid.clone(),
             })
             .collect();
         PlanInput::new(shards, self.fingerprint())
@@ -438,15 +473,16 @@ mod tests {
         let mut e = ShardEntry::new(url, n);
         e.size = Some(n * 2048 + 1024);
         e.offsets = Some((0..=n).map(|i| i * 2048).collect());
-        e.invalid = bad
-            .iter()
-            .map(|&o| InvalidSample {
-                ordinal: o,
-                key: format!("{o:05}"),
-                reason: Reason::CorruptImage,
-                detail: String::new(),
-            })
-            .collect();
+        e.set_invalid(
+            bad.iter()
+                .map(|&o| InvalidSample {
+                    ordinal: o,
+                    key: format!("{o:05}"),
+                    reason: Reason::CorruptImage,
+                    detail: String::new(),
+                })
+                .collect(),
+        );
         e
     }
 
@@ -456,7 +492,7 @@ mod tests {
         odd.size = Some(3000);
         let mut keyed = entry("/data/b/00001.tar", 2, &[1]);
         keyed.keys = Some(vec!["a".into(), "b".into()]);
-        keyed.invalid[0].detail = "truncated JPEG".into();
+        keyed.invalid_details[0].detail = "truncated JPEG".into();
         Index::new(vec![
             entry("/data/a/00000.tar", 5, &[3, 0]),
             keyed,
@@ -484,14 +520,8 @@ mod tests {
         assert!(text.contains("\"reason\":\"corrupt_image\""));
         assert_eq!(text.lines().count(), 6);
         assert!(index.shards()[3].compressed);
-        assert_eq!(
-            index.shards()[0]
-                .invalid
-                .iter()
-                .map(|b| b.ordinal)
-                .collect::<Vec<_>>(),
-            vec![0, 3]
-        );
+        assert_eq!(index.shards()[0].invalid, vec![0, 3]);
+        assert_eq!(index.shards()[0].invalid_details[1].key, "00003");
     }
 
     #[test]
@@ -628,6 +658,7 @@ mod tests {
         assert_ne!(Index::new(changed).unwrap().fingerprint(), fp);
         let mut revalidated = index.shards().to_vec();
         revalidated[0].invalid.pop();
+        revalidated[0].invalid_details.pop();
         assert_ne!(Index::new(revalidated).unwrap().fingerprint(), fp);
         let mut reordered = index.shards().to_vec();
         reordered.swap(0, 1);
