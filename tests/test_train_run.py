@@ -68,7 +68,7 @@ def test_demo_run_generates_data_trains_evaluates_and_logs(tmp_path: Path) -> No
     step_records = [r for r in records if r["type"] == "step"]
     assert [r["step"] for r in step_records] == [1, 2, 3]
     for r in step_records:
-        assert r["loss"] > 0 and r["lr"] > 0 and r["samples_per_s"] > 0 and 0 <= r["data_wait_frac"] <= 1
+        assert r["loss"] > 0 and r["lr"] > 0 and r["samples_per_s"] > 0 and 0 <= r["input_frac"] <= 1
     (evaluation,) = [r for r in records if r["type"] == "eval"]
     assert evaluation["samples"] == 512  # every held-out sample exactly once across the two ranks
     assert evaluation["zeroshot_samples"] == 512

@@ -65,4 +65,7 @@ def test_weight_decay_skips_gains_biases_and_logit_scale() -> None:
     assert any(n.endswith("attn.in_proj_bias") for n in skipped)
     assert all(p.ndim >= 2 for p in decay["params"])
     assert "visual.conv1.weight" in decayed and "text_projection" in decayed
-    assert decayed | skipped == set(names.values())
+    # every trained parameter is in one group; the fixed sin-cos position embedding is not trained
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert decayed | skipped == trained
+    assert set(names.values()) - trained == {"visual.positional_embedding"}

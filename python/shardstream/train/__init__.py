@@ -5,10 +5,36 @@ Run it with ``torchrun --nproc_per_node=N train_clip.py --config configs/X.yaml`
 
     from shardstream.train import load_config, train, Callback
     train(load_config("configs/demo_cpu.yaml", ["--train.epochs", "2"]), callbacks=[MyCallback()])
+
+The names are imported on first use, so that ``train_clip.py`` can check the trainer's packages
+(``shardstream[train]``: torch, open_clip, pyyaml, tensorboard) before anything imports them.
 """
 
-from shardstream.train.callbacks import Callback
-from shardstream.train.config import Config, ConfigError, load_config
-from shardstream.train.loop import Trainer, train
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Callback": "shardstream.train.callbacks",
+    "Config": "shardstream.train.config",
+    "ConfigError": "shardstream.train.config",
+    "load_config": "shardstream.train.config",
+    "Trainer": "shardstream.train.loop",
+    "train": "shardstream.train.loop",
+}
 
 __all__ = ["Callback", "Config", "ConfigError", "Trainer", "load_config", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardstream.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

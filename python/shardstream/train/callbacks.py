@@ -36,7 +36,15 @@ class Callback:
         """After set-up (and resume), before the first step."""
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        """After each optimizer step; ``metrics``: step, epoch, loss, lr, samples_per_s, ..."""
+        """After each optimizer step; ``metrics``: step, epoch, lr, samples_per_s, input_frac, ...
+        The values that live on the device (loss, grad_norm, logit_scale, loss_scale,
+        skipped_steps) are there on logging steps only (every ``log.every_steps``): reading them
+        every step would make the host wait for the device. ``on_log`` gets them for every step."""
+
+    def on_log(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
+        """On logging steps (every ``log.every_steps``, and before a checkpoint, an evaluation, an
+        epoch's end and the run's end): the records of every step since the last call, in order,
+        each complete with its device values, read in one transfer."""
 
     def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
         """After each complete epoch; ``stats``: the loader's counters summed over ranks (samples,
@@ -63,6 +71,10 @@ class CallbackList(Callback):
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         for c in self.callbacks:
             c.on_step_end(trainer, metrics)
+
+    def on_log(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
+        for c in self.callbacks:
+            c.on_log(trainer, records)
 
     def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
         for c in self.callbacks:
@@ -100,7 +112,8 @@ def load_callback(spec: str) -> Callback:
 
 
 class JsonlLogger(Callback):
-    """One JSON object per line in ``output_dir/log.jsonl``: every step, evaluation and checkpoint."""
+    """One JSON object per line in ``output_dir/log.jsonl``: every step, evaluation and checkpoint.
+    Step records are written on logging steps (``on_log``), all of them, with their losses."""
 
     closes_at_end = True
 
@@ -119,8 +132,9 @@ class JsonlLogger(Callback):
             self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in on_train_end
             self._write({"type": "start", "time": time.time(), **trainer.summary()})
 
-    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        self._write({"type": "step", **metrics})
+    def on_log(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self._write({"type": "step", **record})
 
     def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
         self._write({"type": "epoch", "step": trainer.step, **stats})
@@ -149,17 +163,35 @@ class TensorBoardLogger(Callback):
         self.directory = directory
         self.writer: Any = None
 
+    KEYS = (
+        "loss",
+        "lr",
+        "samples_per_s",
+        "input_frac",
+        "logit_scale",
+        "grad_norm",
+        "loss_scale",
+        "skipped_steps",
+    )
+
     def on_train_start(self, trainer: Trainer) -> None:
         if trainer.is_main:
-            from torch.utils.tensorboard import SummaryWriter
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:  # deps.check normally says so before the run starts
+                raise RuntimeError(
+                    f"log.tensorboard needs the tensorboard package ({e}): pip install 'shardstream[train]', "
+                    "or turn it off: --log.tensorboard false"
+                ) from None
 
             self.writer = SummaryWriter(str(self.directory))
 
-    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_log(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
         if self.writer is not None:
-            for key in ("loss", "lr", "samples_per_s", "data_wait_frac", "logit_scale", "grad_norm"):
-                if key in metrics:
-                    self.writer.add_scalar(f"train/{key}", metrics[key], metrics["step"])
+            for metrics in records:
+                for key in self.KEYS:
+                    if key in metrics:
+                        self.writer.add_scalar(f"train/{key}", metrics[key], metrics["step"])
 
     def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.writer is not None:
@@ -174,10 +206,13 @@ class TensorBoardLogger(Callback):
 
 
 def _format_step(m: dict[str, Any]) -> str:
-    return (
+    line = (
         f"loss {m['loss']:.4f}  lr {m['lr']:.3g}  {m['samples_per_s']:,.0f} samples/s  "
-        f"data wait {100 * m['data_wait_frac']:.0f}%"
+        f"input {100 * m['input_frac']:.0f}%"
     )
+    if "loss_scale" in m:
+        line += f"  loss scale {m['loss_scale']:g}  skipped {m['skipped_steps']}"
+    return line
 
 
 class ConsoleLogger(Callback):
@@ -204,18 +239,23 @@ class ConsoleLogger(Callback):
             )
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if not trainer.is_main:
+        if trainer.is_main and self.bar is not None:
+            self.bar.update(1)
+
+    def on_log(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
+        if not trainer.is_main or not records:
             return
         if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix_str(_format_step(metrics), refresh=False)
-        elif metrics["step"] % self.every_steps == 0 or metrics["step"] == trainer.total_steps:
-            print(
-                f"step {metrics['step']}/{trainer.total_steps}  epoch {metrics['epoch']}  "
-                + _format_step(metrics),
-                file=self.stream,
-                flush=True,
-            )
+            self.bar.set_postfix_str(_format_step(records[-1]), refresh=False)
+            return
+        for metrics in records:
+            if metrics["step"] % self.every_steps == 0 or metrics["step"] == trainer.total_steps:
+                print(
+                    f"step {metrics['step']}/{trainer.total_steps}  epoch {metrics['epoch']}  "
+                    + _format_step(metrics),
+                    file=self.stream,
+                    flush=True,
+                )
 
     def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if trainer.is_main:

@@ -121,9 +121,11 @@ def save_checkpoint(
     state: TrainingState,
     config: dict[str, Any],
     keep: int,
+    extra: dict[str, Any] | None = None,
 ) -> Path | None:
     """Writes the checkpoint for ``state.step`` (a collective: every rank calls it; rank 0 writes).
-    Returns its path on rank 0, None elsewhere."""
+    ``extra``: more entries of plain values (fp16's loss scaler state). Returns its path on rank
+    0, None elsewhere."""
     rng = gather_rng_states(ctx)
     if not ctx.is_main:
         return None
@@ -143,6 +145,7 @@ def save_checkpoint(
         "loader_json": json.dumps(state.loader_state) if state.loader_state is not None else "",
         "config_json": json.dumps(config),
         "torch_version": str(torch.__version__),
+        **(extra or {}),
     }
     path = directory / checkpoint_name(state.step)
     _atomic_write(path, lambda f: torch.save(payload, f))

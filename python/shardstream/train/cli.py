@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from shardstream.train.config import ConfigError, config_to_yaml, describe_config, load_config
+
+MISSING_GRACE_S = 3.0  # under torchrun, how long a rank lacking a package waits before it exits
 
 _EPILOG = """\
 Any config field can be overridden as --section.field VALUE (or --section.field=VALUE), e.g.
@@ -56,6 +60,18 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
     if args.print_config:
         print(config_to_yaml(cfg), end="")
         return 0
+    # Every rank, before any process group, model or data: one line per missing package.
+    from shardstream.train.deps import problems
+
+    missing = problems(cfg)
+    if missing:
+        for line in missing:
+            print(f"train_clip.py: error: {line}", file=sys.stderr, flush=True)
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            # torchrun stops every worker as soon as one exits: wait a moment, so that the
+            # ranks still starting up reach this check and say it too
+            time.sleep(MISSING_GRACE_S)
+        return 2
     from shardstream.train.dist import DistJoinError
     from shardstream.train.loop import train
 

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the field (``section.name``)."""
@@ -39,8 +37,11 @@ class ModelConfig:
         "'shardstream-tiny' (a 64 px ViT for the CPU demo)",
     )
     pretrained: str = _f("", "open_clip pretrained tag or local weights file; empty: random initialisation")
-    precision: Literal["bf16", "fp32"] = _f(
-        "bf16", "bf16: autocast to bfloat16 (weights and optimizer stay fp32); fp32: no autocast"
+    precision: Literal["bf16", "fp16", "fp32"] = _f(
+        "bf16",
+        "bf16: autocast to bfloat16 (weights and optimizer stay fp32); fp16: autocast to float16 with "
+        "dynamic loss scaling (GradScaler; overflowing steps are skipped and counted in the log); "
+        "fp32: no autocast",
     )
     grad_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
 
@@ -148,7 +149,12 @@ class CheckpointConfig:
 class LogConfig:
     """Per-step metrics: log.jsonl, TensorBoard, console."""
 
-    every_steps: int = _f(10, "console line every this many steps (log.jsonl gets every step)")
+    every_steps: int = _f(
+        10,
+        "log every this many steps: the device values of the steps since the last log (loss, grad norm, "
+        "logit scale) are read then, in one transfer, so no step waits for the device just to log; "
+        "log.jsonl still gets every step, the console one line per log",
+    )
     tensorboard: bool = _f(True, "also write TensorBoard events under output_dir/tensorboard")
     progress: Literal["auto", "on", "off"] = _f("auto", "progress bar: auto shows it on a terminal only")
     log_keys: bool = _f(False, "add the sample keys of every step (rank 0's micro-batches) to log.jsonl")
@@ -215,6 +221,8 @@ def _coerce(name: str, tp: Any, value: Any, *, from_text: bool) -> Any:
         return value
     if origin is list:
         if from_text:
+            import yaml  # pyyaml: part of shardstream[train], imported when needed
+
             value = yaml.safe_load(value) if value.strip() else []
             if not isinstance(value, list):
                 value = [value]
@@ -403,6 +411,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """The YAML file at ``path`` (or the defaults), then ``overrides`` (command-line style),
     type-checked and range-checked."""
     if path is not None:
+        import yaml
+
         try:
             with open(path, encoding="utf-8") as f:
                 data = yaml.safe_load(f)
@@ -419,6 +429,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def config_to_yaml(cfg: Config) -> str:
+    import yaml
+
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 

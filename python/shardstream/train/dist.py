@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,9 @@ class DistContext:
     local_world_size: int
     device: torch.device
     backend: str | None  # None: a single process without a process group
+    # Host-side flags (any_rank) go through a gloo group: under nccl a flag on the GPU would make
+    # the host wait for the device every step. None: the default group (already gloo, or none).
+    host_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -146,6 +150,8 @@ def init_distributed(cfg: DistConfig) -> DistContext:
         return DistContext(0, 1, 0, 1, device, None)
     if not dist.is_initialized():
         _join_process_group(backend, cfg, device)
+    # a collective (every rank creates it), once; host tensors only, no device involved
+    host_group = dist.new_group(backend="gloo") if backend == "nccl" else None
     return DistContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -153,6 +159,7 @@ def init_distributed(cfg: DistConfig) -> DistContext:
         local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
         device=device,
         backend=backend,
+        host_group=host_group,
     )
 
 
@@ -214,9 +221,12 @@ def reduce_over_ranks(ctx: DistContext, values: torch.Tensor, op: str = "sum") -
 
 
 def any_rank(ctx: DistContext, flag: bool) -> bool:
-    """True if the flag is set on any rank (so all ranks take the same branch)."""
+    """True if the flag is set on any rank (so all ranks take the same branch). A host-side
+    collective (gloo): it never waits for the device, so the trainer may call it every step."""
     if not ctx.distributed:
         return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=_comm_device(ctx))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    if ctx.host_group is None and ctx.backend == "nccl":  # a context made without init_distributed
+        t = t.to(ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.host_group)
     return bool(t.item())

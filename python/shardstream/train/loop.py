@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,22 @@ from shardstream.train.callbacks import (
     load_callback,
 )
 from shardstream.train.config import Config, ConfigError, config_to_yaml
+from shardstream.train.deps import check as check_dependencies
+from shardstream.train.deps import installed
 from shardstream.train.dist import (
     DistContext,
     any_rank,
     init_distributed,
-    mean_over_ranks,
     reduce_over_ranks,
     shutdown,
 )
 from shardstream.train.evaluate import evaluate as run_evaluation
 from shardstream.train.evaluate import load_classes
+from shardstream.train.inputs import InputPipeline
 from shardstream.train.loaders import DataSources, heldout_loader, resolve_sources, train_loader
 from shardstream.train.loss import contrastive_backward, make_clip_loss
-from shardstream.train.model import autocast_factory, create_model, param_groups, unwrap
+from shardstream.train.metrics import StepMetrics
+from shardstream.train.model import autocast_factory, create_model, grad_scaler, param_groups, unwrap
 from shardstream.train.schedule import WarmupCosine, global_batch_size, resolve_rule, scale_lr
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP clamps the temperature so logits stay below 100x
@@ -134,7 +137,11 @@ class Trainer:
             )
         self.model = model
         self.autocast = autocast_factory(cfg.model.precision, ctx.device)
+        self.scaler = grad_scaler(cfg.model.precision, ctx.device)
+        # fp16 steps skipped for overflowing gradients, counted on the device (read when logged)
+        self._skipped = torch.zeros((), dtype=torch.int64, device=ctx.device) if self.scaler else None
         self.loss_fn = make_clip_loss(ctx.rank, ctx.world_size)
+        self.metrics = StepMetrics(ctx)
 
         self.image_size = self.bundle.image_size
         self.loader: Any = train_loader(cfg, self.sources, self.image_size, ctx)
@@ -147,6 +154,16 @@ class Trainer:
                 "data.train_index: the epoch length is unknown; give an index or data.samples_per_epoch"
             ) from None
         self.accum = cfg.train.accum_steps
+        bundle = self.bundle
+        self.inputs = InputPipeline(
+            ctx.device,
+            self.accum,
+            normalise=lambda images: bundle.normalise(images, ctx.device),
+            # looked up on every call, so that a callback may wrap it
+            tokenizer=lambda texts: bundle.tokenizer(texts),
+            context_length=bundle.context_length,
+        )
+        self._batches_used = 0  # loader batches of this epoch that steps consumed (not just staged)
         self.steps_per_epoch = batches_per_epoch // self.accum
         self.global_batch = global_batch_size(cfg.train.batch_size, ctx.world_size, self.accum)
         if self.steps_per_epoch < 1:
@@ -185,7 +202,9 @@ class Trainer:
         builtins: list[Callback] = [JsonlLogger(self.output_dir / "log.jsonl")]
         if cfg.log.tensorboard:
             builtins.append(TensorBoardLogger(self.output_dir / "tensorboard"))
-        progress = {"on": True, "off": False}.get(cfg.log.progress, progress_wanted(sys.stderr))
+        progress = {"on": True, "off": False}.get(
+            cfg.log.progress, progress_wanted(sys.stderr) and installed("tqdm")
+        )
         builtins.append(ConsoleLogger(cfg.log.every_steps, progress))
         if self.sources.heldout is not None:
             builtins.append(Evaluator(cfg.eval.every_steps, cfg.eval.at_end))
@@ -211,6 +230,9 @@ class Trainer:
         unwrap(self.model).load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
+        if self.scaler is not None and payload.get("scaler"):
+            self.scaler.load_state_dict(payload["scaler"])
+            self._skipped.fill_(int(payload["scaler"].get("skipped_steps", 0)))
         state = ckpt.training_state(payload)
         self.step, self.epoch, self.step_in_epoch = state.step, state.epoch, state.step_in_epoch
         self._epoch_end_step = self.step + self.steps_per_epoch
@@ -245,6 +267,7 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         self._t0 = time.perf_counter()
+        check_dependencies(self.cfg)  # on every rank, before any process group, model or data
         self.ctx: DistContext = init_distributed(self.cfg.dist)
         restore_sigterm = None
         try:
@@ -254,6 +277,7 @@ class Trainer:
             restore_sigterm = self._stop_on_sigterm()
             self._train()
             self.finished = self.step >= self.total_steps
+            self.flush_log()
             self.callbacks.on_train_end(self)
             return {
                 "step": self.step,
@@ -286,9 +310,10 @@ class Trainer:
         ctx, cfg = self.ctx, self.cfg
         params = sum(p.numel() for p in self.bundle.model.parameters())
         backend = ctx.backend or "single process"
+        precision = cfg.model.precision + (" with dynamic loss scaling" if self.scaler else "")
         self.log(
             f"shardstream CLIP training: {cfg.model.name} ({params / 1e6:.1f} M parameters, "
-            f"{cfg.model.precision}) on {ctx.world_size} x {ctx.device.type} ({backend})"
+            f"{precision}) on {ctx.world_size} x {ctx.device.type} ({backend})"
         )
         self.log(
             f"global batch {self.global_batch} = {cfg.train.batch_size} per device x {ctx.world_size} "
@@ -305,13 +330,17 @@ class Trainer:
                 self.loader.load_state_dict(self._resume_loader_state)
                 self._resume_loader_state = None
             batches = iter(self.loader)
+            self.inputs.start(batches)
+            self._batches_used = 0
             exhausted = False
             try:
                 while self.step < self.total_steps and not self._epoch_complete():
-                    metrics = self._train_step(batches)
+                    metrics = self._train_step()
                     if metrics is None:  # not expected (the loader's length is exact): end the epoch
                         exhausted = True
                         break
+                    if self.step % self.cfg.log.every_steps == 0:
+                        metrics = self.flush_log()[-1]
                     self.callbacks.on_step_end(self, metrics)
                     if any_rank(self.ctx, self._stop_requested) or self.step == stop_at:
                         if self._stop_signal is not None:
@@ -322,6 +351,7 @@ class Trainer:
                 if close is not None:
                     close()
             if exhausted or self._epoch_complete():
+                self.flush_log()
                 self.callbacks.on_epoch_end(self, self._epoch_stats())
                 self.epoch += 1
                 self.step_in_epoch = 0
@@ -344,69 +374,98 @@ class Trainer:
     def _epoch_complete(self) -> bool:
         return self.step >= self._epoch_end_step
 
-    def _next_micro_batches(self, batches: Iterator[Any]) -> tuple[list[Any], float] | None:
-        wait = 0.0
-        micro = []
-        for _ in range(self.accum):
-            t = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return None
-            wait += time.perf_counter() - t
-            micro.append(batch)
-        return micro, wait
+    def flush_log(self) -> list[dict[str, Any]]:
+        """Completes the step records since the last log with their device values (one read, the
+        loss's mean over ranks in one collective: every rank calls this at the same steps) and
+        passes them to ``on_log``. Returns them."""
+        records = self.metrics.flush()
+        if records:
+            self.callbacks.on_log(self, records)
+        return records
 
-    def _train_step(self, batches: Iterator[Any]) -> dict[str, Any] | None:
+    def _train_step(self) -> dict[str, Any] | None:
+        """One optimizer step. Nothing here reads a value from the device: the host issues the
+        step's work, prepares the next step's inputs while the device runs it, and moves on. The
+        step's host record is returned; its device values wait in ``self.metrics``."""
         start = time.perf_counter()
-        fetched = self._next_micro_batches(batches)
-        if fetched is None:
+        spent = dict(self.inputs.totals)
+        inputs = self.inputs.take()  # staged during the previous step (prepared now on the first)
+        if inputs is None:
             return None
-        micro, wait = fetched
-        device = self.ctx.device
-        inputs = [
-            (self.bundle.normalise(b.images, device), self.bundle.tokenizer(list(b.texts)).to(device))
-            for b in micro
-        ]
+        model_start = time.perf_counter()
         lr = self.scheduler.lr
         self.optimizer.zero_grad(set_to_none=True)
-        loss = contrastive_backward(self.model, self.loss_fn, inputs, autocast=self.autocast)
+        scaler = self.scaler
+        loss = contrastive_backward(
+            self.model,
+            self.loss_fn,
+            inputs.micro,
+            autocast=self.autocast,
+            scale=scaler.scale if scaler is not None else None,
+        )
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # clip the true gradient, not the scaled one
         grad_norm = None
         if self.cfg.train.grad_clip_norm > 0:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip_norm)
-            )
-        self.optimizer.step()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip_norm)
+        loss_scale = None
+        if scaler is not None:
+            before = scaler._get_scale_async()  # a device tensor: comparing it does not sync
+            assert before is not None
+            before = before.clone()
+            scaler.step(self.optimizer)  # fused AdamW takes found_inf on the device (no sync)
+            scaler.update()
+            loss_scale = scaler._get_scale_async()
+            assert loss_scale is not None and self._skipped is not None
+            self._skipped += (loss_scale < before).to(torch.int64)  # the scale backs off on overflow only
+            loss_scale = loss_scale.clone()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         logit_scale = unwrap(self.model).logit_scale
         with torch.no_grad():
             logit_scale.clamp_(0.0, LOGIT_SCALE_MAX)
-        global_loss = mean_over_ranks(self.ctx, loss)  # also a sync point: the step's work is done
-        elapsed = time.perf_counter() - start
+        model_end = time.perf_counter()
 
         self.step += 1
         self.step_in_epoch += 1
-        metrics: dict[str, Any] = {
+        self._batches_used += len(inputs.batches)
+        if self.step < self.total_steps and not self._epoch_complete():
+            self.inputs.stage()  # step n+1's loader wait, tokens and copies, beside step n's device work
+        end = time.perf_counter()
+        elapsed = end - start
+        input_s = elapsed - (model_end - model_start)
+        record: dict[str, Any] = {
             "step": self.step,
             "epoch": self.epoch,
-            "loss": global_loss,
             "lr": lr,
             "samples_per_s": self.global_batch / elapsed,
-            "data_wait_frac": wait / elapsed,
+            # host time between two model steps that was not the model: the loader, tokenizing,
+            # normalising, the copies to the device (taking this step's, staging the next one's)
+            "input_frac": input_s / elapsed,
+            "input_s": input_s,
+            # its parts spent in this interval (the rest of input_s: handing over, bookkeeping)
+            **{k: v - spent[k] for k, v in self.inputs.totals.items()},
             "step_time_s": elapsed,
-            "logit_scale": float(logit_scale.detach().exp()),
             "wall_s": self.wall_time(),
         }
-        if grad_norm is not None:
-            metrics["grad_norm"] = grad_norm
         if self.cfg.log.log_keys:
-            metrics["keys"] = [key for b in micro for key in b.keys]
-        return metrics
+            record["keys"] = [key for b in inputs.batches for key in b.keys]
+        self.metrics.add(
+            record,
+            loss,
+            grad_norm=grad_norm,
+            logit_scale=logit_scale.detach().exp(),
+            loss_scale=loss_scale,
+            skipped_steps=self._skipped.clone() if self._skipped is not None else None,
+        )
+        return record
 
     # -- evaluation and checkpoints (collectives: every rank calls them) ----------------------------
     def evaluate(self) -> dict[str, float]:
         if self.sources.heldout is None:
             return {}
+        self.flush_log()  # the steps before it come first in the log
         loader = heldout_loader(self.cfg, self.sources, self.image_size, self.ctx)
         start = time.perf_counter()
         metrics = run_evaluation(
@@ -425,11 +484,18 @@ class Trainer:
     def training_state(self) -> ckpt.TrainingState:
         if self._epoch_complete():
             return ckpt.TrainingState(self.step, self.epoch + 1, 0, None)
-        # A collective (save_checkpoint runs on every rank): gathers the ranks' reserve use.
-        loader_state = self.loader.state_dict(gather=True)
+        # A collective (save_checkpoint runs on every rank): gathers the ranks' reserve use. The
+        # position is that of the batches the steps used: the next step's, already staged, are
+        # read again on resume.
+        loader_state = self.loader.state_dict(batches=self._batches_used, gather=True)
         return ckpt.TrainingState(self.step, self.epoch, self.step_in_epoch, loader_state)
 
     def save_checkpoint(self) -> str | None:
+        self.flush_log()  # the log holds every step the checkpoint holds
+        extra = {}
+        if self.scaler is not None:
+            assert self._skipped is not None
+            extra["scaler"] = {**self.scaler.state_dict(), "skipped_steps": int(self._skipped)}
         path = ckpt.save_checkpoint(
             self.checkpoint_dir,
             ctx=self.ctx,
@@ -439,6 +505,7 @@ class Trainer:
             state=self.training_state(),
             config=self.cfg.to_dict(),
             keep=self.cfg.checkpoint.keep,
+            extra=extra,
         )
         shown = str(path) if path is not None else None
         self.callbacks.on_checkpoint(self, shown)

@@ -52,12 +52,21 @@ def contrastive_backward(
     micro_batches: Sequence[tuple[Tensor, Tensor]],
     *,
     autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
+    scale: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Back-propagates the contrastive loss of the concatenation of ``micro_batches`` (each a pair
-    of normalised images and tokens) into ``.grad``; returns the loss (detached).
+    of normalised images and tokens) into ``.grad``; returns the loss (detached, unscaled).
+
+    ``scale``: fp16's loss scaling (``GradScaler.scale``), applied to the loss of every pass. The
+    scale does not change within a step, so the passes still add up to the big batch's gradient,
+    times the scale, which ``GradScaler.unscale_`` divides out once.
 
     With DistributedDataParallel, gradients are all-reduced once, on the last pass (``no_sync``
     for the others)."""
+
+    def backward(loss: Tensor) -> None:
+        (scale(loss) if scale is not None else loss).backward()
+
     if not micro_batches:
         raise ValueError("contrastive_backward needs at least one micro-batch")
     if len(micro_batches) == 1:
@@ -65,7 +74,7 @@ def contrastive_backward(
         with autocast():
             image_features, text_features, logit_scale = _features(model, images, tokens)
             loss = loss_fn(image_features, text_features, logit_scale)
-        loss.backward()
+        backward(loss)
         return loss.detach()
 
     with torch.no_grad(), autocast():
@@ -82,5 +91,5 @@ def contrastive_backward(
                 image_features = torch.cat([image_j if i == j else c[0] for i, c in enumerate(cached)])
                 text_features = torch.cat([text_j if i == j else c[1] for i, c in enumerate(cached)])
                 loss = loss_fn(image_features, text_features, logit_scale)
-            loss.backward()
+            backward(loss)
     return loss.detach()

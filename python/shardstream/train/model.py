@@ -30,6 +30,7 @@ class ModelBundle:
     image_size: int
     mean: torch.Tensor  # [1, 3, 1, 1] on the device
     std: torch.Tensor
+    context_length: int | None = None  # the text tower's token count (tokens are [B, context_length])
 
     def normalise(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
         """uint8 [B, 3, H, W] -> normalised float32 on ``device``. Done on the device so that only
@@ -78,7 +79,10 @@ def create_model(
     image_size = size if isinstance(size, int) else int(size[0])
     mean = torch.tensor(cfg.get("mean", open_clip.OPENAI_DATASET_MEAN), device=device).view(1, 3, 1, 1)
     std = torch.tensor(cfg.get("std", open_clip.OPENAI_DATASET_STD), device=device).view(1, 3, 1, 1)
-    return ModelBundle(model, tokenizer, image_size, mean, std)
+    context_length = getattr(model, "context_length", None)
+    return ModelBundle(
+        model, tokenizer, image_size, mean, std, int(context_length) if context_length else None
+    )
 
 
 def no_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
@@ -100,13 +104,26 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     ]
 
 
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
 def autocast_factory(precision: str, device: torch.device) -> Callable[[], AbstractContextManager[object]]:
-    """A context factory: bf16 autocast on the device's type, or nothing for fp32."""
+    """A context factory: bf16 or fp16 autocast on the device's type, or nothing for fp32."""
     if precision == "fp32":
         return nullcontext
-    if precision == "bf16":
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise ValueError(f"model.precision: expected bf16 or fp32, got {precision!r}")
+    if precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+    raise ValueError(f"model.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16's dynamic loss scaling (torch.amp.GradScaler: the loss is multiplied by a scale that
+    halves on every step whose gradients overflow, which is then skipped, and doubles after 2000
+    clean steps); None for bf16 and fp32, whose exponent range needs none."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
