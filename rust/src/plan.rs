@@ -24,6 +24,7 @@
 
 use crate::rng::{derive_seed, permutation, SplitMix64};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Domain tags, the first part of every derived seed, so the streams can never coincide.
 const TAG_SHARD_ORDER: u64 = 1;
@@ -83,7 +84,9 @@ pub struct ShardCounts {
 /// dataset in resume states (`Index::fingerprint` for an index).
 #[derive(Clone, Debug)]
 pub struct PlanInput {
-    shards: Vec<ShardCounts>,
+    /// Shared: every plan of the dataset keeps a handle (the phase sequence reads invalid
+    /// ordinals from it), and a clone costs nothing.
+    shards: Arc<Vec<ShardCounts>>,
     fingerprint: u64,
     num_valid: u64,
 }
@@ -115,10 +118,35 @@ impl PlanInput {
                 .ok_or_else(|| PlanError::Input("sample count overflows u64".into()))?;
         }
         Ok(Self {
-            shards,
+            shards: Arc::new(shards),
             fingerprint,
             num_valid,
         })
+    }
+
+    /// Invalid ordinals of `shard`, sorted.
+    fn invalid(&self, shard: u32) -> &[u64] {
+        &self.shards[shard as usize].invalid
+    }
+
+    /// Valid samples among ordinals `start..end` of `shard`.
+    fn valid_in(&self, shard: u32, start: u64, end: u64) -> u64 {
+        let inv = self.invalid(shard);
+        let bad = inv.partition_point(|&o| o < end) - inv.partition_point(|&o| o < start);
+        end - start - bad as u64
+    }
+
+    /// The ordinal of the `k`-th valid sample (from 0) at or after ordinal `start` of `shard`.
+    fn nth_valid(&self, shard: u32, start: u64, k: u64) -> u64 {
+        let inv = self.invalid(shard);
+        let mut ordinal = start + k;
+        for &bad in &inv[inv.partition_point(|&o| o < start)..] {
+            if bad > ordinal {
+                break;
+            }
+            ordinal += 1;
+        }
+        ordinal
     }
 
     /// Shards with these sample counts and no invalid samples; the fingerprint hashes the counts.
@@ -236,10 +264,25 @@ pub fn rank_batch_order(counts: &[u64]) -> Vec<(u32, u64)> {
 }
 
 /// A sequence of samples held as runs, with the end position of each run for lookups.
+///
+/// A phase's sequence (the whole dataset's) keeps a shard's invalid ordinals inside its runs, so
+/// it holds about two runs per shard however many samples validation rejected: `ends` count
+/// valid samples only, and positions are found with the plan input's invalid ordinals. A
+/// reader's sequence (few shards) is split around them, so its runs hold valid samples only.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Sequence {
     runs: Vec<Run>,
     ends: Vec<u64>,
+}
+
+/// Where a sequence's runs may hold invalid ordinals: the input that knows them.
+type Invalids<'a> = Option<&'a PlanInput>;
+
+fn valid_len(invalids: Invalids<'_>, run: &Run) -> u64 {
+    match invalids {
+        Some(input) => input.valid_in(run.shard, run.start, run.end),
+        None => run.len(),
+    }
 }
 
 impl Sequence {
@@ -248,24 +291,34 @@ impl Sequence {
     }
 
     /// Appends a run, merging it into the last one when it continues it.
-    fn push(&mut self, run: Run) {
-        if run.is_empty() {
+    fn push(&mut self, run: Run, invalids: Invalids<'_>) {
+        let valid = valid_len(invalids, &run);
+        if valid == 0 {
             return;
         }
         if let (Some(last), Some(end)) = (self.runs.last_mut(), self.ends.last_mut()) {
             if last.shard == run.shard && last.end == run.start {
                 last.end = run.end;
-                *end += run.len();
+                *end += valid;
                 return;
             }
         }
-        let end = self.len() + run.len();
+        let end = self.len() + valid;
         self.runs.push(run);
         self.ends.push(end);
     }
 
-    /// Appends the samples at positions `from..to` (to <= len) to `out`.
-    fn copy_range(&self, from: u64, to: u64, out: &mut Sequence) {
+    /// Appends the samples at positions `from..to` (to <= len) to `out`. `invalids`: this
+    /// sequence's runs may hold invalid ordinals (a phase sequence). With `split`, `out` gets
+    /// only valid ordinals (a reader's sequence); without, runs keep what they hold.
+    fn copy_range(
+        &self,
+        invalids: Invalids<'_>,
+        from: u64,
+        to: u64,
+        out: &mut Sequence,
+        split: bool,
+    ) {
         if from >= to {
             return;
         }
@@ -273,31 +326,46 @@ impl Sequence {
         let mut pos = from;
         while pos < to {
             let run = self.runs[i];
-            let run_first = self.ends[i] - run.len();
-            let start = run.start + (pos - run_first);
+            let run_first = self.ends[i] - valid_len(invalids, &run);
             let take = self.ends[i].min(to) - pos;
-            out.push(Run {
-                shard: run.shard,
-                start,
-                end: start + take,
-            });
+            let (skip, last) = (pos - run_first, pos - run_first + take - 1);
+            let (start, end) = match invalids {
+                Some(input) => (
+                    input.nth_valid(run.shard, run.start, skip),
+                    input.nth_valid(run.shard, run.start, last) + 1,
+                ),
+                None => (run.start + skip, run.start + last + 1),
+            };
+            match invalids {
+                Some(input) if split => {
+                    push_valid(out, run.shard, start, end, input.invalid(run.shard))
+                }
+                _ => out.push(
+                    Run {
+                        shard: run.shard,
+                        start,
+                        end,
+                    },
+                    if split { None } else { invalids },
+                ),
+            }
             pos += take;
             i += 1;
         }
     }
 
-    /// The samples at positions `from..to` as (shard, ordinal).
+    /// The samples at positions `from..to` as (shard, ordinal), of a sequence of valid runs.
     fn samples(&self, from: u64, to: u64) -> Vec<(u32, u64)> {
         let mut part = Sequence::default();
-        self.copy_range(from, to, &mut part);
+        self.copy_range(None, from, to, &mut part, true);
         part.runs
             .iter()
             .flat_map(|r| (r.start..r.end).map(move |o| (r.shard, o)))
             .collect()
     }
 
-    /// This sequence without the positions in `removed` (sorted, disjoint ranges), in order.
-    fn without(&self, removed: &[(u64, u64)]) -> Sequence {
+    /// This phase sequence without the positions in `removed` (sorted, disjoint ranges), in order.
+    fn without(&self, input: &PlanInput, removed: &[(u64, u64)]) -> Sequence {
         // Each removed range splits at most one run in two: reserve once instead of doubling.
         let capacity = self.runs.len() + removed.len() + 1;
         let mut out = Sequence {
@@ -306,10 +374,10 @@ impl Sequence {
         };
         let mut pos = 0;
         for &(a, b) in removed {
-            self.copy_range(pos, a, &mut out);
+            self.copy_range(Some(input), pos, a, &mut out, false);
             pos = b;
         }
-        self.copy_range(pos, self.len(), &mut out);
+        self.copy_range(Some(input), pos, self.len(), &mut out, false);
         out.runs.shrink_to_fit();
         out.ends.shrink_to_fit();
         out
@@ -323,18 +391,24 @@ fn push_valid(seq: &mut Sequence, shard: u32, start: u64, end: u64, invalid: &[u
         if bad >= end {
             break;
         }
-        seq.push(Run {
-            shard,
-            start: cur,
-            end: bad,
-        });
+        seq.push(
+            Run {
+                shard,
+                start: cur,
+                end: bad,
+            },
+            None,
+        );
         cur = bad + 1;
     }
-    seq.push(Run {
-        shard,
-        start: cur,
-        end,
-    });
+    seq.push(
+        Run {
+            shard,
+            start: cur,
+            end,
+        },
+        None,
+    );
 }
 
 /// Phase 0's sequence: shards in a permuted order, each shard's valid ordinals rotated.
@@ -351,14 +425,23 @@ fn global_sequence(input: &PlanInput, seed: u64, epoch: u64) -> Sequence {
         }
         let rotation = SplitMix64::new(derive_seed(&[TAG_ROTATION, seed, epoch, shard as u64]))
             .below(counts.num_samples);
-        push_valid(
-            &mut seq,
-            shard,
-            rotation,
-            counts.num_samples,
-            &counts.invalid,
+        // Invalid ordinals stay inside the runs (see `Sequence`): two runs per shard.
+        seq.push(
+            Run {
+                shard,
+                start: rotation,
+                end: counts.num_samples,
+            },
+            Some(input),
         );
-        push_valid(&mut seq, shard, 0, rotation, &counts.invalid);
+        seq.push(
+            Run {
+                shard,
+                start: 0,
+                end: rotation,
+            },
+            Some(input),
+        );
     }
     seq
 }
@@ -659,7 +742,9 @@ pub struct EpochPlan {
     history: Vec<PhaseRecord>,
     phase: u32,
     layout: Layout,
+    /// The phase sequence; its runs hold invalid ordinals, which `input` knows.
     sequence: Sequence,
+    input: PlanInput,
     /// Batches per rank already yielded in this phase before this plan starts.
     start: u64,
     /// Reserve samples already used in this phase before this plan starts.
@@ -685,6 +770,7 @@ impl EpochPlan {
             phase: 0,
             layout: Layout::new(sequence.len(), config),
             sequence,
+            input: input.clone(),
             start: 0,
             reserve_used: Vec::new(),
         })
@@ -729,12 +815,13 @@ impl EpochPlan {
                     phase,
                     layout,
                     sequence,
+                    input: input.clone(),
                     start: record.batches_done,
                     reserve_used: record.reserve_used.clone(),
                 });
             }
             let consumed = consumed_ranges(&layout, seed, epoch, phase, record);
-            sequence = sequence.without(&consumed);
+            sequence = sequence.without(input, &consumed);
         }
         let phase = u32::try_from(state.phases.len())
             .map_err(|_| PlanError::State("too many phases".into()))?;
@@ -747,6 +834,7 @@ impl EpochPlan {
             phase,
             layout: Layout::new(sequence.len(), config),
             sequence,
+            input: input.clone(),
             start: 0,
             reserve_used: Vec::new(),
         })
@@ -794,9 +882,11 @@ impl EpochPlan {
     pub fn remainder(&self) -> Vec<Run> {
         let mut out = Sequence::default();
         self.sequence.copy_range(
+            Some(&self.input),
             self.layout.tail_start(),
             self.layout.tail_start() + self.layout.tail_len(),
             &mut out,
+            true,
         );
         out.runs
     }
@@ -841,13 +931,19 @@ impl EpochPlan {
         let first_block = emitted / block_size;
         let mut sequence = Sequence::default();
         segments.for_each(first_block * block_size, len, |a, b| {
-            self.sequence.copy_range(a, b, &mut sequence)
+            self.sequence
+                .copy_range(Some(&self.input), a, b, &mut sequence, true)
         });
         let used = find_reserve_use(&self.reserve_used, rank, reader);
         let (ra, rb) = self.layout.reserve_range(r, w);
         let mut reserve = Sequence::default();
-        self.sequence
-            .copy_range((ra + used).min(rb), rb, &mut reserve);
+        self.sequence.copy_range(
+            Some(&self.input),
+            (ra + used).min(rb),
+            rb,
+            &mut reserve,
+            true,
+        );
         let num_batches = total - done;
         let last_batch_size = match num_batches {
             0 => 0,
@@ -1721,6 +1817,48 @@ mod tests {
             invalid: vec![3],
         }];
         assert!(PlanInput::new(bad_input, 0).is_err());
+    }
+
+    #[test]
+    fn the_phase_sequence_keeps_two_runs_per_shard_however_many_samples_are_invalid() {
+        // 1,000 shards of 1,000 samples, 1 % invalid: the runs must not split around them
+        // (that made a validated index cost ~30 bytes per invalid sample on every rank).
+        let shards = (0..1000u64)
+            .map(|s| ShardCounts {
+                num_samples: 1000,
+                invalid: (0..10).map(|i| (s * 7 + i * 97) % 1000).collect(),
+            })
+            .collect();
+        let input = PlanInput::new(shards, 1).unwrap();
+        let plan = EpochPlan::new(&input, 3, 0, config(4, 2, 16, 100, true)).unwrap();
+        assert!(
+            plan.sequence.runs.len() <= 2 * 1000,
+            "{}",
+            plan.sequence.runs.len()
+        );
+        assert_eq!(plan.sequence.len(), 1000 * 990);
+        // Readers get only valid ordinals, and the union is every valid sample but the tail.
+        let mut seen = HashSet::new();
+        for rank in 0..4 {
+            for worker in 0..2 {
+                for (shard, ordinal) in plan.reader(rank, worker).unwrap().emitted() {
+                    assert!(input.shards()[shard as usize]
+                        .invalid
+                        .binary_search(&ordinal)
+                        .is_err());
+                    assert!(seen.insert((shard, ordinal)));
+                }
+            }
+        }
+        assert_eq!(seen.len() as u64 + plan.remainder_len(), 990_000);
+        // An elastic re-plan from the middle keeps the property too.
+        let state = plan.state(plan.num_batches() / 2, &[]).unwrap();
+        let resumed = EpochPlan::resume(&input, &state, config(3, 2, 16, 100, true)).unwrap();
+        assert!(
+            resumed.sequence.runs.len() < 2 * 1000 + 8 * 100,
+            "{}",
+            resumed.sequence.runs.len()
+        );
     }
 
     #[test]
