@@ -8,6 +8,7 @@
   tokenizer and a slow loader.
 * The next step's inputs are staged ahead, and a checkpoint's loader position counts only the
   batches that steps used (the exact-resume tests in test_train_resume.py cover the rest).
+* fp16's dynamic loss scaling counts skipped steps in the log and keeps the scaler in checkpoints.
 """
 
 from __future__ import annotations
@@ -164,3 +165,28 @@ def test_staging_keeps_one_step_ahead_and_stops_at_the_iterator_end() -> None:
     step2 = pipeline.take()
     assert step2 is not None and [b.keys for b in step2.batches] == [["2"], ["3"]]
     assert pipeline.take() is None  # one batch left: not a whole step
+
+
+def test_fp16_skipped_steps_are_counted_in_the_log(
+    dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp16 with dynamic loss scaling in the trainer (CPU autocast to float16, torch.amp's
+    GradScaler on the CPU): a step whose scaled gradients overflow is skipped, counted, and the
+    scale halves; the parameters do not move."""
+    monkeypatch.syspath_prepend(str(HERE))
+    out = tmp_path / "run"
+    records = _train_in_process(
+        dataset, out, "--model.precision", "fp16", "--train.max_steps", "3", "--log.every_steps", "2",
+        "--train.callbacks", "[train_probes:HugeLossScale]", "--checkpoint.at_end", "true",
+    )  # fmt: skip
+    assert [r["skipped_steps"] for r in records] == [1, 2, 3]
+    assert [r["loss_scale"] for r in records] == [2.0**39, 2.0**38, 2.0**37]
+    assert all(r["loss"] > 0 for r in records)
+    # the checkpoint keeps the scaler (scale and count), so a resumed run goes on from there
+    from shardstream.train.checkpoint import load_checkpoint
+
+    payload = load_checkpoint(out / "checkpoints" / "step-00000003.pt")
+    assert payload["scaler"]["scale"] == 2.0**37 and payload["scaler"]["skipped_steps"] == 3
+    # every step skipped: fused AdamW (found_inf handed over on the device) never took a step
+    states = payload["optimizer"]["state"].values()
+    assert states and all(float(st["step"]) == 0 and not st["exp_avg"].any() for st in states)
