@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardstream import _core
-from shardstream._system import available_cores
+from shardstream._system import default_loader_threads
 from shardstream.errors import from_core_fault
 from shardstream.urls import source_config
 
@@ -108,7 +108,7 @@ class ShardLoader:
         self.image_size = image_size
         self.seed = seed
         self.shuffle_buffer = max(1, shuffle_buffer)
-        self.threads = threads or available_cores()
+        self.threads = threads or default_loader_threads()
         self._rank_arg, self._world_arg = rank, world_size
         self.drop_last = drop_last
         self.samples_per_epoch = samples_per_epoch

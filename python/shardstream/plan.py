@@ -1,4 +1,4 @@
-"""The epoch plan, seen from Python: thin wrappers over the Rust plan (rust/src/plan.rs, the
+"""The epoch plan, seen from Python: thin wrappers over the Rust plan (rust/src/plan/, the
 single definition; the contract is documented in docs/epoch-plan.md)."""
 
 from __future__ import annotations
