@@ -173,7 +173,12 @@ pub fn parse(bytes: &[u8], limit: u64) -> Result<Index, IndexError> {
                 compressed: w.compressed,
                 offsets,
                 keys: w.keys,
-                invalid: w.invalid.iter().map(|i| i.ordinal).collect(),
+                invalid: w
+                    .invalid
+                    .iter()
+                    .map(|i| i.ordinal)
+                    .collect::<Vec<_>>()
+                    .into(),
                 invalid_details: w.invalid,
                 identity: w.identity,
                 detail_ref: None,

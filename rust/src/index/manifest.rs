@@ -157,7 +157,7 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
             num_samples,
             offsets: None,
             keys: None,
-            invalid,
+            invalid: invalid.into(),
             invalid_details: Vec::new(),
             identity: (!identity.is_empty()).then_some(identity),
             detail_ref,
@@ -213,8 +213,13 @@ mod tests {
             "nothing per sample in the manifest"
         );
         assert_eq!(
-            (a.size, a.num_samples, &a.invalid, a.invalid_details.len()),
-            (Some(6144), 3, &vec![1], 0)
+            (
+                a.size,
+                a.num_samples,
+                &a.invalid[..],
+                a.invalid_details.len()
+            ),
+            (Some(6144), 3, &[1u64][..], 0)
         );
         assert_eq!(a.identity, original.shards()[0].identity);
         assert!(b.compressed && b.detail_ref.is_none() && b.size.is_none());

@@ -17,6 +17,7 @@ use crate::plan::{PlanInput, ShardCounts};
 use crate::rng::{hash_bytes, mix64};
 use crate::source::redact_url;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// `format` of an index document.
 pub const INDEX_FORMAT: &str = "shardstream-index";
@@ -76,7 +77,7 @@ pub struct ShardEntry {
     pub keys: Option<Vec<String>>,
     /// Ordinals of the samples validation rejected, sorted: what the plan skips. Every rank
     /// holds these (8 bytes each); their keys and reasons are per-sample detail.
-    pub invalid: Vec<u64>,
+    pub invalid: Arc<[u64]>,
     /// The invalid samples with key, reason and detail, sorted by ordinal, when held in memory
     /// (a scan, a version-1 index); a version-2 manifest keeps them in the detail block.
     pub invalid_details: Vec<InvalidSample>,
@@ -109,7 +110,7 @@ impl ShardEntry {
             compressed,
             offsets: None,
             keys: None,
-            invalid: Vec::new(),
+            invalid: Arc::from([]),
             invalid_details: Vec::new(),
             identity: None,
             detail_ref: None,
@@ -123,7 +124,7 @@ impl ShardEntry {
     /// Sets the invalid samples from their details (ordinals and details together).
     pub fn set_invalid(&mut self, mut details: Vec<InvalidSample>) {
         details.sort_by_key(|s| s.ordinal);
-        self.invalid = details.iter().map(|s| s.ordinal).collect();
+        self.invalid = details.iter().map(|s| s.ordinal).collect::<Vec<_>>().into();
         self.invalid_details = details;
     }
 
@@ -191,7 +192,7 @@ impl ShardEntry {
                 .map(|s| s.ordinal)
                 .eq(self.invalid.iter().copied())
         {
-            let mut sorted = self.invalid.clone();
+            let mut sorted = self.invalid.to_vec();
             sorted.sort_unstable();
             if !self
                 .invalid_details
@@ -205,7 +206,11 @@ impl ShardEntry {
                 ));
             }
         }
-        self.invalid.sort_unstable();
+        if !self.invalid.windows(2).all(|w| w[0] <= w[1]) {
+            let mut sorted = self.invalid.to_vec();
+            sorted.sort_unstable();
+            self.invalid = sorted.into();
+        }
         if let Some(pair) = self.invalid.windows(2).find(|p| p[0] == p[1]) {
             return Err(shard_error(
                 &self.url,
@@ -433,7 +438,7 @@ impl Index {
             feed(hash_bytes(shard_name(&shard.url).as_bytes()));
             feed(shard.num_samples);
             feed(shard.invalid.len() as u64);
-            for &bad in &shard.invalid {
+            for &bad in shard.invalid.iter() {
                 feed(bad);
             }
         }
@@ -520,7 +525,7 @@ mod tests {
         assert!(text.contains("\"reason\":\"corrupt_image\""));
         assert_eq!(text.lines().count(), 6);
         assert!(index.shards()[3].compressed);
-        assert_eq!(index.shards()[0].invalid, vec![0, 3]);
+        assert_eq!(*index.shards()[0].invalid, [0, 3]);
         assert_eq!(index.shards()[0].invalid_details[1].key, "00003");
     }
 
@@ -657,7 +662,7 @@ mod tests {
         changed[0].offsets = None;
         assert_ne!(Index::new(changed).unwrap().fingerprint(), fp);
         let mut revalidated = index.shards().to_vec();
-        revalidated[0].invalid.pop();
+        revalidated[0].invalid = revalidated[0].invalid[..1].into();
         revalidated[0].invalid_details.pop();
         assert_ne!(Index::new(revalidated).unwrap().fingerprint(), fp);
         let mut reordered = index.shards().to_vec();
@@ -673,7 +678,7 @@ mod tests {
         assert_eq!(index.num_valid(), 3 + 1 + 3);
         assert_eq!(index.num_samples(), 10);
         assert_eq!(input.fingerprint(), index.fingerprint());
-        assert_eq!(input.shards()[0].invalid, vec![0, 3]);
+        assert_eq!(*input.shards()[0].invalid, [0, 3]);
         assert_eq!(index.shard(1).unwrap().key(0), Some("a"));
         assert_eq!(index.shard(0).unwrap().key(0), None);
     }

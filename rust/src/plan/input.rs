@@ -10,7 +10,9 @@ pub struct ShardCounts {
     /// Samples in the shard, invalid ones included.
     pub num_samples: u64,
     /// Ordinals of invalid samples (any order; [`PlanInput::new`] sorts them).
-    pub invalid: Vec<u64>,
+    /// Shared with the index that holds them (a clone costs nothing): a validated index of
+    /// millions of invalid samples is held once per rank, not twice.
+    pub invalid: Arc<[u64]>,
 }
 
 /// The dataset as the plan sees it: per-shard counts and a fingerprint that identifies the
@@ -36,8 +38,12 @@ impl PlanInput {
         }
         let mut num_valid: u64 = 0;
         for (i, shard) in shards.iter_mut().enumerate() {
-            shard.invalid.sort_unstable();
-            shard.invalid.dedup();
+            if !shard.invalid.windows(2).all(|w| w[0] < w[1]) {
+                let mut sorted = shard.invalid.to_vec();
+                sorted.sort_unstable();
+                sorted.dedup();
+                shard.invalid = sorted.into();
+            }
             if let Some(&bad) = shard.invalid.last() {
                 if bad >= shard.num_samples {
                     return Err(PlanError::Input(format!(
@@ -90,7 +96,7 @@ impl PlanInput {
             .iter()
             .map(|&n| ShardCounts {
                 num_samples: n,
-                invalid: Vec::new(),
+                invalid: Arc::from([]),
             })
             .collect();
         Self::new(shards, fingerprint).expect("counts without invalid samples are always valid")

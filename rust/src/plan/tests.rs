@@ -38,7 +38,7 @@ fn uneven_input() -> PlanInput {
         .iter()
         .map(|&(n, bad)| ShardCounts {
             num_samples: n,
-            invalid: bad.to_vec(),
+            invalid: bad.to_vec().into(),
         })
         .collect();
     PlanInput::new(shards, 77).unwrap()
@@ -510,7 +510,7 @@ fn bad_states_and_configurations_are_refused() {
     assert!(plan.reader(0, 1).is_err());
     let bad_input = vec![ShardCounts {
         num_samples: 3,
-        invalid: vec![3],
+        invalid: vec![3].into(),
     }];
     assert!(PlanInput::new(bad_input, 0).is_err());
 }
