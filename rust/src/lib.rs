@@ -6,6 +6,8 @@
 pub mod convolve;
 pub mod decode;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod group;
 pub mod index;
 pub mod jpeg;
