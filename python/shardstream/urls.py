@@ -186,6 +186,15 @@ _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
 _ALPHA_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])$")
 
 
+# The most names one spec may expand to: far above any real dataset (a million shards), far
+# below what would exhaust memory (a mistyped ``{0..99999999999}`` is refused, not materialised).
+MAX_EXPANSION = 10_000_000
+
+
+def _too_many(count: int, what: str) -> BadUrlError:
+    return BadUrlError("bad_url", "", "", f"{what} expands to {count} names, more than {MAX_EXPANSION}")
+
+
 def _range_items(body: str) -> list[str] | None:
     m = _RANGE.match(body)
     if m:
@@ -193,6 +202,9 @@ def _range_items(body: str) -> list[str] | None:
         a, b, step = int(a_text), int(b_text), int(step_text or 1)
         if step <= 0:
             raise BadUrlError("bad_url", "", "", f"brace range step must be positive: {{{body}}}")
+        count = abs(b - a) // step + 1
+        if count > MAX_EXPANSION:
+            raise _too_many(count, f"brace range {{{body}}}")
         padded = any(t.lstrip("-").startswith("0") and len(t.lstrip("-")) > 1 for t in (a_text, b_text))
         width = max(len(a_text), len(b_text)) if padded else 0
         values = range(a, b + 1, step) if a <= b else range(a, b - 1, -step)
@@ -219,6 +231,8 @@ def brace_expand(pattern: str) -> list[str]:
                 items = [x for alt in alternatives for x in brace_expand(alt)]
         if items is not None:
             prefix, suffixes = pattern[:start], brace_expand(pattern[end + 1 :])
+            if len(items) * len(suffixes) > MAX_EXPANSION:
+                raise _too_many(len(items) * len(suffixes), "brace pattern")
             return [prefix + item + suffix for item in items for suffix in suffixes]
         start = pattern.find("{", end + 1)
     return [pattern]
