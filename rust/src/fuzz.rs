@@ -11,9 +11,9 @@
 //!   it allocate or read without bound: every case has a wall-clock bound);
 //! - stays bounded in what it yields (never more members or samples than the input can hold).
 //!
-//! Cases per target: `SHARDSTREAM_FUZZ_CASES` (default 256, the CI budget). A longer run:
-//! `SHARDSTREAM_FUZZ_CASES=20000 cargo test --release -q fuzz -- --nocapture`, which also
-//! prints cases per second per target.
+//! Cases per target: `SHARDSTREAM_FUZZ_CASES` (default 2000, the CI budget: about 1 s in all).
+//! A longer run: `SHARDSTREAM_FUZZ_CASES=200000 cargo test --release -q fuzz -- --nocapture`,
+//! which also prints cases per second per target.
 
 use std::io::{Cursor, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -169,7 +169,7 @@ fn cases() -> u32 {
     std::env::var("SHARDSTREAM_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
+        .unwrap_or(2000)
 }
 
 /// Any one case must finish within this, however hostile its length fields.
@@ -178,6 +178,17 @@ const CASE_BOUND: Duration = Duration::from_secs(2);
 /// Runs `check` on `cases()` mutated inputs, drawn from `bases`, each under `catch_unwind` and
 /// the wall-clock bound; reports cases per second.
 fn fuzz(target: &str, bases: &[Vec<u8>], check: impl Fn(&[u8], u64) -> bool) {
+    fuzz_wrapped(target, bases, |m| m, check)
+}
+
+/// As [`fuzz`], with each mutated input passed through `wrap` first: for checksummed and
+/// compressed formats, so mutations reach the parser behind the checksum and the gzip layer.
+fn fuzz_wrapped(
+    target: &str,
+    bases: &[Vec<u8>],
+    wrap: impl Fn(Vec<u8>) -> Vec<u8>,
+    check: impl Fn(&[u8], u64) -> bool,
+) {
     let config = Config {
         cases: cases(),
         failure_persistence: None,
@@ -190,7 +201,7 @@ fn fuzz(target: &str, bases: &[Vec<u8>], check: impl Fn(&[u8], u64) -> bool) {
     let accepted = std::cell::Cell::new(0u64);
     let result = runner.run(&(0..n, mutations(), any::<u64>()), |(which, muts, knob)| {
         count.set(count.get() + 1);
-        let input = apply(&bases[which], &muts);
+        let input = wrap(apply(&bases[which], &muts));
         let t = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| check(&input, knob)));
         let took = t.elapsed();
@@ -370,6 +381,42 @@ fn sample_index() -> crate::index::Index {
         index_entry("https://host/x/00003.tar?X-Amz-Signature=s", 2, &[], true),
     ])
     .unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+/// A block's payload (decompressed, without its closing checksum) and the inverse: checksum
+/// appended, gzip, `prefix` in front: what the manifest and detail writers produce.
+fn unwrap_checked(block: &[u8], prefix: usize) -> Vec<u8> {
+    let mut inner = gunzip(&block[prefix..]);
+    inner.truncate(inner.len() - 8);
+    inner
+}
+
+fn wrap_checked(prefix: &'static [u8]) -> impl Fn(Vec<u8>) -> Vec<u8> {
+    move |mut payload| {
+        // The index's block checksum (FNV-1a, then mix64), as `index::codec::put_checksum`.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in &payload {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        payload.extend_from_slice(&crate::rng::mix64(h).to_le_bytes());
+        let mut out = prefix.to_vec();
+        out.extend_from_slice(&gzip(&payload));
+        out
+    }
 }
 
 // ---------------------------------------------------------------- targets
@@ -565,7 +612,7 @@ fn fuzz_index_manifest_and_detail() {
         })
         .collect();
     assert!(!blocks.is_empty());
-    fuzz("manifest", &[manifest], |bytes, _| {
+    fuzz("manifest", std::slice::from_ref(&manifest), |bytes, _| {
         let _ = crate::index::Index::from_bytes(bytes);
         match crate::index::manifest::decode(bytes) {
             Ok(ix) => {
@@ -578,6 +625,30 @@ fn fuzz_index_manifest_and_detail() {
             Err(_) => false,
         }
     });
+    // Behind the checksum and the gzip layer: mutations of the records themselves.
+    let magic = crate::index::manifest::MAGIC;
+    let inner = unwrap_checked(&manifest, magic.len());
+    let rewrap = wrap_checked(magic);
+    assert!(crate::index::manifest::decode(&rewrap(inner.clone())).is_ok());
+    fuzz_wrapped("manifest-records", &[inner], rewrap, |bytes, _| {
+        match crate::index::manifest::decode(bytes) {
+            Ok(ix) => {
+                let _ = ix.fingerprint();
+                let _ = ix.plan_input();
+                let _ = ix.num_valid();
+                true
+            }
+            Err(_) => false,
+        }
+    });
+    for (url, n, block) in &blocks {
+        let inner = unwrap_checked(block, 0);
+        let rewrap = wrap_checked(b"");
+        assert!(crate::index::detail::decode(&rewrap(inner.clone()), url, *n).is_ok());
+        fuzz_wrapped("detail-records", &[inner], rewrap, |bytes, _| {
+            crate::index::detail::decode(bytes, url, *n).is_ok()
+        });
+    }
     for (url, n, block) in &blocks {
         fuzz("detail", std::slice::from_ref(block), |bytes, knob| {
             // The true count, and a hostile one from a tampered manifest.
@@ -606,6 +677,13 @@ fn fuzz_index_json_v1() {
             }
             Err(_) => false,
         },
+    );
+    // The gzip form with the mutations inside the compressed JSON.
+    fuzz_wrapped(
+        "json_v1-gz-inner",
+        &[index.to_json()],
+        |m| gzip(&m),
+        |bytes, _| crate::index::Index::from_json(bytes).is_ok(),
     );
 }
 
