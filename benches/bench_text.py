@@ -1,8 +1,7 @@
 """Captions and the training step (issue 14), side by side in one run.
 
-  1. TODO (the Rust tokenizer's part, not written yet): captions/s per core, Rust tokenizer vs
-     open_clip's, on the real captions; the loader's samples/s per core with and without
-     ``tokenizer=``.
+  1. captions/s per core, Rust tokenizer vs open_clip's, on the real captions; the loader's
+     samples/s per core with and without ``tokenizer=``.
   2. The trainer's main-process time per step outside forward/backward/optimizer, at B=256:
      before (the trainer up to issue 14) vs after (train/inputs.py + train/metrics.py).
 
@@ -57,13 +56,69 @@ def real_captions() -> list[str]:
 
 
 # -- part 1: the tokenizer ------------------------------------------------------------------------
-# TODO(issue 14, Rust tokenizer): captions/s per core, ShardLoader's Rust tokenizer vs
-# open_clip.get_tokenizer("ViT-B-32") on real_captions() (target: >= 20x), and the loader's
-# samples/s per core with and without tokenizer= (target: within 5 %). Print them beside part 2.
+# Part 1 (issue 14, Rust tokenizer): captions/s per core, the Rust tokenizer (the one
+# ShardLoader(tokenizer=...) runs in its decode threads, here on one thread) vs
+# open_clip.get_tokenizer("ViT-B-32") on real_captions() (target: >= 20x); and the loader's
+# samples/s on one decode thread with and without tokenizer= (target: within 5 %).
+
+
+def _caption_shard(directory: str, captions: list[str], count: int) -> str:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from corpus import good_samples, sample_members, tar_bytes, write_file
+
+    members = []
+    for i, (key, sample) in enumerate(good_samples(count)):
+        members += sample_members(key, dict(sample, txt=captions[i % len(captions)]))
+    return write_file(str(Path(directory) / "bench-0000.tar"), tar_bytes(members))
 
 
 def part1_tokenizer(args: argparse.Namespace) -> None:
-    print("part 1 (Rust tokenizer vs open_clip, loader with/without tokenizer=): TODO, not written yet")
+    import tempfile
+
+    import numpy as np
+    import open_clip
+    from shardstream import ShardLoader
+    from shardstream.text import rust_tokenizer
+
+    captions = real_captions()
+    rust = rust_tokenizer("ViT-B-32")
+    out = np.zeros((len(captions), rust.context_length), dtype=np.int64)
+
+    def rate(fn, repeat: int) -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return len(captions) / best
+
+    cold = rate(lambda: open_clip.tokenizer.SimpleTokenizer()(captions), 1)
+    ref = open_clip.get_tokenizer("ViT-B-32")
+    ref(captions)  # warm its word cache
+    warm = rate(lambda: ref(captions), args.repeat)
+    mine = rate(lambda: rust.tokenize_into(captions, out.ctypes.data, out.size), args.repeat)
+    print(f"part 1: {len(captions)} real captions, one core")
+    print(f"  open_clip SimpleTokenizer: {cold:,.0f} captions/s cold cache, {warm:,.0f}/s warm cache")
+    print(f"  Rust tokenizer: {mine:,.0f} captions/s ({mine / warm:.1f}x warm, {mine / cold:.1f}x cold)")
+
+    with tempfile.TemporaryDirectory() as d:
+        shard = _caption_shard(d, captions, 2048)
+
+        def loader_rate(tokenizer: str | None) -> float:
+            best = 0.0
+            for _ in range(args.repeat):
+                loader = ShardLoader(
+                    shard, batch_size=64, image_size=args.image_size, threads=1, tokenizer=tokenizer
+                )
+                t0 = time.perf_counter()
+                n = sum(len(b.texts) for b in loader)
+                best = max(best, n / (time.perf_counter() - t0))
+            return best
+
+        plain, tok = loader_rate(None), loader_rate("ViT-B-32")
+    print(f"  loader, 1 decode thread, {args.image_size}px real photos, B=64:")
+    print(f'    without tokenizer=: {plain:,.0f} samples/s; with tokenizer="ViT-B-32": {tok:,.0f} samples/s')
+    print(f"    ({100 * (tok / plain - 1):+.1f} %)")
 
 
 # -- part 2: the trainer step outside the model ---------------------------------------------------

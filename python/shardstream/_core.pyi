@@ -108,7 +108,9 @@ class Loader:
     @property
     def batch_bytes(self) -> int:
         """Bytes one batch needs: batch_size * 3 * image_size * image_size."""
-    def submit(self, owner: object, ptr: int, nbytes: int) -> bool:
+    @property
+    def token_len(self) -> int: ...
+    def submit(self, owner: object, ptr: int, nbytes: int, tokens_ptr: int = 0, tokens_len: int = 0) -> bool:
         """Lends ``nbytes`` at address ``ptr`` inside ``owner`` (the tensor or array holding that
         memory; the pipeline keeps a reference to it while it may write there). False once the
         loader is closed."""
@@ -264,3 +266,13 @@ def assign_shards(
 ) -> tuple[list[int], tuple[int, int], int, int]:
     """One reader's shards without an index: (shard ids in reading order, (stride, offset),
     batches, shuffle base seed)."""
+
+class ClipTokenizer:
+    """The Rust CLIP tokenizer (open_clip's SimpleTokenizer, token for token but for ftfy)."""
+
+    def __init__(self, kind: str, path: str, context_length: int) -> None: ...
+    @property
+    def context_length(self) -> int: ...
+    @staticmethod
+    def clean(text: str) -> str: ...
+    def tokenize_into(self, texts: list[str], ptr: int, len: int) -> None: ...

@@ -32,6 +32,7 @@ class Batch(NamedTuple):
     texts: list[str]
     keys: list[str]
     urls: list[str]
+    tokens: Any = None  # torch.int64 [B, context_length] with tokenizer= (numpy without torch)
 
 
 def distributed_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -89,6 +90,7 @@ class ShardLoader:
         connect_timeout: float = 10.0,
         read_timeout: float = 30.0,
         max_retries: int = 8,
+        tokenizer: str | None = None,
         **source_options: Any,
     ) -> None:
         if batch_size <= 0:
@@ -136,6 +138,11 @@ class ShardLoader:
             "read_timeout": read_timeout,
             "max_retries": max_retries,
         }
+        from shardstream.text import resolve_tokenizer
+
+        # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
+        self._tokenizer = resolve_tokenizer(tokenizer) if tokenizer is not None else None
+        self._config["tokenizer"] = self._tokenizer
         from shardstream.urls import READER_OPTIONS
 
         self._config.update({k: v for k, v in source_options.items() if k in READER_OPTIONS})
@@ -274,6 +281,25 @@ class ShardLoader:
             return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
         return np.empty(shape, dtype=np.uint8)
 
+    def _alloc_tokens(self) -> Any:
+        assert self._tokenizer is not None
+        shape = (self.batch_size, self._tokenizer[2])
+        if torch is not None:
+            pin = self._pin and torch.utils.data.get_worker_info() is None
+            return torch.empty(shape, dtype=torch.int64, pin_memory=pin)
+        return np.empty(shape, dtype=np.int64)
+
+    def _lend(self, core: Any) -> tuple[Any, Any]:
+        """Lends the pipeline a fresh image buffer (and token buffer, with a tokenizer)."""
+        buf = self._alloc()
+        if self._tokenizer is None:
+            core.submit(buf, *self._address(buf))
+            return buf, None
+        toks = self._alloc_tokens()
+        ptr, _ = self._address(toks)
+        core.submit((buf, toks), *self._address(buf), ptr, self.batch_size * self._tokenizer[2])
+        return buf, toks
+
     @staticmethod
     def _address(buf: Any) -> tuple[int, int]:
         if torch is not None and isinstance(buf, torch.Tensor):
@@ -297,9 +323,7 @@ class ShardLoader:
             # Each yielded batch owns fresh memory, so a caller may keep it; the pipeline never
             # writes to a buffer after handing it back.
             for _ in range(self.prefetch):
-                buf = self._alloc()
-                core.submit(buf, *self._address(buf))
-                lent.append(buf)
+                lent.append(self._lend(core))
             while True:
                 try:
                     result = core.next_batch()
@@ -308,15 +332,15 @@ class ShardLoader:
                 if result is None:
                     break
                 n, keys, texts, urls, reserve_used = result
-                buf = lent.popleft()
+                buf, toks = lent.popleft()
                 self._batches_done += 1
                 self._reserve_marks.append((phase_reader, reserve_used))
                 if workers > 1:  # a DataLoader worker: the main process reads stats per batch
                     self._last_stats = core.stats()
-                yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls)
-                nxt = self._alloc()
-                core.submit(nxt, *self._address(nxt))
-                lent.append(nxt)
+                if toks is not None and n < self.batch_size:
+                    toks = toks[:n]
+                yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls, toks)
+                lent.append(self._lend(core))
         finally:
             try:
                 self._last_stats = core.stats()

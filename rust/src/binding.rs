@@ -23,6 +23,7 @@ use crate::scan::{scan_shard as scan, ScanOptions};
 use crate::seek::keys_of_runs;
 use crate::source::{redact_url, Expected, Signer, SourceOptions, SourceStats};
 use crate::spans::{planned_spans, ShardNames};
+use crate::text::ClipTokenizer;
 
 create_exception!(
     _core,
@@ -757,6 +758,8 @@ pub struct Loader {
     pipeline: Option<Pipeline>,
     display: HashMap<u32, String>,
     batch_bytes: usize,
+    /// int64 elements of a batch's tokens (0 without a tokenizer).
+    token_len: usize,
 }
 
 /// A loader's spans: planned ones as the plan built them, or (streaming) tuples with the
@@ -818,6 +821,18 @@ impl Loader {
         if cfg.batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be positive"));
         }
+        if let Some(v) = get("tokenizer")? {
+            if !v.is_none() {
+                let (kind, path, ctx): (String, String, usize) = v.extract()?;
+                let tok = crate::text::shared(&kind, &path, ctx)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                cfg.tokenizer = Some(tok);
+            }
+        }
+        let token_len = cfg
+            .tokenizer
+            .as_ref()
+            .map_or(0, |t| cfg.batch_size * t.context_length);
         let batch_bytes =
             cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
         let (main, reserve) = match spans_list {
@@ -830,7 +845,13 @@ impl Loader {
             pipeline: Some(pipeline),
             display,
             batch_bytes,
+            token_len,
         })
+    }
+
+    #[getter]
+    fn token_len(&self) -> usize {
+        self.token_len
     }
 
     #[getter]
@@ -841,7 +862,21 @@ impl Loader {
     /// Lends `nbytes` at address `ptr`, inside `owner` (the tensor or array that holds that
     /// memory; the pipeline keeps a reference to it while it may write there). The caller leaves
     /// the memory untouched until the batch filled into it is returned by `next_batch`.
-    fn submit(&self, owner: Py<PyAny>, ptr: usize, nbytes: usize) -> PyResult<bool> {
+    #[pyo3(signature = (owner, ptr, nbytes, tokens_ptr = 0, tokens_len = 0))]
+    fn submit(
+        &self,
+        owner: Py<PyAny>,
+        ptr: usize,
+        nbytes: usize,
+        tokens_ptr: usize,
+        tokens_len: usize,
+    ) -> PyResult<bool> {
+        if self.token_len > 0 && (tokens_ptr == 0 || tokens_len < self.token_len) {
+            return Err(PyValueError::new_err(format!(
+                "token buffer of {tokens_len} int64; a batch needs {}",
+                self.token_len
+            )));
+        }
         if nbytes < self.batch_bytes {
             return Err(PyValueError::new_err(format!(
                 "buffer of {nbytes} bytes; a batch needs {}",
@@ -855,6 +890,7 @@ impl Loader {
             ptr: ptr as *mut u8,
             len: nbytes,
             owner: Some(Box::new(owner)),
+            tokens: (self.token_len > 0).then_some((tokens_ptr as *mut i64, tokens_len)),
         }))
     }
 
@@ -961,6 +997,61 @@ fn assign_shards(
     ))
 }
 
+/// The Rust CLIP tokenizer on its own (tests and benches; the loader tokenizes in its threads).
+#[pyclass(module = "shardstream._core", name = "ClipTokenizer")]
+pub struct PyClipTokenizer {
+    inner: ClipTokenizer,
+}
+
+#[pymethods]
+impl PyClipTokenizer {
+    /// `kind`: "bpe" (open_clip's merges file) or "json" (a Hugging Face tokenizer.json).
+    #[new]
+    fn new(kind: &str, path: &str, context_length: usize) -> PyResult<Self> {
+        let inner = match kind {
+            "bpe" => ClipTokenizer::from_bpe_file(path, context_length),
+            "json" => ClipTokenizer::from_tokenizer_json(path, context_length),
+            other => return Err(PyValueError::new_err(format!("tokenizer kind {other:?}"))),
+        }
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn context_length(&self) -> usize {
+        self.inner.context_length
+    }
+
+    /// The cleaned text the tokenizer splits (for listing differences).
+    #[staticmethod]
+    fn clean(text: &str) -> String {
+        crate::text::clean(text)
+    }
+
+    /// Tokenizes `texts` into `len` int64 at `ptr` (`[len(texts), context_length]`), on this
+    /// thread, without the GIL.
+    fn tokenize_into(
+        &self,
+        py: Python<'_>,
+        texts: Vec<String>,
+        ptr: usize,
+        len: usize,
+    ) -> PyResult<()> {
+        let ctx = self.inner.context_length;
+        if ptr == 0 || len < texts.len() * ctx {
+            return Err(PyValueError::new_err("token buffer too small"));
+        }
+        py.detach(|| {
+            // SAFETY: the caller passes a live, writable int64 buffer of `len` elements.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut i64, len) };
+            for (row, text) in out.chunks_mut(ctx).zip(&texts) {
+                self.inner.tokenize_into(text, row);
+            }
+        });
+        Ok(())
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -970,6 +1061,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DatasetIndex>()?;
     m.add_class::<EpochPlanView>()?;
     m.add_class::<PlannedSpans>()?;
+    m.add_class::<PyClipTokenizer>()?;
     m.add_function(wrap_pyfunction!(scan_shard, m)?)?;
     m.add_function(wrap_pyfunction!(probe_image, m)?)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;

@@ -22,6 +22,7 @@ pub mod seek;
 pub mod source;
 pub mod spans;
 pub mod tar;
+pub mod text;
 
 #[cfg(feature = "python")]
 mod binding;

@@ -129,6 +129,9 @@ pub struct PipelineConfig {
     /// spans may hold presigned URLs that must not be shown. Only the shards of this reader's
     /// spans: never a table of the whole dataset.
     pub display_urls: Arc<HashMap<u32, String>>,
+    /// Captions are tokenized into the buffer's `tokens` (`[B, context_length]` int64) by the
+    /// decode threads once a batch is complete. `None`: no tokens.
+    pub tokenizer: Option<Arc<crate::text::ClipTokenizer>>,
 }
 
 impl PipelineConfig {
@@ -176,6 +179,7 @@ impl Default for PipelineConfig {
             max_member_bytes: 256 << 20,
             source: SourceOptions::default(),
             display_urls: Arc::new(HashMap::new()),
+            tokenizer: None,
         }
     }
 }
@@ -274,6 +278,9 @@ pub struct OutBuffer {
     /// Keeps the memory alive for as long as the pipeline may write to it (the binding puts a
     /// reference to the Python buffer object here), even if the caller stops waiting.
     pub owner: Option<Box<dyn std::any::Any + Send>>,
+    /// With a tokenizer: where the batch's `[B, context_length]` int64 tokens go (pointer,
+    /// length in elements), kept alive by `owner` as well.
+    pub tokens: Option<(*mut i64, usize)>,
 }
 
 // SAFETY: the buffer is written by exactly one batch at a time; the caller keeps it untouched
@@ -850,6 +857,16 @@ impl Batcher {
             let memory = unsafe { std::slice::from_raw_parts_mut(buffer.ptr, b * self.slot_len) };
             match self.fill(items, memory, &mut stream, target) {
                 Ok(Some(meta)) => {
+                    if let (Some(tok), Some((ptr, len))) = (&self.cfg.tokenizer, buffer.tokens) {
+                        let ctx = tok.context_length.max(1);
+                        assert!(len >= b * ctx, "token buffer too small");
+                        // SAFETY: as for the pixels (see OutBuffer).
+                        let tokens = unsafe { std::slice::from_raw_parts_mut(ptr, b * ctx) };
+                        tokens
+                            .par_chunks_mut(ctx)
+                            .zip(meta.texts.par_iter())
+                            .for_each(|(row, text)| tok.tokenize_into(text, row));
+                    }
                     produced += 1;
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
                     self.stats
