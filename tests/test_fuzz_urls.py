@@ -1,7 +1,7 @@
 """Fuzzing the URL spec parsing (issue 15): seeded random mutations of real specs through
 brace_expand, split_parts, scheme_of, redact and expand_urls. hypothesis is not in the dev
 environment, so this is a plain seeded loop; SHARDSTREAM_FUZZ_CASES sets the cases (default
-2000, the CI budget), SHARDSTREAM_FUZZ_SEED the seed.
+10000, the CI budget), SHARDSTREAM_FUZZ_SEED the seed.
 
 Properties: every input ends in a list of strings or a ShardError (BadUrlError, ...), never
 another exception; brace expansion is deterministic, and the expansion of a spec with no
@@ -18,7 +18,7 @@ import time
 from shardstream.errors import BadUrlError, ShardError
 from shardstream.urls import brace_expand, expand_urls, redact, scheme_of, split_parts
 
-CASES = int(os.environ.get("SHARDSTREAM_FUZZ_CASES", "2000"))
+CASES = int(os.environ.get("SHARDSTREAM_FUZZ_CASES", "10000"))
 SEED = int(os.environ.get("SHARDSTREAM_FUZZ_SEED", "15"))
 
 SEEDS = [

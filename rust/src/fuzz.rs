@@ -11,7 +11,7 @@
 //!   it allocate or read without bound: every case has a wall-clock bound);
 //! - stays bounded in what it yields (never more members or samples than the input can hold).
 //!
-//! Cases per target: `SHARDSTREAM_FUZZ_CASES` (default 2000, the CI budget: about 1 s in all).
+//! Cases per target: `SHARDSTREAM_FUZZ_CASES` (default 10,000, the CI budget: ~5 s in all).
 //! A longer run: `SHARDSTREAM_FUZZ_CASES=200000 cargo test --release -q fuzz -- --nocapture`,
 //! which also prints cases per second per target.
 
@@ -169,7 +169,7 @@ fn cases() -> u32 {
     std::env::var("SHARDSTREAM_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
+        .unwrap_or(10_000)
 }
 
 /// Any one case must finish within this, however hostile its length fields.
