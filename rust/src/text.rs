@@ -25,6 +25,18 @@ use unicode_normalization::UnicodeNormalization;
 
 pub const DEFAULT_CONTEXT_LENGTH: usize = 77;
 
+/// Words BPE-encoded per thread and tokenizer before the cache starts over (as open_clip's own
+/// word cache, but bounded).
+const WORD_CACHE_ENTRIES: usize = 1 << 16;
+
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+type WordCache = HashMap<u64, HashMap<String, Vec<u32>>>;
+
+thread_local! {
+    static WORD_CACHE: std::cell::RefCell<WordCache> = std::cell::RefCell::new(HashMap::new());
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error("cannot read tokenizer file {path}: {source}")]
@@ -45,6 +57,8 @@ pub struct ClipTokenizer {
     pattern: Regex,
     sot_text: String,
     eot_text: String,
+    /// Distinguishes tokenizers in the per-thread word cache.
+    id: u64,
     pub sot: u32,
     pub eot: u32,
     pub context_length: usize,
@@ -212,6 +226,7 @@ impl ClipTokenizer {
             byte_ids,
             byte_chars: chars,
             pattern,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             sot_text: sot.to_string(),
             eot_text: eot.to_string(),
             sot: sot_id,
@@ -237,6 +252,15 @@ impl ClipTokenizer {
                     continue;
                 }
             }
+            let cached = WORD_CACHE.with_borrow(|c| {
+                c.get(&self.id)
+                    .and_then(|m| m.get(piece))
+                    .map(|ids| out.extend_from_slice(ids))
+                    .is_some()
+            });
+            if cached {
+                continue;
+            }
             let bytes = piece.as_bytes();
             word.clear();
             for (i, &b) in bytes.iter().enumerate() {
@@ -245,6 +269,13 @@ impl ClipTokenizer {
             }
             self.bpe(&mut word);
             out.extend_from_slice(&word);
+            WORD_CACHE.with_borrow_mut(|c| {
+                let m = c.entry(self.id).or_default();
+                if m.len() >= WORD_CACHE_ENTRIES {
+                    m.clear();
+                }
+                m.insert(piece.to_string(), word.clone());
+            });
         }
         out
     }
