@@ -88,9 +88,12 @@ def test_slow_tokenizer_or_loader_shows_in_input_time(
 ) -> None:
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("SHARDSTREAM_TEST_DELAY_S", "0.25")
+    # A slow Python tokenizer only runs when the loader does not tokenize.
+    in_loader = "false" if probe == "SlowTokenizer" else "true"
     records = _train_in_process(
-        dataset, tmp_path / "run", "--train.max_steps", "4", "--train.callbacks", f"[train_probes:{probe}]"
-    )
+        dataset, tmp_path / "run", "--train.max_steps", "4", "--train.callbacks", f"[train_probes:{probe}]",
+        "--data.tokenize_in_loader", in_loader,
+    )  # fmt: skip
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     # the last step stages nothing (the run ends), the others stage the next step's one batch
     for r in records[:-1]:
@@ -99,6 +102,31 @@ def test_slow_tokenizer_or_loader_shows_in_input_time(
         part = "tokenize_s" if probe == "SlowTokenizer" else "loader_wait_s"
         assert r[part] >= 0.25, r
     assert min(r["input_frac"] for r in records[:-1]) > 0.25 / (0.25 + max(r["step_time_s"] for r in records))
+
+
+def test_the_trainer_has_the_loader_tokenize(
+    dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default the step never tokenizes in Python: the loader's Rust threads fill batch.tokens
+    (a slow Python tokenizer then costs nothing), token-identical to the model's tokenizer."""
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setenv("SHARDSTREAM_TEST_DELAY_S", "0.25")
+    records = _train_in_process(
+        dataset,
+        tmp_path / "run",
+        "--train.max_steps",
+        "3",
+        "--train.callbacks",
+        "[train_probes:SlowTokenizer]",
+    )
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["tokenize_s"] == 0.0 for r in records), records
+    python_side = _train_in_process(
+        dataset, tmp_path / "py", "--train.max_steps", "3", "--data.tokenize_in_loader", "false"
+    )
+    assert [r["loss"] for r in records] == [r["loss"] for r in python_side], (
+        "the same tokens, the same losses"
+    )
 
 
 def test_loader_tokens_are_used_instead_of_tokenizing() -> None:

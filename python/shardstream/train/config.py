@@ -69,6 +69,11 @@ class DataConfig:
     shuffle_buffer: int = _f(2048, "samples held by each rank's shuffle buffer (memory vs randomness)")
     threads: int = _f(0, "decode threads per rank; 0: the loader's default")
     caption_key: str = _f("txt", "the sample member holding the caption")
+    tokenize_in_loader: bool = _f(
+        True,
+        "tokenize captions in the loader's Rust threads (open_clip's CLIP BPE, token-identical); "
+        "false: in the training process",
+    )
     samples_per_epoch: int = _f(
         0,
         "global samples per epoch when no index is given (streaming mode, as open_clip's train_num_samples)",

@@ -87,7 +87,21 @@ def train_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistCo
         caption_key=cfg.data.caption_key,
         crop=cfg.data.crop,
         samples_per_epoch=cfg.data.samples_per_epoch or None,
+        tokenizer=loader_tokenizer(cfg.model.name) if cfg.data.tokenize_in_loader else None,
     )
+
+
+def loader_tokenizer(model_name: str) -> str | None:
+    """The model's tokenizer for the loader's Rust threads (``batch.tokens``), so the training
+    step never tokenizes in Python; None for a model whose tokenizer the Rust pipeline does not
+    reproduce (not open_clip's CLIP BPE): the step then tokenizes ``batch.texts`` itself."""
+    from shardstream.text import resolve_tokenizer
+
+    try:
+        resolve_tokenizer(model_name)
+    except (ValueError, RuntimeError):
+        return None
+    return model_name
 
 
 def heldout_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistContext) -> object:
