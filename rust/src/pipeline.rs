@@ -1065,13 +1065,23 @@ impl Batcher {
             return Ok(None);
         }
         if write > 0 && cfg.planned {
-            let pixels = memory[..slot_len].to_vec();
-            let slot = Slot {
-                shard: shards[0],
-                key: keys[0].clone(),
-                text: Some(texts[0].clone()),
-            };
-            self.last_good = Some((slot, pixels));
+            // One slot's copy per batch, into the same buffer every time: no allocation on the
+            // batch path after the first.
+            let (slot, pixels) = self.last_good.get_or_insert_with(|| {
+                let slot = Slot {
+                    shard: 0,
+                    key: String::new(),
+                    text: None,
+                };
+                (slot, vec![0u8; slot_len])
+            });
+            pixels.copy_from_slice(&memory[..slot_len]);
+            slot.shard = shards[0];
+            slot.key.clone_from(&keys[0]);
+            match &mut slot.text {
+                Some(text) => text.clone_from(&texts[0]),
+                None => slot.text = Some(texts[0].clone()),
+            }
         }
         if write == 0 && cfg.planned {
             // Ending here would leave this rank a batch short of the others (DDP would wait for
