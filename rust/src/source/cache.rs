@@ -11,15 +11,18 @@
 //!   on every hit) are removed until the cache fits. Unlinking a shard another process is still
 //!   reading is safe on Unix: its open descriptor keeps the data alive.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use super::http::HttpReader;
-use super::{open_file_at, redact_url, CacheOptions, SourceError, SourceOptions, SourceStats};
+use super::{
+    open_file_at, redact_url, CacheOptions, Expected, SourceError, SourceOptions, SourceStats,
+};
 use crate::rng::hash_bytes;
 
 const SHARD_SUFFIX: &str = ".cached";
@@ -88,10 +91,38 @@ fn cache_stem(url: &str) -> String {
     format!("{h1:016x}{h2:016x}.{name}")
 }
 
-fn cache_error(url: &str, what: &str, e: io::Error) -> SourceError {
-    SourceError::Open {
-        url: redact_url(url),
-        message: format!("shard cache: {what}: {e}"),
+/// Why filling the cache failed: the source (final, reported as it is), or the cache directory
+/// (full, read-only, not creatable: the shard is then read without the cache).
+enum FillError {
+    Source(SourceError),
+    Cache(&'static str, io::Error),
+}
+
+impl From<SourceError> for FillError {
+    fn from(e: SourceError) -> Self {
+        FillError::Source(e)
+    }
+}
+
+fn cache_failure(what: &'static str) -> impl FnOnce(io::Error) -> FillError {
+    move |e| FillError::Cache(what, e)
+}
+
+/// Says once per process and cache directory that it cannot be used (a full disk fails every
+/// shard the same way: one line, not one per shard).
+fn warn_cache_unusable(dir: &Path, what: &str, e: &io::Error, url: &str) {
+    static WARNED: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    let mut warned = WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if warned.insert(dir.to_path_buf()) {
+        eprintln!(
+            "shardstream: shard cache {}: {what}: {e}; reading {} and later shards without the \
+             cache while it fails (counted in stats as cache_errors; this is said once)",
+            dir.display(),
+            redact_url(url)
+        );
     }
 }
 
@@ -107,33 +138,74 @@ impl ShardCache {
             .join(format!("{}{SHARD_SUFFIX}", cache_stem(url)))
     }
 
-    /// Bytes `start..end` of `url`, from the cache, filling it first if needed.
+    /// Bytes `start..end` of `url`, from the cache, filling it first if needed. A cached copy
+    /// of another size than `expected` is not served (it is another version than the index
+    /// describes), and a download must match `expected` (If-Match, size). When the cache
+    /// directory cannot be used, the bytes come straight from the source, and a warning
+    /// names the directory once.
     pub fn open(
         &self,
         url: &str,
         start: u64,
         end: Option<u64>,
+        expected: &Expected,
         source_opts: &SourceOptions,
         stats: &Arc<SourceStats>,
     ) -> Result<Box<dyn Read + Send>, SourceError> {
         let path = self.path_for(url);
-        if let Some(file) = open_and_touch(&path) {
+        if let Some(file) = open_and_touch(&path, expected) {
             stats.cache_hits.fetch_add(1, Ordering::Relaxed);
             return open_file_at(url, file, start, end, stats);
         }
+        match self.open_filling(url, &path, start, end, expected, source_opts, stats) {
+            Ok(reader) => Ok(reader),
+            Err(FillError::Source(e)) => Err(e),
+            Err(FillError::Cache(what, e)) => {
+                stats.cache_errors.fetch_add(1, Ordering::Relaxed);
+                warn_cache_unusable(&self.opts.dir, what, &e, url);
+                let reader = HttpReader::open_expecting(
+                    url,
+                    None,
+                    start,
+                    end,
+                    expected,
+                    source_opts,
+                    stats,
+                )?;
+                Ok(super::buffered(reader, stats))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_filling(
+        &self,
+        url: &str,
+        path: &Path,
+        start: u64,
+        end: Option<u64>,
+        expected: &Expected,
+        source_opts: &SourceOptions,
+        stats: &Arc<SourceStats>,
+    ) -> Result<Box<dyn Read + Send>, FillError> {
         fs::create_dir_all(&self.opts.dir)
-            .map_err(|e| cache_error(url, "cannot create the cache directory", e))?;
+            .map_err(cache_failure("cannot create the cache directory"))?;
         let stem = cache_stem(url);
         let lock = lock_exclusive(&self.opts.dir.join(format!("{stem}.lock")))
-            .map_err(|e| cache_error(url, "cannot lock", e))?;
+            .map_err(cache_failure("cannot lock"))?;
         // Someone else may have filled it while we waited for the lock.
-        if let Some(file) = open_and_touch(&path) {
+        if let Some(file) = open_and_touch(path, expected) {
             drop(lock);
             stats.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return open_file_at(url, file, start, end, stats);
+            return Ok(open_file_at(url, file, start, end, stats)?);
+        }
+        if path.exists() {
+            // Another version than the index describes: it must not be served, or kept.
+            fs::remove_file(path).map_err(cache_failure("cannot remove a stale copy"))?;
         }
         stats.cache_misses.fetch_add(1, Ordering::Relaxed);
-        let mut source = HttpReader::open(url, 0, None, source_opts, stats)?;
+        let mut source =
+            HttpReader::open_expecting(url, None, 0, None, expected, source_opts, stats)?;
         if source
             .total_size()
             .is_none_or(|size| size > self.opts.max_bytes)
@@ -141,16 +213,16 @@ impl ShardCache {
             // Larger than the whole cache (or of unknown size): stream it without caching.
             drop(source);
             drop(lock);
-            let reader = HttpReader::open(url, start, end, source_opts, stats)?;
+            let reader =
+                HttpReader::open_expecting(url, None, start, end, expected, source_opts, stats)?;
             return Ok(super::buffered(reader, stats));
         }
-        self.fill(url, &stem, &path, &mut source)?;
+        self.fill(url, &stem, path, &mut source)?;
         drop(source);
-        self.evict(&path);
-        let file =
-            File::open(&path).map_err(|e| cache_error(url, "cannot reopen the filled shard", e))?;
+        self.evict(path);
+        let file = File::open(path).map_err(cache_failure("cannot reopen the filled shard"))?;
         drop(lock);
-        open_file_at(url, file, start, end, stats)
+        Ok(open_file_at(url, file, start, end, stats)?)
     }
 
     /// Downloads into a temporary file and renames it into place once complete.
@@ -160,7 +232,7 @@ impl ShardCache {
         stem: &str,
         path: &Path,
         source: &mut HttpReader,
-    ) -> Result<(), SourceError> {
+    ) -> Result<(), FillError> {
         remove_stale_parts(&self.opts.dir, stem);
         static FILL_COUNTER: AtomicU64 = AtomicU64::new(0);
         let tmp = self.opts.dir.join(format!(
@@ -168,18 +240,17 @@ impl ShardCache {
             std::process::id(),
             FILL_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        let result = (|| -> Result<(), SourceError> {
-            let file = File::create(&tmp)
-                .map_err(|e| cache_error(url, "cannot create a temporary file", e))?;
+        let result = (|| -> Result<(), FillError> {
+            let file =
+                File::create(&tmp).map_err(cache_failure("cannot create a temporary file"))?;
             let mut writer = BufWriter::with_capacity(super::READ_BUFFER_BYTES, file);
             copy_stream(source, &mut writer, url)?;
             let file = writer
                 .into_inner()
-                .map_err(|e| cache_error(url, "cannot write", e.into_error()))?;
+                .map_err(|e| FillError::Cache("cannot write", e.into_error()))?;
             // Durable before visible: a crash must not leave a renamed but empty shard.
-            file.sync_all()
-                .map_err(|e| cache_error(url, "cannot sync", e))?;
-            fs::rename(&tmp, path).map_err(|e| cache_error(url, "cannot rename into place", e))
+            file.sync_all().map_err(cache_failure("cannot sync"))?;
+            fs::rename(&tmp, path).map_err(cache_failure("cannot rename into place"))
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
@@ -221,7 +292,7 @@ fn copy_stream(
     source: &mut HttpReader,
     writer: &mut impl Write,
     url: &str,
-) -> Result<(), SourceError> {
+) -> Result<(), FillError> {
     let mut buf = vec![0u8; super::READ_BUFFER_BYTES];
     loop {
         let n = source
@@ -232,7 +303,7 @@ fn copy_stream(
         }
         writer
             .write_all(&buf[..n])
-            .map_err(|e| cache_error(url, "cannot write", e))?;
+            .map_err(cache_failure("cannot write"))?;
     }
 }
 
@@ -251,9 +322,15 @@ fn into_source_error(url: &str, e: io::Error) -> SourceError {
     }
 }
 
-/// Opens a cached shard and marks it recently used; `None` if it is not (or no longer) there.
-fn open_and_touch(path: &Path) -> Option<File> {
+/// Opens a cached shard and marks it recently used; `None` if it is not (or no longer) there,
+/// or if it has another size than the index recorded.
+fn open_and_touch(path: &Path, expected: &Expected) -> Option<File> {
     let file = File::open(path).ok()?;
+    if let Some(size) = expected.size {
+        if file.metadata().ok()?.len() != size {
+            return None;
+        }
+    }
     // Best effort: a failed touch only makes eviction order less accurate.
     let _ = file.set_modified(SystemTime::now());
     Some(file)
@@ -408,6 +485,79 @@ mod tests {
             .path_for(&server.url("/big.tar"))
             .exists());
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_unusable_cache_directory_reads_from_the_source() {
+        // Where the cache directory should be there is a file: nothing can be created in it
+        // (as on a read-only or full file system, which tests/test_drills.py mounts for real).
+        let object = data(40_000);
+        let server = TestServer::start(object.clone(), vec![]);
+        let dir = temp_dir("unusable");
+        fs::write(&dir, b"not a directory").unwrap();
+        let opts = opts(&dir, 1 << 20);
+        let stats = Arc::new(SourceStats::default());
+        for _ in 0..2 {
+            let mut out = Vec::new();
+            super::super::open_range(&server.url("/a.tar"), 100, None, &opts, &stats)
+                .unwrap()
+                .read_to_end(&mut out)
+                .unwrap();
+            assert_eq!(out, &object[100..]);
+        }
+        assert_eq!(stats.cache_errors.load(Ordering::Relaxed), 2);
+        assert_eq!(fs::read(&dir).unwrap(), b"not a directory");
+        fs::remove_file(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_cached_copy_of_another_version_than_the_index_is_not_served() {
+        // The index recorded the object at 30,000 bytes; the cache holds a 20,000-byte copy
+        // made before the object was replaced (or the other way round).
+        let object = data(30_000);
+        let server = TestServer::start(object.clone(), vec![]);
+        let dir = temp_dir("stale");
+        let opts = opts(&dir, 1 << 20);
+        let stats = Arc::new(SourceStats::default());
+        let url = server.url("/a.tar");
+        let cache = ShardCache::new(opts.cache.clone().unwrap());
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(cache.path_for(&url), vec![9u8; 20_000]).unwrap();
+        let indexed = Expected {
+            size: Some(30_000),
+            etag: None,
+        };
+        let mut out = Vec::new();
+        super::super::open_expecting(&url, 10, &indexed, &opts, &stats)
+            .unwrap()
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, &object[10..]);
+        assert_eq!(fs::read(cache.path_for(&url)).unwrap(), object, "refilled");
+        // The object on the server is not the indexed version either: an error, nothing cached.
+        let other = Expected {
+            size: Some(50_000),
+            etag: None,
+        };
+        let url2 = server.url("/b.tar");
+        let err = super::super::open_expecting(&url2, 0, &other, &opts, &stats)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("index it again"), "{err}");
+        assert!(!cache.path_for(&url2).exists());
+        let etag = Expected {
+            size: None,
+            etag: Some("\"v0\"".into()),
+        };
+        let url3 = server.url("/c.tar");
+        let err = super::super::open_expecting(&url3, 0, &etag, &opts, &stats)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("replaced since it was indexed"), "{err}");
+        assert!(!cache.path_for(&url3).exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -98,6 +98,9 @@ pub struct SourceStats {
     pub resumes: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+    /// Shards read without the cache because the cache directory could not be used (full,
+    /// read-only, not creatable): the bytes are still delivered, straight from the source.
+    pub cache_errors: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -366,15 +369,29 @@ pub fn open_expecting(
             }
             open_range(url, start, None, opts, stats)
         }
-        Location::S3 if opts.cache.is_none() => {
-            open_s3_expecting(url, start, None, expected, opts, stats)
+        Location::S3 => open_s3_expecting(url, start, None, expected, opts, stats),
+        Location::Http => open_http(url, start, None, expected, opts, stats),
+    }
+}
+
+/// An `http(s)://` object, through the shard cache when there is one (which checks the cached
+/// copy against `expected` too).
+fn open_http(
+    url: &str,
+    start: u64,
+    end: Option<u64>,
+    expected: &Expected,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    match &opts.cache {
+        Some(cache) => {
+            cache::ShardCache::new(cache.clone()).open(url, start, end, expected, opts, stats)
         }
-        Location::Http if opts.cache.is_none() => Ok(buffered(
-            http::HttpReader::open_expecting(url, None, start, None, expected, opts, stats)?,
+        None => Ok(buffered(
+            http::HttpReader::open_expecting(url, None, start, end, expected, opts, stats)?,
             stats,
         )),
-        // The shard cache downloads whole objects and keeps them: it checks versions itself.
-        _ => open_range(url, start, None, opts, stats),
     }
 }
 
@@ -390,13 +407,7 @@ pub fn open_range(
     match locate(url)? {
         Location::Local(path) => open_local(url, path, start, end, stats),
         Location::S3 => open_s3(url, start, end, opts, stats),
-        Location::Http => match &opts.cache {
-            Some(cache) => cache::ShardCache::new(cache.clone()).open(url, start, end, opts, stats),
-            None => Ok(buffered(
-                http::HttpReader::open(url, start, end, opts, stats)?,
-                stats,
-            )),
-        },
+        Location::Http => open_http(url, start, end, &Expected::default(), opts, stats),
     }
 }
 
@@ -442,7 +453,7 @@ fn open_s3_expecting(
         message,
     })?;
     if opts.cache.is_some() {
-        return open_range(&signed, start, end, opts, stats).map_err(|e| e.naming(url));
+        return open_http(&signed, start, end, expected, opts, stats).map_err(|e| e.naming(url));
     }
     let reader = http::HttpReader::open_expecting(
         &signed,
