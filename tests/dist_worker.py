@@ -12,7 +12,8 @@ all_reduce per batch as DDP's gradient sync would (so unequal batch counts fail 
 passing unnoticed), and writes ``DIR/rank-<r>.json`` with the keys of every batch. With
 ``--stop-after n`` it stops after n batches of the first epoch and takes ``state_dict()``; the
 ranks all_gather a hash of it (no pickle: a tensor of hashes) and rank 0 writes the state as JSON
-to ``--save-state``. ``--resume-state`` loads such a state before the first epoch.
+to ``--save-state``. ``--resume-state`` loads such a state before the first epoch. ``--sources
+FILE`` (a JSON list of ``shardstream.Source`` fields) mixes several indexed datasets instead.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from shardstream import ShardLoader
+from shardstream import ShardLoader, Source
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -37,6 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("shards", nargs="*", help="shard paths (default: the index's)")
     p.add_argument("--out", required=True, help="directory for rank-<r>.json")
     p.add_argument("--index", default=None)
+    p.add_argument("--sources", default=None, help="JSON file: a list of Source fields (a mixture)")
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--workers", type=int, default=0, help="0: iterate the loader in this process")
     p.add_argument(
@@ -101,9 +103,14 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        sources = None
+        if args.sources:
+            with open(args.sources) as f:
+                sources = [Source(**fields) for fields in json.load(f)]
         loader = ShardLoader(
             args.shards or None,
             index=args.index,
+            sources=sources,
             batch_size=args.batch_size,
             image_size=32,
             seed=args.seed,

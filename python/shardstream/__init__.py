@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 from shardstream._core import __version__
 from shardstream.errors import ShardError
+from shardstream.mixture import Source
 from shardstream.samples import read_samples
 
 if TYPE_CHECKING:
     from shardstream.loader import Batch, ShardLoader
 
-__all__ = ["Batch", "ShardError", "ShardLoader", "__version__", "read_samples"]
+__all__ = ["Batch", "ShardError", "ShardLoader", "Source", "__version__", "read_samples"]
 
 
 def __getattr__(name: str) -> Any:

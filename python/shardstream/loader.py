@@ -60,12 +60,14 @@ class ShardLoader:
     Without an ``index``, shards are split between readers (ranks x workers) at shard level
     and, with several readers, ``samples_per_epoch`` fixes the number of batches per rank so
     every rank steps equally (exactness is off: a warning says so). With an ``index``
-    (``shardstream index``), every epoch is exact: see ``shardstream.plan``.
+    (``shardstream index``), every epoch is exact: see ``shardstream.plan``. With ``sources``
+    (a list of :class:`shardstream.Source`), several indexed datasets are mixed in one exact
+    epoch of ``samples_per_epoch`` samples (default: all of theirs), see ``shardstream.mixture``.
     """
 
     def __init__(
         self,
-        urls: str | list[str] | None,
+        urls: str | list[str] | None = None,
         *,
         batch_size: int,
         image_size: int = 224,
@@ -91,6 +93,7 @@ class ShardLoader:
         read_timeout: float = 30.0,
         max_retries: int = 8,
         tokenizer: str | None = None,
+        sources: list[Any] | None = None,
         **source_options: Any,
     ) -> None:
         if batch_size <= 0:
@@ -101,8 +104,10 @@ class ShardLoader:
             raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
         from shardstream.urls import expand_urls
 
-        if urls is None and index is None:
-            raise ValueError("give urls, an index, or both")
+        if sources is not None and (urls is not None or index is not None):
+            raise ValueError("give sources, or urls and an index, not both: each Source has its own")
+        if urls is None and index is None and sources is None:
+            raise ValueError("give urls, an index, or both (or sources, for a mixture)")
         self._shards = expand_urls(urls, **source_options) if urls is not None else None
         if self._shards is not None and not self._shards:
             raise ValueError(f"no shards match {urls!r}")
@@ -147,7 +152,15 @@ class ShardLoader:
 
         self._config.update({k: v for k, v in source_options.items() if k in READER_OPTIONS})
         self._plan = None
-        if index is not None:
+        self._source_names: list[str] | None = None
+        if sources is not None:
+            from shardstream.mixture import MixturePlanner
+
+            mixture = MixturePlanner(list(sources), samples_per_epoch, **source_options)
+            self._plan = mixture
+            self._source_names = mixture.names
+            self._config["sources"] = list(zip(mixture.first_shards(), mixture.caption_keys(), strict=True))
+        elif index is not None:
             from shardstream.plan import EpochPlanner
 
             self._plan = EpochPlanner(index, self._shards, **source_options)
@@ -354,6 +367,12 @@ class ShardLoader:
         decode seconds, replaced/padded samples, and the dropped remainder with its keys
         (with an index: the epoch's remainder across all ranks, from the plan)."""
         stats = dict(self._last_stats)
+        by_source = stats.pop("samples_by_source", None)
+        if self._source_names is not None:
+            counts = by_source or {}
+            stats["samples_by_source"] = {
+                name: int(counts.get(str(i), 0)) for i, name in enumerate(self._source_names)
+            }
         if self._plan is not None:
             params = self._plan_params(self._num_workers)
             stats["remainder"] = self._plan.plan(params, self._resume).remainder_len

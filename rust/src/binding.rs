@@ -13,16 +13,17 @@ use crate::decode::Decoder;
 use crate::error::Fault;
 use crate::group::{open_shard, SampleReader};
 use crate::index::Index;
-use crate::pipeline::{display_table, OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan};
+use crate::pipeline::{
+    display_table, MainSpans, OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan,
+};
 use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
 use crate::resize::CropMode;
 use crate::rng;
 use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
 use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
-use crate::seek::keys_of_runs;
 use crate::source::{redact_url, Expected, Signer, SourceOptions, SourceStats};
-use crate::spans::{planned_spans, ShardNames};
+use crate::spans::{PlannedPart, PlannedShards, ShardNames};
 use crate::text::ClipTokenizer;
 
 create_exception!(
@@ -642,7 +643,7 @@ impl DatasetIndex {
         let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
         let plan = py
             .detach(|| {
-                let input = self.plan_input.get_or_init(|| self.index.plan_input());
+                let input = self.plan_input();
                 match state {
                     None => EpochPlan::new(input, seed, epoch, config),
                     Some(json) => EpochState::from_json(json.as_bytes())
@@ -652,9 +653,114 @@ impl DatasetIndex {
             .map_err(plan_err)?;
         Ok(EpochPlanView {
             plan,
+            shards: Arc::new(PlannedShards::new(vec![self.part()])),
+        })
+    }
+}
+
+impl DatasetIndex {
+    fn plan_input(&self) -> &plan::PlanInput {
+        self.plan_input.get_or_init(|| self.index.plan_input())
+    }
+
+    fn part(&self) -> PlannedPart {
+        PlannedPart {
             index: self.index.clone(),
             location: self.location.clone(),
             names: self.names.clone(),
+        }
+    }
+}
+
+/// Several indexes planned as one epoch, each source taking its share (`plan::Mixture`).
+#[pyclass(module = "shardstream._core", frozen)]
+pub struct MixturePlan {
+    mixture: plan::Mixture,
+    shards: Arc<PlannedShards>,
+}
+
+#[pymethods]
+impl MixturePlan {
+    /// `shares[i]`: ("weight", w) or ("samples", n) for `sources[i]`.
+    #[new]
+    #[pyo3(signature = (sources, shares, epoch_samples = None))]
+    fn new(
+        py: Python<'_>,
+        sources: Vec<PyRef<'_, DatasetIndex>>,
+        shares: Vec<(String, f64)>,
+        epoch_samples: Option<u64>,
+    ) -> PyResult<Self> {
+        let shares = shares
+            .into_iter()
+            .map(|(kind, value)| match kind.as_str() {
+                "weight" => Ok(plan::Share::Weight(value)),
+                "samples" if value >= 0.0 && value.fract() == 0.0 => {
+                    Ok(plan::Share::Samples(value as u64))
+                }
+                _ => Err(PyValueError::new_err(format!(
+                    "a share is (\"weight\", w) or (\"samples\", n), got ({kind:?}, {value})"
+                ))),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let inputs: Vec<plan::PlanInput> = sources.iter().map(|s| s.plan_input().clone()).collect();
+        let parts = sources.iter().map(|s| s.part()).collect();
+        let mixture = py
+            .detach(|| plan::Mixture::new(&inputs, &shares, epoch_samples))
+            .map_err(plan_err)?;
+        Ok(Self {
+            mixture,
+            shards: Arc::new(PlannedShards::new(parts)),
+        })
+    }
+
+    /// Samples per epoch of each source.
+    #[getter]
+    fn quotas(&self) -> Vec<u64> {
+        self.mixture.quotas()
+    }
+
+    /// Each source's first shard in the mixture's numbering (`Batch` shard numbers).
+    #[getter]
+    fn first_shards(&self) -> Vec<u32> {
+        self.mixture.first_shards()
+    }
+
+    #[getter]
+    fn num_samples(&self) -> u64 {
+        self.mixture.total()
+    }
+
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.mixture.fingerprint()
+    }
+
+    /// As `DatasetIndex.plan`, over the mixture.
+    #[pyo3(signature = (*, seed, epoch, world_size, workers, batch_size, block_size, drop_last, state = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &self,
+        py: Python<'_>,
+        seed: u64,
+        epoch: u64,
+        world_size: u32,
+        workers: u32,
+        batch_size: u64,
+        block_size: u64,
+        drop_last: bool,
+        state: Option<&str>,
+    ) -> PyResult<EpochPlanView> {
+        let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
+        let plan = py
+            .detach(|| match state {
+                None => EpochPlan::mixture(&self.mixture, seed, epoch, config),
+                Some(json) => EpochState::from_json(json.as_bytes())
+                    .and_then(|st| EpochPlan::resume_mixture(&self.mixture, &st, config)),
+            })
+            .map_err(plan_err)?;
+        Ok(EpochPlanView {
+            plan,
+            shards: self.shards.clone(),
         })
     }
 }
@@ -664,21 +770,32 @@ impl DatasetIndex {
 pub struct PlannedSpans {
     spans: Vec<ShardSpan>,
     reserve: Vec<ShardSpan>,
+    /// A mixture's reader: its spans per source and each block's count of each.
+    mixed: Option<(Vec<Vec<ShardSpan>>, Vec<u32>)>,
+}
+
+impl PlannedSpans {
+    fn main(&self) -> MainSpans {
+        match &self.mixed {
+            None => MainSpans::Spans(self.spans.clone()),
+            Some((streams, counts)) => MainSpans::Mixed {
+                streams: streams.clone(),
+                block_counts: counts.clone(),
+            },
+        }
+    }
 }
 
 /// One epoch's plan over an index: what each reader reads, and the resumable state.
 #[pyclass(module = "shardstream._core", frozen)]
 pub struct EpochPlanView {
     plan: EpochPlan,
-    index: Arc<Index>,
-    location: Option<String>,
-    names: Arc<ShardNames>,
+    shards: Arc<PlannedShards>,
 }
 
 impl EpochPlanView {
     fn spans(&self, runs: &[plan::Run]) -> PyResult<Vec<ShardSpan>> {
-        planned_spans(&self.index, self.location.as_deref(), &self.names, runs)
-            .map_err(PyValueError::new_err)
+        self.shards.spans(runs).map_err(PyValueError::new_err)
     }
 }
 
@@ -709,7 +826,7 @@ impl EpochPlanView {
             None => SourceOptions::default(),
         };
         let runs = self.plan.remainder();
-        py.detach(|| keys_of_runs(&self.index, self.location.as_deref(), &runs, &opts))
+        py.detach(|| self.shards.keys(&runs, &opts))
             .map_err(|e: String| PyValueError::new_err(e))
     }
 
@@ -718,9 +835,24 @@ impl EpochPlanView {
     fn reader(&self, py: Python<'_>, rank: u32, worker: u32) -> PyResult<Py<PyAny>> {
         let r = self.plan.reader(rank, worker).map_err(plan_err)?;
         let d = PyDict::new(py);
+        let mixed = match &r.streams {
+            None => None,
+            Some(m) => Some((
+                m.runs
+                    .iter()
+                    .map(|runs| self.spans(runs))
+                    .collect::<PyResult<_>>()?,
+                m.block_counts.clone(),
+            )),
+        };
         let spans = PlannedSpans {
-            spans: self.spans(r.runs())?,
+            spans: if mixed.is_some() {
+                Vec::new()
+            } else {
+                self.spans(r.runs())?
+            },
             reserve: self.spans(r.reserve())?,
+            mixed,
         };
         d.set_item("spans", Py::new(py, spans)?)?;
         d.set_item("num_batches", r.num_batches)?;
@@ -821,6 +953,21 @@ impl Loader {
         if cfg.batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be positive"));
         }
+        if let Some(v) = get("sources")? {
+            if !v.is_none() {
+                let sources: Vec<(u32, Option<String>)> = v.extract()?;
+                cfg.sources = sources
+                    .into_iter()
+                    .map(|(first, caption)| {
+                        let mut spec = cfg.spec.clone();
+                        if let Some(key) = caption {
+                            spec.caption = CaptionSource::parse(&key);
+                        }
+                        (first, spec)
+                    })
+                    .collect();
+            }
+        }
         if let Some(v) = get("tokenizer")? {
             if !v.is_none() {
                 let (kind, path, ctx): (String, String, usize) = v.extract()?;
@@ -836,8 +983,8 @@ impl Loader {
         let batch_bytes =
             cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
         let (main, reserve) = match spans_list {
-            SpanInput::Planned(p) => (p.spans.clone(), p.reserve.clone()),
-            SpanInput::Tuples(t) => (spans(t, &display_urls), Vec::new()),
+            SpanInput::Planned(p) => (p.main(), p.reserve.clone()),
+            SpanInput::Tuples(t) => (MainSpans::Spans(spans(t, &display_urls)), Vec::new()),
         };
         let display = display_table(main.iter().chain(&reserve));
         let pipeline = Pipeline::start(main, reserve, cfg);
@@ -1060,6 +1207,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Loader>()?;
     m.add_class::<DatasetIndex>()?;
     m.add_class::<EpochPlanView>()?;
+    m.add_class::<MixturePlan>()?;
     m.add_class::<PlannedSpans>()?;
     m.add_class::<PyClipTokenizer>()?;
     m.add_function(wrap_pyfunction!(scan_shard, m)?)?;

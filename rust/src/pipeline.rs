@@ -10,6 +10,9 @@
 //! block of compressed samples, and the output buffers the caller lends (`submit`). Nothing
 //! grows with shard or dataset size.
 //!
+//! A mixture's reader reads one such merged stream per source and takes each block's share of
+//! each, in source order (`MixedReader`; the plan says how many).
+//!
 //! Two modes share this code. *Planned* (an index is present): every span names exact
 //! ordinals, a sample that cannot be produced becomes a placeholder so block and batch
 //! boundaries never move, and a failed slot is refilled from the reserve spans, so every rank
@@ -129,12 +132,28 @@ pub struct PipelineConfig {
     /// spans may hold presigned URLs that must not be shown. Only the shards of this reader's
     /// spans: never a table of the whole dataset.
     pub display_urls: Arc<HashMap<u32, String>>,
+    /// A mixture's sources by first shard (ascending), each with its sample spec (its own
+    /// caption source); samples are counted per source. Empty: one dataset, `spec` for all.
+    pub sources: Vec<(u32, SampleSpec)>,
     /// Captions are tokenized into the buffer's `tokens` (`[B, context_length]` int64) by the
     /// decode threads once a batch is complete. `None`: no tokens.
     pub tokenizer: Option<Arc<crate::text::ClipTokenizer>>,
 }
 
 impl PipelineConfig {
+    /// The mixture source `shard` belongs to (`None` for one dataset).
+    fn source_of(&self, shard: u32) -> Option<usize> {
+        match self.sources.partition_point(|&(first, _)| first <= shard) {
+            0 => None,
+            n => Some(n - 1),
+        }
+    }
+
+    fn spec_for(&self, shard: u32) -> &SampleSpec {
+        self.source_of(shard)
+            .map_or(&self.spec, |i| &self.sources[i].1)
+    }
+
     fn display(&self, shard: u32) -> String {
         self.display_urls
             .get(&shard)
@@ -179,6 +198,7 @@ impl Default for PipelineConfig {
             max_member_bytes: 256 << 20,
             source: SourceOptions::default(),
             display_urls: Arc::new(HashMap::new()),
+            sources: Vec::new(),
             tokenizer: None,
         }
     }
@@ -198,6 +218,8 @@ pub struct Stats {
 
 #[derive(Default)]
 struct StatsInner {
+    /// A mixture's samples per source (by position).
+    by_source: BTreeMap<usize, u64>,
     skipped: BTreeMap<&'static str, u64>,
     shard_errors: BTreeMap<&'static str, u64>,
     faults: Vec<Fault>,
@@ -223,6 +245,18 @@ impl Stats {
         }
     }
 
+    fn record_sources(&self, cfg: &PipelineConfig, shards: &[u32]) {
+        if cfg.sources.is_empty() {
+            return;
+        }
+        let mut s = self.inner.lock().expect("stats lock");
+        for &shard in shards {
+            if let Some(i) = cfg.source_of(shard) {
+                *s.by_source.entry(i).or_default() += 1;
+            }
+        }
+    }
+
     fn record_remainder(&self, keys: Vec<String>) {
         self.inner
             .lock()
@@ -242,6 +276,7 @@ impl Stats {
             "cache_hits": self.source.cache_hits.load(Ordering::Relaxed),
             "cache_misses": self.source.cache_misses.load(Ordering::Relaxed),
             "decode_seconds": self.decode_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            "samples_by_source": s.by_source,
             "skipped": s.skipped,
             "skipped_total": s.skipped.values().sum::<u64>(),
             "shard_errors": s.shard_errors,
@@ -299,6 +334,27 @@ pub struct BatchMeta {
 
 pub type BatchResult = Result<BatchMeta, Fault>;
 
+/// What a reader reads: spans in order, or a mixture's spans per source.
+pub enum MainSpans {
+    Spans(Vec<ShardSpan>),
+    /// One stream of spans per source, and per block (from the reader's first) how many
+    /// samples of each source it holds: `block_counts[b * sources + i]` (see
+    /// `plan::MixedStreams`).
+    Mixed {
+        streams: Vec<Vec<ShardSpan>>,
+        block_counts: Vec<u32>,
+    },
+}
+
+impl MainSpans {
+    pub fn iter(&self) -> Box<dyn Iterator<Item = &ShardSpan> + '_> {
+        match self {
+            Self::Spans(spans) => Box::new(spans.iter()),
+            Self::Mixed { streams, .. } => Box::new(streams.iter().flatten()),
+        }
+    }
+}
+
 pub struct Pipeline {
     buffers: Option<Sender<OutBuffer>>,
     batches: Receiver<BatchResult>,
@@ -314,16 +370,29 @@ pub struct Pipeline {
 const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Pipeline {
-    pub fn start(
-        spans: Vec<ShardSpan>,
-        reserve: Vec<ShardSpan>,
-        mut cfg: PipelineConfig,
-    ) -> Pipeline {
-        cfg.display_urls = Arc::new(display_table(spans.iter().chain(&reserve)));
+    pub fn start(main: MainSpans, reserve: Vec<ShardSpan>, mut cfg: PipelineConfig) -> Pipeline {
+        cfg.display_urls = Arc::new(display_table(main.iter().chain(&reserve)));
         let stats = Arc::new(Stats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let slot_len = 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
-        let main = spawn_readers(spans, &cfg, &stats, &stop);
+        let main = match main {
+            MainSpans::Spans(spans) => {
+                ItemSource::Merged(spawn_readers(spans, &cfg, &stats, &stop))
+            }
+            MainSpans::Mixed {
+                streams,
+                block_counts,
+            } => ItemSource::Mixed(MixedReader {
+                sources: streams.len(),
+                streams: streams
+                    .into_iter()
+                    .map(|spans| spawn_readers(spans, &cfg, &stats, &stop))
+                    .collect(),
+                block_counts,
+                at: 0,
+                left: 0,
+            }),
+        };
         let (buf_tx, buf_rx) = bounded::<OutBuffer>(64);
         let (out_tx, out_rx) = bounded::<BatchResult>(64);
         let batcher = {
@@ -339,7 +408,7 @@ impl Pipeline {
                     cfg,
                     stats,
                     stop,
-                    main,
+                    main: Some(main),
                     reserve: ReserveReader::new(reserve),
                     slot_len,
                     last_good: None,
@@ -599,9 +668,57 @@ impl MergedReader {
     }
 }
 
+/// A mixture reader's items: block after block, each source's share of the block in source
+/// order, each source read as its own sequential stream.
+struct MixedReader {
+    streams: Vec<MergedReader>,
+    sources: usize,
+    block_counts: Vec<u32>,
+    /// Position in `block_counts`, and items still to take there.
+    at: usize,
+    left: u32,
+}
+
+impl MixedReader {
+    fn next(&mut self) -> Result<Option<Item>, StreamError> {
+        while self.left == 0 {
+            let Some(&count) = self.block_counts.get(self.at) else {
+                return Ok(None);
+            };
+            self.left = count;
+            self.at += 1;
+        }
+        self.left -= 1;
+        let source = (self.at - 1) % self.sources;
+        match self.streams[source].next()? {
+            Some(item) => Ok(Some(item)),
+            // A planned stream holds exactly its blocks' counts (holes included): running out
+            // early means its reader was lost.
+            None => Err(StreamError::ReaderLost(Some(format!(
+                "source {source}'s stream ended before its planned samples"
+            )))),
+        }
+    }
+}
+
+/// Where the block shuffle takes its items from.
+enum ItemSource {
+    Merged(MergedReader),
+    Mixed(MixedReader),
+}
+
+impl ItemSource {
+    fn next(&mut self) -> Result<Option<Item>, StreamError> {
+        match self {
+            Self::Merged(reader) => reader.next(),
+            Self::Mixed(reader) => reader.next(),
+        }
+    }
+}
+
 /// Pulls blocks of `block_size` items and emits each in its seeded permutation.
 struct BlockShuffle {
-    source: MergedReader,
+    source: ItemSource,
     block_size: usize,
     seed: u64,
     block_index: u64,
@@ -709,12 +826,14 @@ thread_local! {
 
 fn prepare_into(
     raw: &RawSample,
+    shard: u32,
     cfg: &PipelineConfig,
     slot: &mut [u8],
 ) -> Result<String, Rejection> {
+    let spec = cfg.spec_for(shard);
     WORKER.with(|w| {
         guarded(
-            || prepare(raw, &cfg.spec, cfg.crop_seed, &mut w.borrow_mut(), slot),
+            || prepare(raw, spec, cfg.crop_seed, &mut w.borrow_mut(), slot),
             // The worker's decoder may be mid-image: the next sample gets a fresh one.
             || *w.borrow_mut() = Worker::default(),
         )
@@ -761,7 +880,8 @@ struct Batcher {
     cfg: PipelineConfig,
     stats: Arc<Stats>,
     stop: Arc<AtomicBool>,
-    main: MergedReader,
+    /// Taken by `run`.
+    main: Option<ItemSource>,
     reserve: ReserveReader,
     slot_len: usize,
     /// A copy of one good sample of the last batch (its slot and pixels): what pads a planned
@@ -779,17 +899,7 @@ struct Slot {
 
 impl Batcher {
     fn run(&mut self, buffers: Receiver<OutBuffer>, out: Sender<BatchResult>) {
-        let main = std::mem::replace(
-            &mut self.main,
-            MergedReader {
-                queues: vec![],
-                current: 0,
-                span_count: 0,
-                cycle: false,
-                spans_done: 0,
-                items_since_cycle: 0,
-            },
-        );
+        let Some(main) = self.main.take() else { return };
         let mut stream = BlockShuffle {
             source: main,
             block_size: self.cfg.block_size,
@@ -868,6 +978,7 @@ impl Batcher {
                             .for_each(|(row, text)| tok.tokenize_into(text, row));
                     }
                     produced += 1;
+                    self.stats.record_sources(&self.cfg, &meta.shards);
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
                     self.stats
                         .samples
@@ -902,7 +1013,7 @@ impl Batcher {
             .zip(items.into_par_iter())
             .map(|(slot_mem, item)| match item {
                 Item::Sample { shard, raw } => {
-                    let r = prepare_into(&raw, cfg, slot_mem);
+                    let r = prepare_into(&raw, shard, cfg, slot_mem);
                     (
                         Slot {
                             shard,
@@ -974,7 +1085,7 @@ impl Batcher {
                     }
                 };
                 let Some((shard, raw)) = next else { break };
-                match prepare_into(&raw, cfg, slot_mem) {
+                match prepare_into(&raw, shard, cfg, slot_mem) {
                     Ok(text) => {
                         slots[i].0 = Slot {
                             shard,

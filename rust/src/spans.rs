@@ -7,8 +7,9 @@
 use crate::index::Index;
 use crate::pipeline::ShardSpan;
 use crate::plan::Run;
-use crate::seek::DetailSource;
-use crate::source::{redact_url, Expected};
+use crate::seek::{keys_of_runs, DetailSource};
+use crate::source::{redact_url, Expected, SourceOptions};
+use std::sync::Arc;
 
 /// What to open for each shard: the URL and the name users know it by. Empty: the index's own
 /// URL, redacted.
@@ -16,6 +17,93 @@ use crate::source::{redact_url, Expected};
 pub struct ShardNames {
     pub urls: Vec<String>,
     pub displays: Vec<String>,
+}
+
+/// The datasets a plan's shard numbers name: one index, or a mixture's indexes numbered source
+/// after source (`plan::Mixture`), each with where its detail files live and its shard names.
+#[derive(Clone, Debug)]
+pub struct PlannedShards {
+    parts: Vec<PlannedPart>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PlannedPart {
+    pub index: Arc<Index>,
+    pub location: Option<String>,
+    pub names: Arc<ShardNames>,
+}
+
+impl PlannedShards {
+    pub fn new(parts: Vec<PlannedPart>) -> Self {
+        Self { parts }
+    }
+
+    /// `f(part, runs in that part's numbering, first shard of the part)` for each stretch of
+    /// consecutive runs in one part, in order.
+    fn for_each_part<E>(
+        &self,
+        runs: &[Run],
+        mut f: impl FnMut(&PlannedPart, &[Run], u32) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let firsts = self.first_shards();
+        let mut i = 0;
+        while i < runs.len() {
+            let part = firsts.partition_point(|&first| first <= runs[i].shard) - 1;
+            let first = firsts[part];
+            let end = firsts.get(part + 1).copied().unwrap_or(u32::MAX);
+            let mut local = Vec::new();
+            while i < runs.len() && (first..end).contains(&runs[i].shard) {
+                local.push(Run {
+                    shard: runs[i].shard - first,
+                    ..runs[i]
+                });
+                i += 1;
+            }
+            f(&self.parts[part], &local, first)?;
+        }
+        Ok(())
+    }
+
+    fn first_shards(&self) -> Vec<u32> {
+        let mut first = 0;
+        self.parts
+            .iter()
+            .map(|p| {
+                let this = first;
+                first += p.index.len() as u32;
+                this
+            })
+            .collect()
+    }
+
+    /// The spans of `runs`, shards numbered as the plan numbers them.
+    pub fn spans(&self, runs: &[Run]) -> Result<Vec<ShardSpan>, String> {
+        let mut out = Vec::with_capacity(runs.len());
+        self.for_each_part(runs, |part, local, first| {
+            let spans = planned_spans(&part.index, part.location.as_deref(), &part.names, local)?;
+            out.extend(spans.into_iter().map(|mut span| {
+                span.shard += first;
+                span
+            }));
+            Ok::<(), String>(())
+        })?;
+        Ok(out)
+    }
+
+    /// The keys of `runs`' samples (from memory or the shards' detail blocks).
+    pub fn keys(&self, runs: &[Run], opts: &SourceOptions) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        self.for_each_part(runs, |part, local, _| {
+            out.extend(keys_of_runs(
+                &part.index,
+                part.location.as_deref(),
+                local,
+                opts,
+            )?);
+            Ok::<(), String>(())
+        })?;
+        Ok(out)
+    }
 }
 
 /// The spans of `runs` over `index`, whose detail files live at `location`.

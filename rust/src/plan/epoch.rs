@@ -1,11 +1,51 @@
 //! The plan of one epoch in its current phase: fresh, resumed, or re-planned elastically.
 
 use super::layout::Layout;
+use super::mixture::{MixedStreams, Mixture};
+use super::phase::PhaseSequence;
 use super::reader::ReaderPlan;
 use super::sequence::{global_sequence, Sequence};
 use super::shuffle::BlockShuffle;
 use super::state::{check_record, consumed_ranges, find_reserve_use};
 use super::*;
+
+/// What an epoch plan plans: one dataset, or a mixture of several.
+#[derive(Clone, Copy)]
+enum Dataset<'a> {
+    Single(&'a PlanInput),
+    Mixture(&'a Mixture),
+}
+
+impl Dataset<'_> {
+    fn input(&self) -> &PlanInput {
+        match self {
+            Self::Single(input) => input,
+            Self::Mixture(mixture) => &mixture.input,
+        }
+    }
+
+    fn fingerprint(&self) -> u64 {
+        match self {
+            Self::Single(input) => input.fingerprint,
+            Self::Mixture(mixture) => mixture.fingerprint,
+        }
+    }
+
+    /// Samples of phase 0 (all valid samples; a mixture's epoch length).
+    fn num_samples(&self) -> u64 {
+        match self {
+            Self::Single(input) => input.num_valid,
+            Self::Mixture(mixture) => mixture.total,
+        }
+    }
+
+    fn phase0(&self, seed: u64, epoch: u64) -> PhaseSequence {
+        match self {
+            Self::Single(input) => PhaseSequence::Plain(global_sequence(input, seed, epoch)),
+            Self::Mixture(mixture) => PhaseSequence::Mixed(mixture.sequence(seed, epoch)),
+        }
+    }
+}
 
 /// The plan of one epoch in its current phase; cheap to build (linear in shards), and every
 /// rank builds the same one. Hand [`EpochPlan::reader`] to each reader.
@@ -20,7 +60,7 @@ pub struct EpochPlan {
     pub(super) phase: u32,
     pub(super) layout: Layout,
     /// The phase sequence; its runs hold invalid ordinals, which `input` knows.
-    pub(super) sequence: Sequence,
+    pub(super) sequence: PhaseSequence,
     pub(super) input: PlanInput,
     /// Batches per rank already yielded in this phase before this plan starts.
     pub(super) start: u64,
@@ -36,18 +76,46 @@ impl EpochPlan {
         epoch: u64,
         config: PhaseConfig,
     ) -> Result<Self, PlanError> {
+        Self::fresh(Dataset::Single(input), seed, epoch, config)
+    }
+
+    /// The plan of a fresh epoch of a mixture (its shards numbered as [`Mixture::input`]'s).
+    pub fn mixture(
+        mixture: &Mixture,
+        seed: u64,
+        epoch: u64,
+        config: PhaseConfig,
+    ) -> Result<Self, PlanError> {
+        Self::fresh(Dataset::Mixture(mixture), seed, epoch, config)
+    }
+
+    /// [`EpochPlan::resume`] for a mixture.
+    pub fn resume_mixture(
+        mixture: &Mixture,
+        state: &EpochState,
+        config: PhaseConfig,
+    ) -> Result<Self, PlanError> {
+        Self::resumed(Dataset::Mixture(mixture), state, config)
+    }
+
+    fn fresh(
+        dataset: Dataset<'_>,
+        seed: u64,
+        epoch: u64,
+        config: PhaseConfig,
+    ) -> Result<Self, PlanError> {
         config.validate()?;
-        let sequence = global_sequence(input, seed, epoch);
+        let sequence = dataset.phase0(seed, epoch);
         Ok(Self {
             seed,
             epoch,
-            fingerprint: input.fingerprint,
-            num_valid: input.num_valid,
+            fingerprint: dataset.fingerprint(),
+            num_valid: dataset.num_samples(),
             history: Vec::new(),
             phase: 0,
             layout: Layout::new(sequence.len(), config),
             sequence,
-            input: input.clone(),
+            input: dataset.input().clone(),
             start: 0,
             reserve_used: Vec::new(),
         })
@@ -62,21 +130,34 @@ impl EpochPlan {
         state: &EpochState,
         config: PhaseConfig,
     ) -> Result<Self, PlanError> {
-        if state.index_fingerprint != input.fingerprint {
+        Self::resumed(Dataset::Single(input), state, config)
+    }
+
+    fn resumed(
+        dataset: Dataset<'_>,
+        state: &EpochState,
+        config: PhaseConfig,
+    ) -> Result<Self, PlanError> {
+        let (input, fingerprint, num_valid) = (
+            dataset.input(),
+            dataset.fingerprint(),
+            dataset.num_samples(),
+        );
+        if state.index_fingerprint != fingerprint {
             return Err(PlanError::OtherDataset {
                 state: state.index_fingerprint,
-                index: input.fingerprint,
+                index: fingerprint,
             });
         }
-        if state.num_samples != input.num_valid {
+        if state.num_samples != num_valid {
             return Err(PlanError::State(format!(
-                "the state counts {} valid samples, this index {}",
-                state.num_samples, input.num_valid
+                "the state counts {} samples an epoch, this dataset {num_valid}",
+                state.num_samples
             )));
         }
         config.validate()?;
         let (seed, epoch) = (state.seed, state.epoch);
-        let mut sequence = global_sequence(input, seed, epoch);
+        let mut sequence = dataset.phase0(seed, epoch);
         for (p, record) in state.phases.iter().enumerate() {
             let phase = u32::try_from(p).map_err(|_| PlanError::State("too many phases".into()))?;
             record.config.validate()?;
@@ -86,8 +167,8 @@ impl EpochPlan {
                 return Ok(Self {
                     seed,
                     epoch,
-                    fingerprint: input.fingerprint,
-                    num_valid: input.num_valid,
+                    fingerprint,
+                    num_valid,
                     history: state.phases[..p].to_vec(),
                     phase,
                     layout,
@@ -97,7 +178,7 @@ impl EpochPlan {
                     reserve_used: record.reserve_used.clone(),
                 });
             }
-            let consumed = consumed_ranges(&layout, seed, epoch, phase, record);
+            let consumed = consumed_ranges(&layout, &sequence, seed, epoch, phase, record);
             sequence = sequence.without(input, &consumed);
         }
         let phase = u32::try_from(state.phases.len())
@@ -105,8 +186,8 @@ impl EpochPlan {
         Ok(Self {
             seed,
             epoch,
-            fingerprint: input.fingerprint,
-            num_valid: input.num_valid,
+            fingerprint,
+            num_valid,
             history: state.phases.clone(),
             phase,
             layout: Layout::new(sequence.len(), config),
@@ -159,11 +240,10 @@ impl EpochPlan {
     pub fn remainder(&self) -> Vec<Run> {
         let mut out = Sequence::default();
         self.sequence.copy_range(
-            Some(&self.input),
+            &self.input,
             self.layout.tail_start(),
             self.layout.tail_start() + self.layout.tail_len(),
             &mut out,
-            true,
         );
         out.runs
     }
@@ -206,21 +286,51 @@ impl EpochPlan {
         let emitted = (done * config.batch_size).min(len);
         let block_size = config.block_size;
         let first_block = emitted / block_size;
-        let mut sequence = Sequence::default();
-        segments.for_each(first_block * block_size, len, |a, b| {
-            self.sequence
-                .copy_range(Some(&self.input), a, b, &mut sequence, true)
-        });
+        let shuffle = BlockShuffle::new(
+            self.seed, self.epoch, self.phase, rank, reader, block_size, len,
+        );
+        let (sequence, streams) = match &self.sequence {
+            PhaseSequence::Plain(_) => {
+                let mut sequence = Sequence::default();
+                segments.for_each(first_block * block_size, len, |a, b| {
+                    self.sequence.copy_range(&self.input, a, b, &mut sequence)
+                });
+                (sequence, None)
+            }
+            PhaseSequence::Mixed(mixed) => {
+                let sources = mixed.num_sources();
+                let mut sequence = Sequence::default();
+                let mut streams = vec![Sequence::default(); sources];
+                let mut block_counts = Vec::new();
+                for block in first_block..shuffle.num_blocks() {
+                    let from = block * block_size;
+                    let mut ranges = Vec::new();
+                    segments.for_each(from, from + shuffle.block_len(block), |a, b| {
+                        ranges.push((a, b))
+                    });
+                    let mut pieces = vec![Sequence::default(); sources];
+                    mixed.pieces(&self.input, &ranges, &mut pieces);
+                    for (piece, stream) in pieces.iter().zip(streams.iter_mut()) {
+                        block_counts.push(piece.len() as u32);
+                        for &run in &piece.runs {
+                            sequence.push(run, None);
+                            stream.push(run, None);
+                        }
+                    }
+                }
+                let runs = streams.into_iter().map(|s| s.runs).collect();
+                (sequence, Some(MixedStreams { runs, block_counts }))
+            }
+        };
+        // The reserve in block order; the first `used` of it were used before this plan.
         let used = find_reserve_use(&self.reserve_used, rank, reader);
         let (ra, rb) = self.layout.reserve_range(r, w);
+        let mut whole_reserve = Sequence::default();
+        self.sequence
+            .copy_range(&self.input, ra, rb, &mut whole_reserve);
         let mut reserve = Sequence::default();
-        self.sequence.copy_range(
-            Some(&self.input),
-            (ra + used).min(rb),
-            rb,
-            &mut reserve,
-            true,
-        );
+        let reserve_len = whole_reserve.len();
+        whole_reserve.copy_range(None, used.min(reserve_len), reserve_len, &mut reserve, true);
         let num_batches = total - done;
         let last_batch_size = match num_batches {
             0 => 0,
@@ -232,9 +342,7 @@ impl EpochPlan {
             worker,
             reader,
             phase: self.phase,
-            shuffle: BlockShuffle::new(
-                self.seed, self.epoch, self.phase, rank, reader, block_size, len,
-            ),
+            shuffle,
             first_block,
             skip_emitted: emitted % block_size,
             num_batches,
@@ -242,6 +350,7 @@ impl EpochPlan {
             last_batch_size,
             sequence,
             reserve: reserve.runs,
+            streams,
         })
     }
 

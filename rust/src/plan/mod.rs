@@ -22,9 +22,13 @@
 //!
 //! Nothing here knows about Python, I/O or tensors; all randomness comes from [`crate::rng`].
 //!
+//! A *mixture* of several datasets is planned the same way over an interleave of the sources'
+//! sequences (`mixture`; docs/epoch-plan.md section 7).
+//!
 //! One algorithm per module: `input` (what the plan knows of the dataset), `config` (a
 //! phase's configuration and the readers' round-robin order), `sequence` (the phase sequence
-//! as runs), `layout` (cutting it into ranks, readers, batches and reserve), `shuffle` (the
+//! as runs), `mixture` (several sources in one epoch), `phase` (one dataset's or a mixture's
+//! phase sequence), `layout` (cutting it into ranks, readers, batches and reserve), `shuffle` (the
 //! block shuffle), `epoch` (the plan of an epoch and its phases), `state` (the resume state
 //! and what a phase consumed), `reader` (one reader's plan), `streaming` (no index).
 
@@ -34,6 +38,8 @@ mod config;
 mod epoch;
 mod input;
 mod layout;
+mod mixture;
+mod phase;
 mod reader;
 mod sequence;
 mod shuffle;
@@ -45,6 +51,7 @@ mod tests;
 pub use config::{rank_batch_order, reader_batches_done, PhaseConfig};
 pub use epoch::EpochPlan;
 pub use input::{PlanInput, ShardCounts};
+pub use mixture::{MixedStreams, Mixture, Share};
 pub use reader::{Emitted, ReaderPlan};
 pub use shuffle::BlockShuffle;
 pub use state::{EpochState, PhaseRecord, ReserveUse};
@@ -55,6 +62,9 @@ pub(crate) const TAG_SHARD_ORDER: u64 = 1;
 pub(crate) const TAG_ROTATION: u64 = 2;
 pub(crate) const TAG_BLOCK: u64 = 3;
 pub(crate) const TAG_NO_INDEX: u64 = 4;
+pub(crate) const TAG_MIX: u64 = 5;
+pub(crate) const TAG_MIX_ORDER: u64 = 6;
+pub(crate) const TAG_MIX_ROTATION: u64 = 7;
 
 /// `format` of a serialized [`EpochState`].
 pub const STATE_FORMAT: &str = "shardstream-epoch-state";

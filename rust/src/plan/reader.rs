@@ -1,5 +1,6 @@
 //! One reader's plan: what it reads, in order, and how it emits and batches it.
 
+use super::mixture::MixedStreams;
 use super::sequence::Sequence;
 use super::shuffle::BlockShuffle;
 use super::Run;
@@ -33,6 +34,9 @@ pub struct ReaderPlan {
     pub last_batch_size: u64,
     pub(super) sequence: Sequence,
     pub(super) reserve: Vec<Run>,
+    /// A mixture's reader: each source's runs as one stream, and each block's share of each
+    /// (`runs()` is then those shares, block after block, source after source).
+    pub streams: Option<MixedStreams>,
 }
 
 impl ReaderPlan {

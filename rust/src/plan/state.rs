@@ -1,6 +1,7 @@
 //! The resume state, and what a phase consumed (to re-plan the rest of an epoch).
 
 use super::layout::Layout;
+use super::phase::PhaseSequence;
 use super::shuffle::BlockShuffle;
 use super::{config::reader_batches_done, PhaseConfig, PlanError, STATE_FORMAT, STATE_VERSION};
 use serde::{Deserialize, Serialize};
@@ -118,6 +119,7 @@ pub(super) fn check_record(layout: &Layout, record: &PhaseRecord) -> Result<(), 
 /// done batches, plus the reserve samples it used. Sorted, disjoint ranges.
 pub(super) fn consumed_ranges(
     layout: &Layout,
+    sequence: &PhaseSequence,
     seed: u64,
     epoch: u64,
     phase: u32,
@@ -137,26 +139,25 @@ pub(super) fn consumed_ranges(
             segments.for_each(0, whole, |a, b| ranges.push((a, b)));
             if emitted > whole {
                 let shuffle = BlockShuffle::new(seed, epoch, phase, rank, reader, block_size, len);
-                let mut picked = shuffle.block_permutation(emitted / block_size);
-                picked.truncate((emitted - whole) as usize);
-                picked.sort_unstable();
-                // Consecutive picks make one range: fewer ranges to sort and merge.
-                let mut i = 0;
-                while i < picked.len() {
-                    let first = picked[i] as u64;
-                    let mut end = first + 1;
-                    i += 1;
-                    while i < picked.len() && picked[i] as u64 == end {
-                        end += 1;
-                        i += 1;
-                    }
-                    segments.for_each(whole + first, whole + end, |a, b| ranges.push((a, b)));
-                }
+                let block = emitted / block_size;
+                let mut block_ranges = Vec::new();
+                segments.for_each(whole, whole + shuffle.block_len(block), |a, b| {
+                    block_ranges.push((a, b))
+                });
+                let order = sequence.grouped_positions(&block_ranges);
+                let mut picked: Vec<u64> = shuffle.block_permutation(block)
+                    [..(emitted - whole) as usize]
+                    .iter()
+                    .map(|&j| order[j as usize])
+                    .collect();
+                push_positions(&mut ranges, &mut picked);
             }
             let used = find_reserve_use(&record.reserve_used, rank, reader);
             if used > 0 {
-                let (a, _) = layout.reserve_range(r, w);
-                ranges.push((a, a + used));
+                let (a, b) = layout.reserve_range(r, w);
+                let mut picked = sequence.grouped_positions(&[(a, b)]);
+                picked.truncate(used as usize);
+                push_positions(&mut ranges, &mut picked);
             }
         }
     }
@@ -171,4 +172,20 @@ pub(super) fn consumed_ranges(
         }
     });
     ranges
+}
+
+/// Appends `positions` (any order) to `ranges` as ranges of consecutive positions.
+fn push_positions(ranges: &mut Vec<(u64, u64)>, positions: &mut [u64]) {
+    positions.sort_unstable();
+    let mut i = 0;
+    while i < positions.len() {
+        let first = positions[i];
+        let mut end = first + 1;
+        i += 1;
+        while i < positions.len() && positions[i] == end {
+            end += 1;
+            i += 1;
+        }
+        ranges.push((first, end));
+    }
 }

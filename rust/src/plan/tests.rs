@@ -528,9 +528,9 @@ fn the_phase_sequence_keeps_two_runs_per_shard_however_many_samples_are_invalid(
     let input = PlanInput::new(shards, 1).unwrap();
     let plan = EpochPlan::new(&input, 3, 0, config(4, 2, 16, 100, true)).unwrap();
     assert!(
-        plan.sequence.runs.len() <= 2 * 1000,
+        plan.sequence.plain_runs() <= 2 * 1000,
         "{}",
-        plan.sequence.runs.len()
+        plan.sequence.plain_runs()
     );
     assert_eq!(plan.sequence.len(), 1000 * 990);
     // Readers get only valid ordinals, and the union is every valid sample but the tail.
@@ -551,9 +551,9 @@ fn the_phase_sequence_keeps_two_runs_per_shard_however_many_samples_are_invalid(
     let state = plan.state(plan.num_batches() / 2, &[]).unwrap();
     let resumed = EpochPlan::resume(&input, &state, config(3, 2, 16, 100, true)).unwrap();
     assert!(
-        resumed.sequence.runs.len() < 2 * 1000 + 8 * 100,
+        resumed.sequence.plain_runs() < 2 * 1000 + 8 * 100,
         "{}",
-        resumed.sequence.runs.len()
+        resumed.sequence.plain_runs()
     );
 }
 
@@ -665,4 +665,209 @@ fn many_random_datasets_and_chains() {
             .collect();
         run_chain(&input, &chain, trial);
     }
+}
+
+// ---- Mixtures ----------------------------------------------------------------------------
+
+/// Three uneven sources (one with invalid samples), weights 0.6 / 0.3 / 0.1.
+fn three_sources(epoch_samples: Option<u64>) -> Mixture {
+    let a = PlanInput::new(
+        [(30u64, vec![3u64, 4]), (7, vec![]), (12, vec![11])]
+            .into_iter()
+            .map(|(n, bad)| ShardCounts {
+                num_samples: n,
+                invalid: bad.into(),
+            })
+            .collect(),
+        1,
+    )
+    .unwrap();
+    let b = PlanInput::from_counts(&[5, 9]);
+    let c = PlanInput::from_counts(&[3]);
+    Mixture::new(
+        &[a, b, c],
+        &[Share::Weight(0.6), Share::Weight(0.3), Share::Weight(0.1)],
+        epoch_samples,
+    )
+    .unwrap()
+}
+
+fn source_of(mixture: &Mixture, shard: u32) -> usize {
+    mixture.first_shards().partition_point(|&f| f <= shard) - 1
+}
+
+fn multiset(samples: impl IntoIterator<Item = Sample>) -> HashMap<Sample, u64> {
+    let mut out = HashMap::new();
+    for s in samples {
+        *out.entry(s).or_default() += 1;
+    }
+    out
+}
+
+#[test]
+fn a_mixture_epoch_yields_each_sources_quota_of_its_stream() {
+    let mixture = three_sources(None);
+    // 63 valid samples: 37.8 / 18.9 / 6.3 by weight.
+    assert_eq!(mixture.quotas(), vec![38, 19, 6]);
+    for epoch in [0, 1, 5] {
+        let expected = mixture.epoch_samples(4, epoch);
+        for cfg in configs().into_iter().filter(|c| c.drop_last) {
+            let plan = EpochPlan::mixture(&mixture, 4, epoch, cfg).unwrap();
+            let mut got: Vec<Sample> = all_batches(&plan).into_iter().flatten().flatten().collect();
+            got.extend(expand(&plan.remainder()));
+            assert_eq!(
+                multiset(got),
+                multiset(expected.iter().flatten().copied()),
+                "{cfg:?}"
+            );
+        }
+        // Source 1 (14 samples, 19 a epoch) repeats a sample only after its whole pass.
+        let stream: Vec<Sample> = (0..4)
+            .flat_map(|e| mixture.epoch_samples(4, e).swap_remove(1))
+            .collect();
+        for pass in stream.chunks(14) {
+            assert_eq!(pass.iter().collect::<HashSet<_>>().len(), pass.len());
+        }
+    }
+}
+
+#[test]
+fn every_block_holds_each_source_in_proportion() {
+    let parts = [
+        PlanInput::from_counts(&[400; 6]),
+        PlanInput::from_counts(&[90, 250, 310]),
+        PlanInput::from_counts(&[40, 41]),
+    ];
+    let shares = [Share::Weight(0.6), Share::Weight(0.3), Share::Weight(0.1)];
+    let mixture = Mixture::new(&parts, &shares, None).unwrap();
+    let weights = [0.6, 0.3, 0.1];
+    let cfg = config(2, 2, 32, 256, true);
+    let plan = EpochPlan::mixture(&mixture, 1, 0, cfg).unwrap();
+    let ranks = all_batches(&plan);
+    let mut total = [0u64; 3];
+    for n in 0..plan.num_batches() as usize {
+        let mut counts = [0u64; 3];
+        for rank in &ranks {
+            for &(shard, _) in &rank[n] {
+                counts[source_of(&mixture, shard)] += 1;
+            }
+        }
+        let g = cfg.global_batch() as f64;
+        for (i, &w) in weights.iter().enumerate() {
+            // A batch is a uniform draw from a block that holds the exact shares: within four
+            // binomial standard deviations.
+            let sd = (g * w * (1.0 - w)).sqrt();
+            assert!(
+                (counts[i] as f64 - g * w).abs() <= 4.0 * sd,
+                "batch {n}: {counts:?}"
+            );
+            total[i] += counts[i];
+        }
+    }
+    // Over the epoch, each source within one batch of its share.
+    let yielded: u64 = total.iter().sum();
+    for (i, &w) in weights.iter().enumerate() {
+        assert!((total[i] as f64 - yielded as f64 * w).abs() <= cfg.batch_size as f64);
+    }
+    // Each reader's blocks hold the shares within 2 samples, and its streams replay `runs()`.
+    for rank in 0..2 {
+        for worker in 0..2 {
+            let reader = plan.reader(rank, worker).unwrap();
+            let streams = reader.streams.as_ref().unwrap();
+            let mut per_source: Vec<std::vec::IntoIter<Sample>> =
+                streams.runs.iter().map(|r| expand(r).into_iter()).collect();
+            let mut replay = Vec::new();
+            for (b, len) in reader.block_lengths().enumerate() {
+                let counts = &streams.block_counts[b * 3..b * 3 + 3];
+                assert_eq!(counts.iter().map(|&c| c as u64).sum::<u64>(), len);
+                for (i, &c) in counts.iter().enumerate() {
+                    assert!(
+                        (c as f64 - len as f64 * weights[i]).abs() <= 2.0,
+                        "{counts:?}"
+                    );
+                    replay.extend(per_source[i].by_ref().take(c as usize));
+                }
+            }
+            assert_eq!(replay, expand(reader.runs()));
+            assert!(per_source.iter_mut().all(|s| s.next().is_none()));
+        }
+    }
+}
+
+/// A mixture's epoch through a chain of configurations: what was yielded, plus the final
+/// remainder, is exactly the epoch's samples (as a multiset: small sources repeat).
+fn run_mixture_chain(mixture: &Mixture, chain: &[(PhaseConfig, u64)], seed: u64, used: u64) {
+    let mut got: Vec<Sample> = Vec::new();
+    let mut plan = EpochPlan::mixture(mixture, seed, 3, chain[0].0).unwrap();
+    let mut replaced: Vec<Sample> = Vec::new();
+    for (i, &(_, stop)) in chain.iter().enumerate() {
+        let stop = stop.min(plan.num_batches());
+        for batches in all_batches(&plan) {
+            got.extend(batches[..stop as usize].iter().flatten());
+        }
+        // Rank 0's first reader replaced `used` failed samples from its reserve.
+        let reader = plan.reader(0, 0).unwrap();
+        let take = if stop > 0 {
+            used.min(reader.reserve().iter().map(Run::len).sum())
+        } else {
+            0
+        };
+        replaced.extend(expand(reader.reserve()).into_iter().take(take as usize));
+        let uses = [ReserveUse {
+            rank: 0,
+            reader: reader.reader,
+            used: take,
+        }];
+        let json = plan
+            .state(stop, &uses[..(take > 0) as usize])
+            .unwrap()
+            .to_json();
+        let state = EpochState::from_json(json.as_bytes()).unwrap();
+        let next = chain.get(i + 1).map_or(chain[i].0, |c| c.0);
+        plan = EpochPlan::resume_mixture(mixture, &state, next).unwrap();
+    }
+    for batches in all_batches(&plan) {
+        got.extend(batches.into_iter().flatten());
+    }
+    got.extend(replaced);
+    got.extend(expand(&plan.remainder()));
+    assert_eq!(
+        multiset(got),
+        multiset(mixture.epoch_samples(seed, 3).into_iter().flatten()),
+        "chain {chain:?}"
+    );
+}
+
+#[test]
+fn mixture_resume_continues_exactly_and_elastic_resume_loses_nothing() {
+    let mixture = three_sources(Some(90));
+    for cfg in configs().into_iter().filter(|c| c.drop_last) {
+        let plan = EpochPlan::mixture(&mixture, 2, 3, cfg).unwrap();
+        let full = all_batches(&plan);
+        for n in 0..=plan.num_batches() {
+            let state = plan.state(n, &[]).unwrap();
+            let resumed = EpochPlan::resume_mixture(&mixture, &state, cfg).unwrap();
+            for (rank, batches) in all_batches(&resumed).iter().enumerate() {
+                assert_eq!(batches[..], full[rank][n as usize..], "{cfg:?} n={n}");
+            }
+        }
+    }
+    for (b, c) in [(2, 3), (4, 7), (3, 1), (5, 16)] {
+        for stops in [(0, 0), (1, 1), (2, 3), (3, 0), (100, 2)] {
+            for used in [0, 1, 2] {
+                let chain = [
+                    (config(2, 2, b, c, true), stops.0),
+                    (config(3, 2, b, c, true), stops.1),
+                    (config(1, 0, b + 1, c + 2, true), 0),
+                ];
+                run_mixture_chain(&mixture, &chain, 11, used);
+            }
+        }
+    }
+    // A state of a mixture is refused by another mixture and by a single dataset.
+    let plan = EpochPlan::mixture(&mixture, 2, 3, config(2, 0, 3, 4, true)).unwrap();
+    let state = plan.state(1, &[]).unwrap();
+    let other = three_sources(Some(91));
+    assert!(EpochPlan::resume_mixture(&other, &state, config(2, 0, 3, 4, true)).is_err());
+    assert!(EpochPlan::resume(mixture.input(), &state, config(2, 0, 3, 4, true)).is_err());
 }
