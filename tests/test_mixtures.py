@@ -75,7 +75,9 @@ def test_bad_shares_and_sources_get_clear_errors(mixture, tmp_path):
         str(tmp_path / "bad.tar"), tar_bytes([("k.jpg", photo_jpegs(1)[0][:200]), ("k.txt", b"x")])
     )
     empty = write_index(build_index([bad], threads=1), str(tmp_path / "index-empty"))
-    with pytest.raises(ValueError, match=r"source 'broken' has no sample to schedule.*1 samples"):
+    with pytest.raises(
+        ValueError, match=r"source 'broken': the index schedules no sample: its 1 shards hold 1 samples"
+    ):
         shardstream.ShardLoader(
             sources=[Source(index=index), Source(index=empty, name="broken")], batch_size=2
         )

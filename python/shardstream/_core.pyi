@@ -6,7 +6,7 @@ to or removed from the extension (or one of its classes) without updating this f
 """
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypedDict, final
+from typing import Any, Literal, NotRequired, TypedDict, final
 
 __version__: str
 
@@ -48,6 +48,7 @@ class ScanReport(TypedDict):
     invalid: list[InvalidSample]
     fatal: ShardFatal | None
     compressed: bool
+    captured: NotRequired[list[str | None]]  # with capture=: that member of each sample, as text
 
 class ReaderPlan(TypedDict):
     """What ``EpochPlanView.reader`` returns: the spans and shuffle of one (rank, worker)."""
@@ -126,6 +127,41 @@ class Loader:
         """Stops every thread; afterwards no lent buffer is written any more."""
 
 @final
+@final
+class MixturePlan:
+    """Several indexes planned as one epoch, each source taking its share (rust/src/plan/mixture.rs)."""
+
+    def __new__(
+        cls,
+        sources: Sequence[DatasetIndex],
+        shares: Sequence[tuple[str, float]],
+        epoch_samples: int | None = None,
+    ) -> MixturePlan:
+        """``shares[i]``: ("weight", w) or ("samples", n) for ``sources[i]``."""
+    @property
+    def quotas(self) -> list[int]:
+        """Samples per epoch of each source."""
+    @property
+    def first_shards(self) -> list[int]:
+        """Each source's first shard in the mixture's numbering."""
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def fingerprint(self) -> int: ...
+    def plan(
+        self,
+        *,
+        seed: int,
+        epoch: int,
+        world_size: int,
+        workers: int,
+        batch_size: int,
+        block_size: int,
+        drop_last: bool,
+        state: str | None = None,
+    ) -> EpochPlanView:
+        """As ``DatasetIndex.plan``, over the mixture."""
+
 class DatasetIndex:
     """A dataset index (rust/src/index/ defines both layouts). Pickles as its bytes and location."""
 
@@ -151,6 +187,18 @@ class DatasetIndex:
         ``detail_file``."""
     def with_shard_names(self, urls: Sequence[str], displays: Sequence[str]) -> DatasetIndex:
         """The same index, opening shard i at ``urls[i]`` and naming it ``displays[i]``."""
+    def with_selections(
+        self, selections: Sequence[Sequence[int]], config: dict[str, Any] | None = None
+    ) -> DatasetIndex:
+        """The subset keeping ordinals ``selections[i]`` (valid samples) of shard i, with its
+        per-sample detail read into memory so that it can be written with its own."""
+    def shard_samples(
+        self, shard: int, config: dict[str, Any] | None = None
+    ) -> tuple[list[int], list[str] | None]:
+        """(ordinals the plan schedules, keys or None) of one shard."""
+    @property
+    def is_subset(self) -> bool:
+        """Whether the shards keep only selected samples (``shardstream subset``)."""
     @staticmethod
     def assemble(parts: Sequence[tuple[DatasetIndex, int]], location: str | None = None) -> DatasetIndex:
         """Shard i is shard ``parts[i][1]`` of index ``parts[i][0]``: how an index is updated."""
@@ -220,9 +268,11 @@ def scan_shard(
     max_member_bytes: int = 268435456,
     image_size: int = 224,
     config: dict[str, Any] | None = None,
+    capture: str | None = None,
 ) -> ScanReport:
     """Validates one shard (structure, grouping, and with ``decode`` the loader's decode path);
-    ``config`` holds reader options and the ``signer`` of an ``s3://`` shard."""
+    ``config`` holds reader options and the ``signer`` of an ``s3://`` shard; ``capture`` (a
+    member extension such as ``json``) returns that member of every sample as text."""
 
 def probe_image(data: bytes) -> tuple[str, int, int]:
     """(format, width, height) from an image's header, without decoding pixels.

@@ -321,6 +321,8 @@ def write_index(index_or_reports: Any, path: str, *, urls: list[str] | None = No
         else index_from_reports(index_or_reports, urls)
     )
     if is_json_index_path(path):
+        if index.is_subset:
+            raise ValueError(f"{path}: a subset is written as a folder index (manifest + detail), not JSON")
         data = index.to_json()
         if path.lower().endswith(".gz"):
             import gzip

@@ -26,6 +26,12 @@ class Source:
     either ``weight`` (default 1.0; the epoch's samples not fixed by other sources are shared in
     proportion to the weights) or ``samples_per_epoch`` (exactly that many samples every epoch).
     ``caption_key`` overrides the loader's for this source; ``name`` labels it in ``stats``.
+
+    ``keys``, ``uids`` and ``filter`` (see ``shardstream.subset``) restrict the source to the
+    samples matching all of them, with fields from each sample's json member or, with
+    ``metadata="parquet"``, img2dataset's Parquet beside each shard. The subset is made when the
+    loader starts, by reading that metadata; for a large pool make it once with ``shardstream
+    subset`` and pass its index instead.
     """
 
     index: Any = None
@@ -34,6 +40,10 @@ class Source:
     samples_per_epoch: int | None = None
     caption_key: str | None = None
     name: str | None = None
+    keys: Any = None
+    uids: Any = None
+    filter: str | None = None
+    metadata: str = "json"
 
     def __post_init__(self) -> None:
         label = self.name or "a source"
@@ -79,13 +89,19 @@ class MixturePlanner(EpochPlanner):
             shards = expand_urls(source.urls, **source_options) if source.urls is not None else None
             try:
                 part = EpochPlanner(source.index, shards, **source_options)
+                if source.keys is not None or source.uids is not None or source.filter is not None:
+                    from shardstream.subset import subset_index
+
+                    part.index, _ = subset_index(
+                        part.index,
+                        keys=source.keys,
+                        uids=source.uids,
+                        filter=source.filter,
+                        metadata=source.metadata,
+                        **source_options,
+                    )
             except ValueError as e:
                 raise ValueError(f"source {name!r}: {e}") from None
-            if part.index.num_valid == 0:
-                raise ValueError(
-                    f"source {name!r} has no sample to schedule: its index lists {len(part.index)} shards "
-                    f"and {part.index.num_samples} samples, none of them valid"
-                )
             self._parts.append(part)
         self._epoch_samples = epoch_samples
         self._source_config: dict[str, Any] = {}

@@ -66,6 +66,11 @@ class EpochPlanner:
         self.index = load_index(index, **source_options)
         if len(self.index) == 0:
             raise ValueError("the index lists no shard")
+        if self.index.num_valid == 0:
+            raise ValueError(
+                f"the index schedules no sample: its {len(self.index):,} shards hold "
+                f"{self.index.num_samples:,} samples, none valid or selected"
+            )
         if shards is not None:
             names = list(self.index.urls)
             by_name = {s.display: s for s in shards}

@@ -287,7 +287,8 @@ impl SampleIter {
 /// Validates one shard (structure, grouping, and with `decode` the loader's decode path).
 #[pyfunction]
 #[pyo3(signature = (url, *, decode = true, caption_key = "txt", image_keys = None, require_caption = true,
-                    max_pixels = 64_000_000, max_member_bytes = 256 << 20, image_size = 224, config = None))]
+                    max_pixels = 64_000_000, max_member_bytes = 256 << 20, image_size = 224, config = None,
+                    capture = None))]
 #[allow(clippy::too_many_arguments)]
 fn scan_shard(
     py: Python<'_>,
@@ -300,6 +301,7 @@ fn scan_shard(
     max_member_bytes: u64,
     image_size: u32,
     config: Option<&Bound<'_, PyDict>>,
+    capture: Option<String>,
 ) -> PyResult<Py<PyAny>> {
     let mut spec = SampleSpec {
         caption: CaptionSource::parse(caption_key),
@@ -319,6 +321,7 @@ fn scan_shard(
             Some(c) => source_options(c)?,
             None => SourceOptions::default(),
         },
+        capture,
     };
     let report = py.detach(|| scan(url, &opts));
     let value = serde_json::to_value(&report).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -392,6 +395,8 @@ fn spans(list: Vec<SpanTuple>, display: &[String]) -> Vec<ShardSpan> {
         .map(
             |(url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)| {
                 ShardSpan {
+                    keep: None,
+                    selection: None,
                     display: display.get(shard as usize).cloned().unwrap_or_default(),
                     url,
                     shard,
@@ -465,6 +470,61 @@ impl DatasetIndex {
         )
     }
 
+    /// The subset of this index keeping ordinals `selections[i]` of shard i (valid samples),
+    /// its per-sample detail read into memory (from the detail files, with reader options
+    /// `config`) so that the subset can be written with its own.
+    #[pyo3(signature = (selections, config = None))]
+    fn with_selections(
+        &self,
+        py: Python<'_>,
+        selections: Vec<Vec<u64>>,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let opts = match config {
+            Some(c) => source_options(c)?,
+            None => SourceOptions::default(),
+        };
+        let subset = py
+            .detach(|| {
+                crate::subset::with_selections(
+                    &self.index,
+                    self.location.as_deref(),
+                    selections,
+                    &opts,
+                )
+            })
+            .map_err(PyValueError::new_err)?;
+        Ok(Self {
+            names: self.names.clone(),
+            ..Self::wrap(subset, None)
+        })
+    }
+
+    /// (ordinals the plan schedules, keys or None) of shard `shard`, from memory or its detail
+    /// block (read with reader options `config`).
+    #[pyo3(signature = (shard, config = None))]
+    fn shard_samples(
+        &self,
+        py: Python<'_>,
+        shard: u32,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<(Vec<u64>, Option<Vec<String>>)> {
+        let opts = match config {
+            Some(c) => source_options(c)?,
+            None => SourceOptions::default(),
+        };
+        py.detach(|| {
+            crate::subset::shard_samples(&self.index, self.location.as_deref(), shard, &opts)
+        })
+        .map_err(PyValueError::new_err)
+    }
+
+    /// Whether the index is a subset (its shards keep only selected samples).
+    #[getter]
+    fn is_subset(&self) -> bool {
+        self.index.shards().iter().any(|s| s.selection.is_some())
+    }
+
     /// The same index, opening shard i at `urls[i]` and naming it `displays[i]` in messages.
     fn with_shard_names(&self, urls: Vec<String>, displays: Vec<String>) -> PyResult<Self> {
         if urls.len() != self.index.len() || displays.len() != urls.len() {
@@ -519,12 +579,13 @@ impl DatasetIndex {
         !self.index.detail_files().is_empty()
     }
 
-    /// The URL of shard `i` as the index records it.
+    /// The URL shard `i` is opened at: the one `with_shard_names` gave, else the index's own.
     fn url(&self, i: usize) -> PyResult<String> {
+        let named = self.names.urls.get(i).cloned();
         self.index
             .shards()
             .get(i)
-            .map(|s| s.url.clone())
+            .map(|s| named.unwrap_or_else(|| s.url.clone()))
             .ok_or_else(|| {
                 PyValueError::new_err(format!("no shard {i} in an index of {}", self.index.len()))
             })

@@ -21,6 +21,7 @@ pub mod scan;
 pub mod seek;
 pub mod source;
 pub mod spans;
+pub mod subset;
 pub mod tar;
 pub mod text;
 

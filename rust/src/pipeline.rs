@@ -57,9 +57,74 @@ pub struct ShardSpan {
     pub detail: Option<DetailSource>,
     /// The shard's content as the index recorded it (size, ETag): another version is refused.
     pub expected: Expected,
+    /// A subset's span: only these ordinals (sorted, within `skip_before..end_ordinal`) are
+    /// read out; the others are passed over.
+    pub keep: Option<Arc<[u64]>>,
+    /// A subset's span whose ordinals are still in the shard's detail block: [`ShardSpan::resolved`]
+    /// reads them when the span opens.
+    pub selection: Option<SpanSelection>,
+}
+
+/// Selected samples `ranks.0..ranks.1` of a subset's shard (positions among its kept samples).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpanSelection {
+    pub ranks: (u64, u64),
 }
 
 impl ShardSpan {
+    /// Planned positions in this span: the kept samples, or the ordinals it covers.
+    fn planned_len(&self) -> u64 {
+        match (&self.keep, &self.selection) {
+            (Some(keep), _) => keep.len() as u64,
+            (None, Some(s)) => s.ranks.1 - s.ranks.0,
+            (None, None) => self
+                .end_ordinal
+                .map_or(0, |end| end.saturating_sub(self.skip_before)),
+        }
+    }
+
+    /// This span with a subset's ordinals looked up in the detail block (one range read), and
+    /// where the first of them starts when the block holds offsets.
+    fn resolved(&self, cfg: &PipelineConfig, stats: &Stats) -> Result<ShardSpan, ShardFault> {
+        let (Some(selection), Some(detail)) = (&self.selection, &self.detail) else {
+            return Ok(self.clone());
+        };
+        let unreadable = |detail: String| ShardFault {
+            reason: Reason::Unreadable,
+            detail,
+            offset: 0,
+        };
+        let block = detail
+            .fetch(&cfg.source, &stats.source)
+            .map_err(unreadable)?;
+        let (a, b) = selection.ranks;
+        let kept: Arc<[u64]> = block
+            .selection
+            .as_ref()
+            .and_then(|s| s.get(a as usize..b as usize))
+            .ok_or_else(|| {
+                unreadable(format!(
+                    "the index's detail block holds no selected samples {a}..{b} for this subset"
+                ))
+            })?
+            .into();
+        let first = kept.first().copied().unwrap_or(0);
+        let offset = match &block.offsets {
+            Some(offsets) if !is_gzip_name(&self.url) => offsets.get(first as usize).copied(),
+            _ => None,
+        };
+        Ok(ShardSpan {
+            start_offset: offset.unwrap_or(0),
+            first_ordinal: if offset.is_some() { first } else { 0 },
+            skip_before: first,
+            end_ordinal: Some(kept.last().map_or(0, |&o| o + 1)),
+            detail: None,
+            selection: None,
+            keep: Some(kept),
+            ..self.clone()
+        })
+    }
+
     /// Opens the shard at this span's first sample (seeking there with the index's detail
     /// block when the span starts mid-shard).
     fn open(&self, cfg: &PipelineConfig, stats: &Stats) -> Result<SampleReader, ShardFault> {
@@ -494,9 +559,20 @@ fn read_span(
     stop: &AtomicBool,
 ) -> bool {
     let send = |m: ReadMsg| tx.send(m).is_ok();
+    let resolved = span.resolved(cfg, stats);
+    let span = match &resolved {
+        Ok(s) => s,
+        Err(_) => span,
+    };
     let mut next_expected = span.first_ordinal.max(span.skip_before);
+    // A subset's span: how many of its kept ordinals were read (or passed as holes).
+    let mut kept_done = 0usize;
     let mut fault: Option<Fault> = None;
-    match span.open(cfg, stats) {
+    match resolved
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|s| s.open(cfg, stats))
+    {
         Err(f) => fault = Some(cfg.shard_fault(span, f.reason, f.detail)),
         Ok(reader) => {
             for item in reader {
@@ -512,6 +588,22 @@ fn read_span(
                             continue;
                         }
                         next_expected = raw.ordinal + 1;
+                        if let Some(keep) = &span.keep {
+                            // A kept ordinal the shard did not hold keeps its place as a hole.
+                            while kept_done < keep.len() && keep[kept_done] < raw.ordinal {
+                                if !send(ReadMsg::Item(Item::Hole {
+                                    shard: span.shard,
+                                    ordinal: keep[kept_done],
+                                })) {
+                                    return false;
+                                }
+                                kept_done += 1;
+                            }
+                            if keep.get(kept_done) != Some(&raw.ordinal) {
+                                continue;
+                            }
+                            kept_done += 1;
+                        }
                         if let Some((m, r)) = span.stride {
                             if raw.ordinal % m != r {
                                 continue;
@@ -532,11 +624,25 @@ fn read_span(
             }
         }
     }
+    if let (None, Some(keep)) = (&fault, &span.keep) {
+        if let Some(&ordinal) = keep.get(kept_done) {
+            fault = Some(cfg.shard_fault(
+                span,
+                Reason::Unreadable,
+                format!("the shard ended before sample {ordinal}, which the index's subset keeps"),
+            ));
+        }
+    }
     if let Some(f) = fault {
-        let planned_missing = match span.end_ordinal {
-            Some(end) if cfg.planned => end.saturating_sub(next_expected),
-            _ => 0,
+        let missing: Vec<u64> = match (&span.keep, &span.selection, span.end_ordinal) {
+            _ if !cfg.planned => Vec::new(),
+            (Some(keep), _, _) => keep[kept_done..].to_vec(),
+            // The subset's ordinals could not be read: its positions, as holes.
+            (None, Some(s), _) => (s.ranks.0..s.ranks.1).collect(),
+            (None, None, Some(end)) => (next_expected..end).collect(),
+            (None, None, None) => Vec::new(),
         };
+        let planned_missing = missing.len();
         if cfg.on_error == OnError::Raise {
             stats.record_shard_error(f.clone());
             let _ = tx.send(ReadMsg::Failed(f));
@@ -545,7 +651,7 @@ fn read_span(
         if planned_missing == 0 {
             stats.record_shard_error(f);
         } else {
-            for ordinal in next_expected..span.end_ordinal.unwrap_or(next_expected) {
+            for ordinal in missing {
                 stats.record_skip(Fault {
                     key: format!("#{ordinal}"),
                     ..f.clone()
@@ -781,12 +887,6 @@ impl ReserveReader {
         }
     }
 
-    /// Reserve positions in a span: its ordinals `skip_before..end_ordinal`.
-    fn span_len(span: &ShardSpan) -> u64 {
-        span.end_ordinal
-            .map_or(0, |end| end.saturating_sub(span.skip_before))
-    }
-
     fn next(&mut self, cfg: &PipelineConfig, stats: &Stats) -> Option<(u32, RawSample)> {
         loop {
             if let Some(reader) = self.current.as_mut() {
@@ -794,7 +894,15 @@ impl ReserveReader {
                 match reader.next() {
                     Some(Ok(raw)) if raw.ordinal < span.skip_before => continue,
                     Some(Ok(raw)) if span.end_ordinal.is_none_or(|e| raw.ordinal < e) => {
-                        self.used = self.before_current + (raw.ordinal - span.skip_before + 1);
+                        // Reserve positions count planned samples: a subset's kept ones only.
+                        let position = match &span.keep {
+                            Some(keep) => match keep.binary_search(&raw.ordinal) {
+                                Ok(i) => i as u64 + 1,
+                                Err(_) => continue,
+                            },
+                            None => raw.ordinal - span.skip_before + 1,
+                        };
+                        self.used = self.before_current + position;
                         return Some((span.shard, raw));
                     }
                     Some(Err(f)) => {
@@ -803,19 +911,27 @@ impl ReserveReader {
                     _ => {}
                 }
                 self.current = None;
-                self.before_current += Self::span_len(span);
+                self.before_current += span.planned_len();
                 self.used = self.before_current;
             }
             let span = self.spans.get(self.next_span)?;
-            self.next_span += 1;
-            match span.open(cfg, stats) {
-                Ok(r) => self.current = Some(r),
+            let opened = span.resolved(cfg, stats).and_then(|resolved| {
+                let reader = resolved.open(cfg, stats);
+                reader.map(|r| (resolved, r))
+            });
+            match opened {
+                Ok((resolved, r)) => {
+                    self.spans[self.next_span] = resolved;
+                    self.current = Some(r);
+                }
                 Err(f) => {
+                    let span = &self.spans[self.next_span];
                     stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail));
-                    self.before_current += Self::span_len(span);
+                    self.before_current += span.planned_len();
                     self.used = self.before_current;
                 }
             }
+            self.next_span += 1;
         }
     }
 }

@@ -34,6 +34,10 @@ pub struct ShardReport {
     /// it: the index records it so that a shard changed since can be found out.
     #[serde(default)]
     pub identity: Option<String>,
+    /// With [`ScanOptions::capture`]: that member of every sample as text (None: absent or not
+    /// UTF-8), in ordinal order, for a subset's metadata (uids, filter fields).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub captured: Vec<Option<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -43,6 +47,8 @@ pub struct ScanOptions {
     pub max_member_bytes: u64,
     pub spec: SampleSpec,
     pub source: SourceOptions,
+    /// A member (by extension, such as `json`) to hand back as text with every sample.
+    pub capture: Option<String>,
 }
 
 pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
@@ -57,6 +63,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         fatal: None,
         compressed: false,
         identity: None,
+        captured: Vec::new(),
     };
     let reader = match open_shard(
         url,
@@ -102,6 +109,13 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         report.samples += 1;
         report.offsets.push(raw.offset);
         report.keys.push(raw.key.clone());
+        if let Some(ext) = &opts.capture {
+            let text = raw
+                .get(ext)
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .map(str::to_owned);
+            report.captured.push(text);
+        }
         let verdict = if let Some(&first) = first_ordinal_of_key.get(&raw.key) {
             Err((
                 Reason::DuplicateKey,

@@ -96,27 +96,54 @@ pub fn keys_of_runs(
     opts: &SourceOptions,
 ) -> Result<Vec<String>, String> {
     let stats = Arc::new(SourceStats::default());
-    let mut fetched: HashMap<u32, Option<Vec<String>>> = HashMap::new();
+    type Fetched = (Option<Vec<String>>, Option<Vec<u64>>);
+    let mut fetched: HashMap<u32, Fetched> = HashMap::new();
     let mut keys = Vec::new();
     for run in runs {
         let Some(entry) = index.shard(run.shard) else {
             continue;
         };
-        let shard_keys = match &entry.keys {
-            Some(k) => Some(k),
-            None => {
-                if let Entry::Vacant(slot) = fetched.entry(run.shard) {
-                    let detail = match DetailSource::for_shard(index, location, run.shard) {
-                        Some(src) => src.fetch(opts, &stats)?.keys,
-                        None => None,
-                    };
-                    slot.insert(detail);
-                }
-                fetched[&run.shard].as_ref()
+        let in_memory_selection = entry.selection.as_ref().and_then(|s| s.ordinals.clone());
+        let needs_detail =
+            entry.keys.is_none() || (entry.selection.is_some() && in_memory_selection.is_none());
+        if needs_detail {
+            if let Entry::Vacant(slot) = fetched.entry(run.shard) {
+                let detail = match DetailSource::for_shard(index, location, run.shard) {
+                    Some(src) => {
+                        let d = src.fetch(opts, &stats)?;
+                        (d.keys, d.selection)
+                    }
+                    None => (None, None),
+                };
+                slot.insert(detail);
             }
+        }
+        let (detail_keys, detail_selection) = match fetched.get(&run.shard) {
+            Some((k, s)) => (k.as_ref(), s.as_deref()),
+            None => (None, None),
         };
-        if let Some(k) = shard_keys {
-            keys.extend(k[run.start as usize..run.end as usize].iter().cloned());
+        let Some(shard_keys) = entry.keys.as_ref().or(detail_keys) else {
+            continue;
+        };
+        // A subset's runs count selected samples: look their ordinals up.
+        let selection = in_memory_selection.as_deref().or(detail_selection);
+        match (&entry.selection, selection) {
+            (None, _) => keys.extend(
+                shard_keys[run.start as usize..run.end as usize]
+                    .iter()
+                    .cloned(),
+            ),
+            (Some(_), Some(kept)) => keys.extend(
+                kept[run.start as usize..run.end as usize]
+                    .iter()
+                    .map(|&o| shard_keys[o as usize].clone()),
+            ),
+            (Some(_), None) => {
+                return Err(format!(
+                    "the subset of {} has no samples in its detail block",
+                    redact_url(&entry.url)
+                ))
+            }
         }
     }
     Ok(keys)
@@ -181,8 +208,7 @@ mod tests {
             3,
             &ShardDetail {
                 offsets: Some(vec![0, 1024, 3072, 4096]),
-                keys: None,
-                invalid: Vec::new(),
+                ..ShardDetail::default()
             },
         );
         let file = dir.join("detail-00000.bin");

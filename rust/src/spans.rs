@@ -5,7 +5,7 @@
 //! stream to skip, which the reader does from the start.
 
 use crate::index::Index;
-use crate::pipeline::ShardSpan;
+use crate::pipeline::{ShardSpan, SpanSelection};
 use crate::plan::Run;
 use crate::seek::{keys_of_runs, DetailSource};
 use crate::source::{redact_url, Expected, SourceOptions};
@@ -132,12 +132,49 @@ pub fn planned_spans(
                 .get(run.shard as usize)
                 .cloned()
                 .unwrap_or_else(|| redact_url(&entry.url));
+            // A subset's run counts selected samples: with the selection in memory its ordinals
+            // are known now, else the reader reads them from the detail block when it opens.
+            let (keep, selection) = match &entry.selection {
+                None => (None, None),
+                Some(s) => match &s.ordinals {
+                    Some(ordinals) => {
+                        let kept = ordinals
+                            .get(run.start as usize..run.end as usize)
+                            .ok_or_else(|| {
+                                format!(
+                                    "the plan names selected samples {}..{} of {}, which keeps {}",
+                                    run.start,
+                                    run.end,
+                                    redact_url(&entry.url),
+                                    s.count
+                                )
+                            })?;
+                        (Some(Arc::<[u64]>::from(kept)), None)
+                    }
+                    None => (
+                        None,
+                        Some(SpanSelection {
+                            ranks: (run.start, run.end),
+                        }),
+                    ),
+                },
+            };
+            let (first, end) = match (&keep, &selection) {
+                (Some(k), _) => (
+                    k.first().copied().unwrap_or(0),
+                    k.last().map_or(0, |&o| o + 1),
+                ),
+                (None, Some(_)) => (0, 0),
+                (None, None) => (run.start, run.end),
+            };
             let (start_offset, first_ordinal) = match &entry.offsets {
-                Some(offsets) => (offsets[run.start as usize], run.start),
-                None => (0, 0),
+                Some(offsets) if selection.is_none() => (offsets[first as usize], first),
+                _ => (0, 0),
             };
             let detail = match entry.offsets {
-                None if run.start > 0 => DetailSource::for_shard(index, location, run.shard),
+                None if first > 0 || selection.is_some() => {
+                    DetailSource::for_shard(index, location, run.shard)
+                }
                 _ => None,
             };
             Ok(ShardSpan {
@@ -145,12 +182,14 @@ pub fn planned_spans(
                 shard: run.shard,
                 start_offset,
                 first_ordinal,
-                skip_before: run.start,
-                end_ordinal: Some(run.end),
+                skip_before: first,
+                end_ordinal: Some(end),
                 stride: None,
                 display,
                 detail,
                 expected: Expected::from_identity(entry.identity.as_deref()),
+                keep,
+                selection,
             })
         })
         .collect()

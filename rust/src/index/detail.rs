@@ -19,6 +19,7 @@ const MAGIC: &[u8; 4] = b"SSD2";
 const HAS_OFFSETS: u8 = 1;
 const HAS_KEYS: u8 = 2;
 const HAS_INVALID: u8 = 4;
+const HAS_SELECTION: u8 = 8;
 /// Tar headers start on 512-byte boundaries, so offsets are stored in these units when they can be.
 const TAR_BLOCK: u64 = 512;
 /// Longest key accepted (webdataset keys are file stems: far shorter in practice).
@@ -35,11 +36,16 @@ pub struct ShardDetail {
     pub keys: Option<Vec<String>>,
     /// The samples validation rejected, with key, reason and detail.
     pub invalid: Vec<InvalidSample>,
+    /// A subset's kept ordinals, sorted (see [`super::Selection`]).
+    pub selection: Option<Vec<u64>>,
 }
 
 impl ShardDetail {
     pub fn is_empty(&self) -> bool {
-        self.offsets.is_none() && self.keys.is_none() && self.invalid.is_empty()
+        self.offsets.is_none()
+            && self.keys.is_none()
+            && self.invalid.is_empty()
+            && self.selection.is_none()
     }
 }
 
@@ -64,6 +70,9 @@ pub fn encode(url: &str, num_samples: u64, detail: &ShardDetail) -> Vec<u8> {
     }
     if !detail.invalid.is_empty() {
         flags |= HAS_INVALID;
+    }
+    if detail.selection.is_some() {
+        flags |= HAS_SELECTION;
     }
     body.push(flags);
     if let Some(offsets) = &detail.offsets {
@@ -91,6 +100,14 @@ pub fn encode(url: &str, num_samples: u64, detail: &ShardDetail) -> Vec<u8> {
             put_str(&mut body, bad.reason.as_str());
             put_str(&mut body, &bad.key);
             put_str(&mut body, &bad.detail);
+        }
+    }
+    if let Some(selection) = &detail.selection {
+        put_varint(&mut body, selection.len() as u64);
+        let mut prev = 0;
+        for (i, &o) in selection.iter().enumerate() {
+            put_varint(&mut body, if i == 0 { o } else { o - prev });
+            prev = o;
         }
     }
     put_checksum(&mut body);
@@ -168,6 +185,23 @@ pub fn decode(bytes: &[u8], url: &str, num_samples: u64) -> Result<ShardDetail, 
             });
         }
     }
+    if flags & HAS_SELECTION != 0 {
+        let n = d.bounded(count, "subset count").map_err(io)?;
+        let mut selection = Vec::with_capacity(n as usize);
+        let mut ordinal = 0u64;
+        for i in 0..n {
+            let step = d.varint().map_err(io)?;
+            if i > 0 && step == 0 {
+                return Err(bad("subset ordinals not increasing".into()));
+            }
+            ordinal = ordinal
+                .checked_add(step)
+                .filter(|&o| o < count)
+                .ok_or_else(|| bad("subset ordinal beyond the shard".into()))?;
+            selection.push(ordinal);
+        }
+        detail.selection = Some(selection);
+    }
     d.verify_checksum().map_err(io)?;
     if !d.at_end().map_err(io)? {
         return Err(bad("bytes after the checksum".into()));
@@ -184,6 +218,7 @@ mod tests {
             offsets: Some(vec![0, 1536, 4096, 9216]),
             keys: Some(vec!["a".into(), "bé".into(), "000123".into()]),
             invalid: Vec::new(),
+            selection: None,
         }
     }
 
@@ -201,11 +236,17 @@ mod tests {
                     reason: Reason::CorruptImage,
                     detail: "JPEG: premature end".into(),
                 }],
+                selection: None,
             },
             ShardDetail {
                 offsets: None,
                 keys: Some(vec!["x".into(), "y".into(), "z".into()]),
                 invalid: Vec::new(),
+                selection: Some(vec![0, 2]),
+            },
+            ShardDetail {
+                selection: Some(vec![]),
+                ..ShardDetail::default()
             },
         ] {
             let block = encode(url, 3, &detail);

@@ -167,6 +167,7 @@ pub fn parse(bytes: &[u8], limit: u64) -> Result<Index, IndexError> {
         .map(|w| {
             let offsets = w.offsets.map(|o| o.decode(&w.url)).transpose()?;
             Ok(ShardEntry {
+                selection: None,
                 url: w.url,
                 size: w.size,
                 num_samples: w.num_samples,

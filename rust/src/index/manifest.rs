@@ -21,6 +21,7 @@ pub const MAGIC: &[u8; 8] = b"SSINDEX2";
 pub const MANIFEST_VERSION: u64 = 2;
 const COMPRESSED: u8 = 1;
 const HAS_DETAIL: u8 = 2;
+const HAS_SELECTION: u8 = 4;
 const MAX_URL: u64 = 16 << 10;
 const MAX_TEXT: u64 = 64 << 10;
 const MAX_HEADER: u64 = 16 << 20;
@@ -61,6 +62,11 @@ pub fn encode(index: &Index) -> Vec<u8> {
                 HAS_DETAIL
             } else {
                 0
+            }
+            | if s.selection.is_some() {
+                HAS_SELECTION
+            } else {
+                0
             };
         body.push(flags);
         put_str(&mut body, s.identity.as_deref().unwrap_or(""));
@@ -74,6 +80,10 @@ pub fn encode(index: &Index) -> Vec<u8> {
         for (i, &bad) in s.invalid.iter().enumerate() {
             put_varint(&mut body, if i == 0 { bad } else { bad - prev });
             prev = bad;
+        }
+        if let Some(selection) = &s.selection {
+            put_varint(&mut body, selection.count);
+            body.extend_from_slice(&selection.hash.to_le_bytes());
         }
     }
     put_checksum(&mut body);
@@ -150,7 +160,25 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
                 .ok_or_else(|| super::shard_error(&url, "invalid ordinal overflows"))?;
             invalid.push(ordinal);
         }
+        let selection = if flags & HAS_SELECTION != 0 {
+            let count = d.bounded(num_samples, "subset count").map_err(io)?;
+            let hash = u64::from_le_bytes(d.bytes(8).map_err(io)?.try_into().expect("8 bytes"));
+            if detail_ref.is_none() {
+                return Err(super::shard_error(
+                    &url,
+                    "a subset is recorded, but no detail block holds its samples",
+                ));
+            }
+            Some(super::Selection {
+                count,
+                hash,
+                ordinals: None,
+            })
+        } else {
+            None
+        };
         shards.push(ShardEntry {
+            selection,
             compressed: flags & COMPRESSED != 0,
             url,
             size,

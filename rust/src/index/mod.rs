@@ -87,6 +87,40 @@ pub struct ShardEntry {
     /// Where a version-2 index keeps this shard's offsets and keys (None: they are in memory,
     /// or there are none).
     pub detail_ref: Option<DetailRef>,
+    /// A subset of the shard (keys, uids, a filter): the plan schedules only these samples.
+    pub selection: Option<Selection>,
+}
+
+/// The samples a subset keeps of one shard, all valid. The manifest holds the count and a hash
+/// (what the plan and the fingerprint need: O(shards)); the ordinals are in memory (a subset
+/// just made) or in the shard's detail block, read when a reader opens the shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selection {
+    pub count: u64,
+    pub hash: u64,
+    pub ordinals: Option<Arc<[u64]>>,
+}
+
+impl Selection {
+    /// The selection of these ordinals (sorted and deduplicated here).
+    pub fn new(mut ordinals: Vec<u64>) -> Self {
+        ordinals.sort_unstable();
+        ordinals.dedup();
+        Self {
+            count: ordinals.len() as u64,
+            hash: selection_hash(&ordinals),
+            ordinals: Some(ordinals.into()),
+        }
+    }
+}
+
+/// What the manifest records of a selection's ordinals, so that the fingerprint changes with them.
+pub fn selection_hash(ordinals: &[u64]) -> u64 {
+    ordinals
+        .iter()
+        .fold(mix64(0x5345_4c45_4354 ^ ordinals.len() as u64), |h, &o| {
+            mix64(h ^ mix64(o))
+        })
 }
 
 /// Where one shard's detail block lies: bytes `offset..offset + len` of detail file `file` (a
@@ -114,11 +148,16 @@ impl ShardEntry {
             invalid_details: Vec::new(),
             identity: None,
             detail_ref: None,
+            selection: None,
         }
     }
 
+    /// The samples the plan schedules: the selection's, or every valid one.
     pub fn num_valid(&self) -> u64 {
-        self.num_samples - self.invalid.len() as u64
+        match &self.selection {
+            Some(selection) => selection.count,
+            None => self.num_samples - self.invalid.len() as u64,
+        }
     }
 
     /// Sets the invalid samples from their details (ordinals and details together).
@@ -210,6 +249,33 @@ impl ShardEntry {
             let mut sorted = self.invalid.to_vec();
             sorted.sort_unstable();
             self.invalid = sorted.into();
+        }
+        if let Some(selection) = &self.selection {
+            if let Some(ordinals) = &selection.ordinals {
+                if ordinals.len() as u64 != selection.count
+                    || !ordinals.windows(2).all(|w| w[0] < w[1])
+                    || ordinals.last().is_some_and(|&o| o >= n)
+                {
+                    return Err(shard_error(
+                        &self.url,
+                        "the subset's ordinals are not sorted, distinct ordinals of the shard",
+                    ));
+                }
+                if let Some(bad) = ordinals
+                    .iter()
+                    .find(|o| self.invalid.binary_search(o).is_ok())
+                {
+                    return Err(shard_error(
+                        &self.url,
+                        format!("the subset keeps sample {bad}, which validation rejected"),
+                    ));
+                }
+            } else if selection.count > n {
+                return Err(shard_error(
+                    &self.url,
+                    format!("the subset keeps {} of {n} samples", selection.count),
+                ));
+            }
         }
         if let Some(pair) = self.invalid.windows(2).find(|p| p[0] == p[1]) {
             return Err(shard_error(
@@ -315,6 +381,11 @@ impl Index {
                 offsets: shard.offsets.take(),
                 keys: shard.keys.take(),
                 invalid: std::mem::take(&mut shard.invalid_details),
+                selection: shard
+                    .selection
+                    .as_mut()
+                    .and_then(|s| s.ordinals.take())
+                    .map(|o| o.to_vec()),
             };
             if detail.is_empty() {
                 continue;
@@ -441,18 +512,31 @@ impl Index {
             for &bad in shard.invalid.iter() {
                 feed(bad);
             }
+            // Only subsets feed more, so the fingerprints of whole datasets stay as they were.
+            if let Some(selection) = &shard.selection {
+                feed(selection.count);
+                feed(selection.hash);
+            }
         }
         h
     }
 
     /// What the epoch plan needs: counts and invalid ordinals per shard, and the fingerprint.
     pub fn plan_input(&self) -> PlanInput {
+        // A subset's shard is planned in *selected* positions: the plan's ordinal k is the
+        // shard's k-th selected sample, which the reader looks up when it opens the shard.
         let shards = self
             .shards
             .iter()
-            .map(|s| ShardCounts {
-                num_samples: s.num_samples,
-                invalid: s.invalid.clone(),
+            .map(|s| match &s.selection {
+                Some(selection) => ShardCounts {
+                    num_samples: selection.count,
+                    invalid: Arc::from([]),
+                },
+                None => ShardCounts {
+                    num_samples: s.num_samples,
+                    invalid: s.invalid.clone(),
+                },
             })
             .collect();
         PlanInput::new(shards, self.fingerprint())
