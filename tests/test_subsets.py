@@ -181,3 +181,32 @@ def test_the_parquet_beside_each_shard_gives_the_fields(pool, tmp_path):
     assert report.kept == sum(m["width"] >= 256 for m in meta.values())
     keys = sorted(k for rank in epoch_keys(subset) for k in rank)
     assert keys == sorted(k for k, m in meta.items() if m["width"] >= 256)
+
+
+@pytest.mark.slow
+def test_a_subset_under_torchrun_is_exact_with_workers_and_resume(pool, tmp_path_factory):
+    from test_distributed import Jobs
+
+    d, paths, index = pool
+    meta = oracle(paths)
+    expected = sorted(k for k, m in meta.items() if m["width"] >= 180)
+    out = str(tmp_path_factory.mktemp("sub") / "wide.index")
+    assert cli(["subset", index, "-o", out, "--filter", "width >= 180", "-q"]) == 0
+    jobs = Jobs(tmp_path_factory.mktemp("subset-jobs"))
+    args = ["--index", out, "--batch-size", "3", "--workers", "2", "--epochs", "0,1"]
+    job = jobs(2, args)
+    for epoch in (0, 1):
+        per_rank = job.epoch(epoch)
+        assert len({len(r["batches"]) for r in per_rank}) == 1
+        seen = [k for r in per_rank for b in r["batches"] for k in b]
+        remainder = per_rank[0]["stats"]["remainder_keys"]
+        assert sorted(seen + remainder) == expected, epoch
+        assert len(seen) == len(set(seen))
+    state = str(tmp_path_factory.mktemp("state") / "state.json")
+    jobs(2, [*args[:-2], "--epochs", "0", "--stop-after", "4", "--save-state", state])
+    resumed = jobs(3, [*args[:-2], "--epochs", "0", "--resume-state", state])
+    first = jobs.cache[(2, tuple([*args[:-2], "--epochs", "0", "--stop-after", "4", "--save-state", state]))]
+    before = [k for r in first.epoch(0) for b in r["batches"] for k in b]
+    after = [k for r in resumed.epoch(0) for b in r["batches"] for k in b]
+    remainder = resumed.epoch(0)[0]["stats"]["remainder_keys"]
+    assert sorted(before + after + remainder) == expected

@@ -158,3 +158,25 @@ def test_train_clip_help_lists_overrides() -> None:
     )
     assert result.returncode == 0
     assert "--section.field VALUE" in result.stdout and "--resume" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_mixture_of_sources_from_the_config(tmp_path: Path) -> None:
+    """data.sources: two indexed datasets mixed 3:1 in one exact epoch; the epoch record counts
+    the samples of each source, summed over both ranks."""
+    data = build_small_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    sources = (
+        f"[{{index: {data.train_index}, weight: 0.75, name: a}}, "
+        f"{{index: {data.heldout_index}, weight: 0.25, name: b}}]"
+    )
+    args = small_config_args(data, out, "--train.epochs", "1", "--checkpoint.at_end", "false")
+    args[args.index("--data.train") + 1] = ""
+    args[args.index("--data.train_index") + 1] = ""
+    args += ["--data.sources", sources, "--eval.every_steps", "0"]
+    run = torchrun(args, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (epoch,) = [r for r in read_log(out) if r["type"] == "epoch"]
+    by_source = epoch["samples_by_source"]
+    assert sum(by_source.values()) == epoch["samples"] > 0
+    assert by_source["a"] > 2 * by_source["b"] > 0, by_source

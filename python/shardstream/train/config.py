@@ -47,6 +47,22 @@ class ModelConfig:
 
 
 @dataclass
+class SourceConfig:
+    """One dataset of a training mixture (``data.sources``): the fields of shardstream.Source."""
+
+    index: str = _f("", "the source's index (shardstream index or shardstream subset -o); required")
+    urls: str = _f("", "where to open its shards instead of the index's URLs (optional)")
+    weight: float = _f(1.0, "its share of the epoch's samples not fixed by samples_per_epoch")
+    samples_per_epoch: int = _f(0, "exactly this many samples of it every epoch (then weight is ignored)")
+    caption_key: str = _f("", "its caption member; empty: data.caption_key")
+    name: str = _f("", "its label in the log's samples_by_source; empty: its position")
+    keys: str = _f("", "a file of keys (one per line): train on those samples only")
+    uids: str = _f("", "DataComp uids (.npy, .parquet or one per line): train on those samples only")
+    filter: str = _f("", "a filter on its metadata, e.g. 'similarity >= 0.28 and width >= 200'")
+    metadata: Literal["json", "parquet"] = _f("json", "where filter and uid fields come from")
+
+
+@dataclass
 class DataConfig:
     """Training and held-out shards, read by shardstream.ShardLoader."""
 
@@ -79,6 +95,13 @@ class DataConfig:
         "global samples per epoch when no index is given (streaming mode, as open_clip's train_num_samples)",
     )
     on_error: Literal["skip", "raise"] = _f("skip", "corrupt samples: skip and count them, or stop")
+    sources: list[SourceConfig] = _f(
+        [],
+        "a mixture instead of data.train: a list of sources (index, weight or samples_per_epoch, and "
+        "optionally urls, caption_key, name, keys, uids, filter, metadata), planned as one exact "
+        "epoch of data.samples_per_epoch samples (0: all of theirs) with every batch holding each "
+        "source in proportion",
+    )
 
 
 @dataclass
@@ -235,6 +258,14 @@ def _coerce(name: str, tp: Any, value: Any, *, from_text: bool) -> Any:
             raise bad
         (item_type,) = typing.get_args(tp)
         return [_coerce(f"{name}[{i}]", item_type, v, from_text=False) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        fields = _fields(tp)
+        unknown = [k for k in value if k not in fields]
+        if unknown:
+            raise _unknown(f"{name}.{unknown[0]}", [f"{name}.{k}" for k in fields])
+        return tp(**{k: _coerce(f"{name}.{k}", fields[k][0], v, from_text=False) for k, v in value.items()})
     if origin in (typing.Union, types.UnionType):
         raise TypeError(f"{name}: union types are not supported by the config loader")
     if tp is bool:
@@ -311,7 +342,9 @@ def validate(cfg: Config) -> Config:
     require(cfg.train.grad_clip_norm >= 0, "train.grad_clip_norm", "must be >= 0")
     require(cfg.train.torch_threads >= 0, "train.torch_threads", "must be >= 0")
     require(bool(cfg.train.output_dir), "train.output_dir", "must not be empty")
-    require(bool(cfg.data.train), "data.train", "must name the training shards (or 'demo')")
+    require(
+        bool(cfg.data.train or cfg.data.sources), "data.train", "must name the training shards (or 'demo')"
+    )
     require(cfg.data.image_size >= 0, "data.image_size", "must be >= 0 (0: the model's size)")
     require(cfg.data.shuffle_buffer >= 0, "data.shuffle_buffer", "must be >= 0")
     require(cfg.data.threads >= 0, "data.threads", "must be >= 0")
@@ -348,7 +381,19 @@ def validate(cfg: Config) -> Config:
             "eval.zeroshot_classes: 'demo' classes only fit the demo held-out set, but data.heldout is "
             f"{cfg.data.heldout!r}; give a classes JSON file or leave it empty"
         )
-    if cfg.data.train != "demo" and not cfg.data.train_index and not cfg.data.samples_per_epoch:
+    for i, source in enumerate(cfg.data.sources):
+        if not source.index:
+            raise ConfigError(f"data.sources[{i}].index: every source of a mixture needs its index")
+    if cfg.data.sources and (cfg.data.train not in ("", "demo") or cfg.data.train_index):
+        raise ConfigError(
+            "data.sources: a mixture replaces data.train and data.train_index; leave those unset"
+        )
+    if (
+        not cfg.data.sources
+        and cfg.data.train != "demo"
+        and not cfg.data.train_index
+        and not cfg.data.samples_per_epoch
+    ):
         raise ConfigError(
             "data.train_index: without an index the epoch length is unknown and ranks could get unequal "
             "batches; give data.train_index (shardstream index) or data.samples_per_epoch"

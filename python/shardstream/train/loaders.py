@@ -53,8 +53,8 @@ def resolve_sources(cfg: Config, ctx: DistContext, log: Callable[[str], None]) -
     )
     classes = cfg.eval.zeroshot_classes
     classes_path = (demo.classes if demo else None) if classes == "demo" else (classes or None)
-    assert train is not None
-    return DataSources(train, train_index, heldout, heldout_index, classes_path)
+    assert train is not None or cfg.data.sources, "validate() requires data.train or data.sources"
+    return DataSources(train or [], train_index, heldout, heldout_index, classes_path)
 
 
 def _opening(field: str) -> Callable[..., object]:
@@ -71,9 +71,37 @@ def _opening(field: str) -> Callable[..., object]:
     return create
 
 
+def mixture_sources(cfg: Config) -> list[object]:
+    """``data.sources`` as shardstream.Source objects (empty: no mixture)."""
+    from shardstream import Source
+
+    out = []
+    for i, s in enumerate(cfg.data.sources):
+        try:
+            out.append(
+                Source(
+                    index=s.index,
+                    urls=s.urls or None,
+                    weight=None if s.samples_per_epoch else s.weight,
+                    samples_per_epoch=s.samples_per_epoch or None,
+                    caption_key=s.caption_key or None,
+                    name=s.name or None,
+                    keys=s.keys or None,
+                    uids=s.uids or None,
+                    filter=s.filter or None,
+                    metadata=s.metadata,
+                )
+            )
+        except ValueError as e:
+            raise ConfigError(f"data.sources[{i}]: {e}") from None
+    return out
+
+
 def train_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistContext) -> object:
-    return _opening("data.train")(
-        sources.train,
+    mixture = mixture_sources(cfg)
+    return _opening("data.sources" if mixture else "data.train")(
+        None if mixture else sources.train,
+        sources=mixture or None,
         batch_size=cfg.train.batch_size,
         image_size=image_size,
         seed=cfg.train.seed,
@@ -81,7 +109,7 @@ def train_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistCo
         threads=cfg.data.threads or None,
         rank=ctx.rank,
         world_size=ctx.world_size,
-        index=sources.train_index,
+        index=None if mixture else sources.train_index,
         drop_last=True,  # every rank takes the same number of full steps
         on_error=cfg.data.on_error,
         caption_key=cfg.data.caption_key,

@@ -365,11 +365,18 @@ class Trainer:
         local = torch.tensor([float(stats.get(n) or 0) for n in names], dtype=torch.float64)
         total = reduce_over_ranks(self.ctx, local, "sum").tolist()
         remainder = reduce_over_ranks(self.ctx, torch.tensor([float(stats.get("remainder") or 0)]), "max")
-        return {
+        out = {
             "epoch": self.epoch,
             **{n: int(v) for n, v in zip(names, total, strict=True)},
             "remainder": int(remainder[0]),
         }
+        # A mixture: samples per source (the same sources, in the same order, on every rank).
+        by_source = stats.get("samples_by_source") or {}
+        if by_source:
+            counts = torch.tensor([float(v) for v in by_source.values()], dtype=torch.float64)
+            summed = reduce_over_ranks(self.ctx, counts, "sum").tolist()
+            out["samples_by_source"] = {k: int(v) for k, v in zip(by_source, summed, strict=True)}
+        return out
 
     def _epoch_complete(self) -> bool:
         return self.step >= self._epoch_end_step
