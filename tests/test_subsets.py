@@ -210,3 +210,22 @@ def test_a_subset_under_torchrun_is_exact_with_workers_and_resume(pool, tmp_path
     after = [k for r in resumed.epoch(0) for b in r["batches"] for k in b]
     remainder = resumed.epoch(0)[0]["stats"]["remainder_keys"]
     assert sorted(before + after + remainder) == expected
+
+
+@pytest.mark.slow
+def test_shardstream_subset_under_torchrun_splits_the_shards_and_writes_the_same_subset(pool, tmp_path):
+    import test_train_support as train_support
+
+    d, paths, index = pool
+    single = str(tmp_path / "single.index")
+    assert cli(["subset", index, "-o", single, "--filter", FILTER, "-q"]) == 0
+    merged = str(tmp_path / "merged.index")
+    run = train_support.torchrun(
+        ["subset", index, "-o", merged, "--filter", FILTER, "--threads", "1"],
+        module="shardstream",
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("kept ") == 1, "rank 0 alone prints the summary"
+    a, b = load_index(single), load_index(merged)
+    assert (a.fingerprint, a.num_valid) == (b.fingerprint, b.num_valid)
