@@ -18,10 +18,11 @@ Drills:
   the cache is never a corrupt shard.
 - d. An index that no longer matches its shards (a shard rewritten with another sample count):
   a clear error saying so, directly and through the shard cache.
+- The soak benchmark (benches/soak.py) for half a minute, as a smoke test.
 
 Each drill prints one ``DRILL`` line: what it injected and what it observed (``pytest -s`` shows
 them). ``SHARDSTREAM_DRILLS_LONG=1`` runs the long versions (more shards, longer and repeated
-outages).
+outages, a five-minute soak).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -651,4 +653,48 @@ def test_a_full_or_read_only_cache_directory(mode, http_shards, shard_dir, tmp_p
         partial_files=len(report["parts"]),
         http_gets=gets,
         warning=next((line for line in stderr.splitlines() if "without the cache" in line), "")[:160],
+    )
+
+
+# -- the soak benchmark, briefly ------------------------------------------------------------------------
+
+SOAK_MINUTES = 5.0 if LONG else 0.5
+
+
+@pytest.mark.timeout(int(SOAK_MINUTES * 60) + 240)
+def test_soak_smoke(tmp_path):
+    """benches/soak.py for half a minute: faults at a steady rate, persistent DataLoader workers,
+    many epochs; every sample accounted for, RSS within 2 % of the first epoch's, fds and
+    threads constant. Its workers trim the allocator at each epoch end (see shardstream.memory)."""
+    command = [sys.executable, str(ROOT / "benches" / "soak.py"), "--minutes", str(SOAK_MINUTES)]
+    command += ["--report-every", "10", "--trim-at-epoch-end", "--workdir", str(tmp_path)]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=SOAK_MINUTES * 60 + 200)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the bench and its DataLoader workers
+            proc.wait(timeout=30)
+    print(out[-4000:])
+    assert proc.returncode == 0, out[-5000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ok"] and summary["epochs"] >= 3 and summary["lost"] == 0, summary
+    assert summary["faults_injected"] > 0 and summary["retries"] > 0, summary
+    assert summary["fds"][1] <= summary["fds"][0] and summary["threads"][1] <= summary["threads"][0]
+    drill(
+        "soak-smoke",
+        injected=f"{summary['faults_injected']} faults {summary['faults']} over {summary['minutes']} min",
+        observed=f"{summary['epochs']} epochs, {summary['samples']} samples",
+        lost=summary["lost"],
+        retries=summary["retries"],
+        rss_growth_pct=summary["rss_growth_pct"],
+        fds=summary["fds"],
+        threads=summary["threads"],
     )
