@@ -2,11 +2,15 @@
 
 ``tokenizer`` is an open_clip model name (``"ViT-B-32"``: open_clip's CLIP BPE vocabulary file,
 shipped inside the open_clip package, and the model's context length) or the path of a Hugging
-Face ``tokenizer.json`` (CLIP BPE; context length 77). Nothing is downloaded.
+Face ``tokenizer.json``, which the ``tokenizers`` library (the Rust crate behind the Python
+package) runs with the file's own normalizer, pre-tokenizer, model (BPE, WordPiece, Unigram) and
+post-processor: the tokens are the package's ``encode(text)`` with ``enable_truncation(77)``,
+padded with 0 to 77. Nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -18,7 +22,30 @@ def resolve_tokenizer(tokenizer: str) -> tuple[str, str, int]:
     if tokenizer.endswith(".json") or os.path.isfile(tokenizer):
         if not os.path.isfile(tokenizer):
             raise FileNotFoundError(f"tokenizer file {tokenizer!r} does not exist")
-        return "json", tokenizer, DEFAULT_CONTEXT_LENGTH
+        resolved = ("json", tokenizer, DEFAULT_CONTEXT_LENGTH)
+        # Loaded once here so that a file that is not a tokenizer.json fails when the loader is
+        # made, naming the file, rather than at its first batch.
+        rust_tokenizer_of(resolved)
+        return resolved
+    if tokenizer.startswith("hf-hub:"):
+        # open_clip would download it (and the Rust tokenizer reproduces only its CLIP BPE).
+        raise ValueError(
+            f"tokenizer={tokenizer!r}: an open_clip hf-hub model is not looked up (nothing is "
+            "downloaded); pass the path of its tokenizer.json"
+        )
+    if os.sep in tokenizer or tokenizer.startswith("."):
+        # Not a file and not a model name: open_clip would hand back its default tokenizer.
+        raise FileNotFoundError(
+            f"tokenizer file {tokenizer!r} does not exist (nor is it an open_clip model name)"
+        )
+    return _resolve_open_clip(tokenizer)
+
+
+@functools.cache
+def _resolve_open_clip(tokenizer: str) -> tuple[str, str, int]:
+    """An open_clip model name's (kind, path, context_length), once per process: finding it
+    builds open_clip's Python tokenizer (a few hundred ms, and 100k objects for the garbage
+    collector), which a loader made per epoch or per evaluation must not pay again."""
     try:
         import open_clip
         from open_clip.tokenizer import SimpleTokenizer, default_bpe
@@ -40,6 +67,12 @@ def resolve_tokenizer(tokenizer: str) -> tuple[str, str, int]:
 
 def rust_tokenizer(tokenizer: str) -> Any:
     """The Rust tokenizer on its own (``_core.ClipTokenizer``), as the loader would build it."""
+    return rust_tokenizer_of(resolve_tokenizer(tokenizer))
+
+
+def rust_tokenizer_of(resolved: tuple[str, str, int]) -> Any:
+    """``_core.ClipTokenizer`` of a resolved (kind, path, context_length); a file it cannot
+    load raises ValueError naming the file."""
     from shardstream import _core
 
-    return _core.ClipTokenizer(*resolve_tokenizer(tokenizer))
+    return _core.ClipTokenizer(*resolved)

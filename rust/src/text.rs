@@ -1,8 +1,9 @@
 //! A CLIP tokenizer that matches open_clip's `SimpleTokenizer` token for token.
 //!
 //! Built from the BPE merges file open_clip ships (`bpe_simple_vocab_16e6.txt.gz`, read at run
-//! time from a path; nothing is downloaded) or from a Hugging Face `tokenizer.json` holding a
-//! CLIP-style BPE model (`model.vocab`, `model.merges`, `</w>` end-of-word suffix).
+//! time from a path; nothing is downloaded). A Hugging Face `tokenizer.json` is run instead by
+//! the `tokenizers` library itself (`from_tokenizer_json`), with the file's own normalizer,
+//! pre-tokenizer, model and post-processor: none of open_clip's cleaning below applies to it.
 //!
 //! The steps are open_clip's: `basic_clean` (ftfy.fix_text, `html.unescape` twice, strip),
 //! `whitespace_clean`, lowercasing, its regex, byte-level encoding (`bytes_to_unicode`), BPE
@@ -18,6 +19,7 @@
 //!   without `;`), not the full HTML5 table of 2231 names Python has.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Read;
 
 use regex::Regex;
@@ -29,12 +31,107 @@ pub const DEFAULT_CONTEXT_LENGTH: usize = 77;
 /// word cache, but bounded).
 const WORD_CACHE_ENTRIES: usize = 1 << 16;
 
+/// Tokenizers whose word caches one thread keeps before it drops them all (a process that
+/// builds tokenizer after tokenizer must not grow without bound).
+const CACHED_TOKENIZERS: usize = 8;
+
+/// Word caches a tokenizer keeps for threads to come (more than any pass runs threads).
+const MAX_SPARE_CACHES: usize = 256;
+
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-type WordCache = HashMap<u64, HashMap<String, Vec<u32>>>;
+/// rustc's FxHash, for the merge table: it is looked up several times per new word, where SipHash
+/// (the std default, made to resist hash flooding) cost more than the BPE itself. Its keys come
+/// from the vocabulary file, not from the captions, so a caption cannot flood it.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(last));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// Keyed by the words of the captions, which a shard may choose: std's keyed SipHash, so that no
+/// caption can make its lookups collide (FxHash is for the fixed merge table only).
+type WordCache = HashMap<Box<str>, Box<[u32]>>;
+
+/// Word caches handed back by threads that ended, for the next threads of the same tokenizer: a
+/// loader's decode threads last one pass, and its next pass (the next epoch, an evaluation)
+/// starts from the words the last one encoded instead of from nothing.
+type SpareCaches = std::sync::Mutex<Vec<WordCache>>;
+
+/// One thread's word cache for one tokenizer, and where it goes back when the thread ends.
+struct ThreadCache {
+    words: WordCache,
+    home: std::sync::Weak<SpareCaches>,
+}
+
+impl Drop for ThreadCache {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.upgrade() {
+            if let Ok(mut spare) = home.lock() {
+                if spare.len() < MAX_SPARE_CACHES {
+                    spare.push(std::mem::take(&mut self.words));
+                }
+            }
+        }
+    }
+}
+
+/// What one thread reuses from caption to caption: the cleaned text, the word being merged, and
+/// per tokenizer the ids of the words already seen. Nothing is allocated per caption once warm.
+#[derive(Default)]
+struct Scratch {
+    cleaned: String,
+    word: Vec<u32>,
+    /// The merge (rank, merged id) of each adjacent pair of `word`, and the next round's.
+    ranks: Vec<(u32, u32)>,
+    next_ranks: Vec<(u32, u32)>,
+    caches: FxMap<u64, ThreadCache>,
+}
 
 thread_local! {
-    static WORD_CACHE: std::cell::RefCell<WordCache> = std::cell::RefCell::new(HashMap::new());
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,8 +146,11 @@ pub enum TokenizerError {
 }
 
 pub struct ClipTokenizer {
-    /// (left id, right id) -> (rank, merged id).
-    merges: HashMap<(u32, u32), (u32, u32)>,
+    /// A Hugging Face `tokenizer.json`, run by the `tokenizers` library (truncation set to
+    /// `context_length`, no padding). `None`: open_clip's CLIP BPE, the fields below.
+    json: Option<Box<tokenizers::Tokenizer>>,
+    /// (left id << 32 | right id) -> (rank, merged id).
+    merges: FxMap<u64, (u32, u32)>,
     /// For each byte: (id of its symbol, id of its symbol + `</w>`).
     byte_ids: [(u32, u32); 256],
     byte_chars: [char; 256],
@@ -59,6 +159,7 @@ pub struct ClipTokenizer {
     eot_text: String,
     /// Distinguishes tokenizers in the per-thread word cache.
     id: u64,
+    spare: std::sync::Arc<SpareCaches>,
     pub sot: u32,
     pub eot: u32,
     pub context_length: usize,
@@ -133,7 +234,11 @@ impl ClipTokenizer {
         Self::build(vocab, &merges, SOT, EOT, context_length, path)
     }
 
-    /// From a Hugging Face `tokenizer.json` with a CLIP BPE model (e.g. openai/clip-vit-base-patch32).
+    /// From a Hugging Face `tokenizer.json` (any model the `tokenizers` library runs: BPE,
+    /// WordPiece, Unigram, with the file's normalizer, pre-tokenizer and post-processor), as the
+    /// `tokenizers` package encodes with `enable_truncation(context_length)`: the special tokens
+    /// of its post-processor (e.g. CLIP's start and end) are kept, the text is cut. The loader
+    /// pads the row with 0, as open_clip does.
     pub fn from_tokenizer_json(path: &str, context_length: usize) -> Result<Self, TokenizerError> {
         let bad = |detail: String| TokenizerError::Format {
             path: path.into(),
@@ -143,48 +248,41 @@ impl ClipTokenizer {
             path: path.into(),
             source,
         })?;
-        let json: serde_json::Value =
-            serde_json::from_slice(&raw).map_err(|e| bad(e.to_string()))?;
-        let model = &json["model"];
-        let vocab: HashMap<String, u32> = model["vocab"]
-            .as_object()
-            .ok_or_else(|| bad("no model.vocab".into()))?
-            .iter()
-            .filter_map(|(k, v)| Some((k.clone(), v.as_u64()? as u32)))
-            .collect();
-        let merges: Vec<(String, String)> = model["merges"]
-            .as_array()
-            .ok_or_else(|| bad("no model.merges".into()))?
-            .iter()
-            .filter_map(|m| match m {
-                serde_json::Value::String(s) => {
-                    let mut it = s.split(' ');
-                    Some((it.next()?.to_string(), it.next()?.to_string()))
-                }
-                serde_json::Value::Array(a) => {
-                    Some((a.first()?.as_str()?.into(), a.get(1)?.as_str()?.into()))
-                }
-                _ => None,
-            })
-            .collect();
-        let mut specials: Vec<(String, u32)> = json["added_tokens"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|t| Some((t["content"].as_str()?.into(), t["id"].as_u64()? as u32)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut vocab = vocab;
-        for (s, id) in specials.drain(..) {
-            vocab.insert(s, id);
+        let mut json = tokenizers::Tokenizer::from_bytes(&raw).map_err(|e| {
+            bad(format!(
+                "not a tokenizer.json that the tokenizers library loads: {e}"
+            ))
+        })?;
+        json.with_truncation(Some(tokenizers::TruncationParams {
+            max_length: context_length,
+            ..Default::default()
+        }))
+        .map_err(|e| bad(format!("truncation to {context_length} tokens: {e}")))?;
+        json.with_padding(None);
+        // A context too short for the special tokens fails here, once, not on every caption.
+        json.encode_fast("a", true).map_err(|e| {
+            bad(format!(
+                "cannot encode with a context length of {context_length}: {e}"
+            ))
+        })?;
+        let mut tok = Self::from_bpe_parts(context_length);
+        tok.json = Some(Box::new(json));
+        Ok(tok)
+    }
+
+    /// A CLIP tokenizer with no merges (the fields a `tokenizer.json` tokenizer leaves unused).
+    fn from_bpe_parts(context_length: usize) -> Self {
+        let chars = bytes_to_unicode();
+        let mut vocab: HashMap<String, u32> = HashMap::new();
+        for c in chars {
+            let n = vocab.len() as u32;
+            vocab.insert(c.to_string(), n);
+            vocab.insert(format!("{c}</w>"), n + 1);
         }
-        let (sot, eot) = if vocab.contains_key("<|startoftext|>") {
-            ("<|startoftext|>", "<|endoftext|>")
-        } else {
-            (SOT, EOT)
-        };
-        Self::build(vocab, &merges, sot, eot, context_length, path)
+        let n = vocab.len() as u32;
+        vocab.insert(SOT.into(), n);
+        vocab.insert(EOT.into(), n + 1);
+        Self::build(vocab, &[], SOT, EOT, context_length, "").expect("a complete byte vocabulary")
     }
 
     fn build(
@@ -207,26 +305,24 @@ impl ClipTokenizer {
             let end = id(&format!("{c}</w>")).ok_or_else(|| bad(format!("no {c}</w>")))?;
             byte_ids[b] = (plain, end);
         }
-        let mut merge_map = HashMap::with_capacity(merges.len());
+        let mut merge_map = FxMap::default();
+        merge_map.reserve(merges.len());
         for (rank, (a, b)) in merges.iter().enumerate() {
             if let (Some(x), Some(y), Some(m)) = (id(a), id(b), id(&format!("{a}{b}"))) {
-                merge_map.entry((x, y)).or_insert((rank as u32, m));
+                merge_map.entry(pair(x, y)).or_insert((rank as u32, m));
             }
         }
         let sot_id = id(sot).ok_or_else(|| bad(format!("no {sot}")))?;
         let eot_id = id(eot).ok_or_else(|| bad(format!("no {eot}")))?;
-        let pattern = Regex::new(&format!(
-            r"(?i){}|{}|'s|'t|'re|'ve|'m|'ll|'d|\p{{L}}+|\p{{N}}|[^\s\p{{L}}\p{{N}}]+",
-            regex::escape(sot),
-            regex::escape(eot)
-        ))
-        .map_err(|e| bad(e.to_string()))?;
+        let pattern = clip_pattern(sot, eot).map_err(|e| bad(e.to_string()))?;
         Ok(Self {
             merges: merge_map,
             byte_ids,
             byte_chars: chars,
             pattern,
+            json: None,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            spare: Default::default(),
             sot_text: sot.to_string(),
             eot_text: eot.to_string(),
             sot: sot_id,
@@ -237,96 +333,119 @@ impl ClipTokenizer {
 
     /// open_clip's `SimpleTokenizer.encode`: the ids of a caption, without start/end tokens.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let cleaned = clean(text);
-        let mut out = Vec::new();
-        let mut word: Vec<u32> = Vec::new();
-        for m in self.pattern.find_iter(&cleaned) {
-            let piece = m.as_str();
-            if piece.len() > 2 && piece.starts_with('<') && piece.ends_with('>') {
-                if piece.eq_ignore_ascii_case(&self.sot_text) {
-                    out.push(self.sot);
-                    continue;
-                }
-                if piece.eq_ignore_ascii_case(&self.eot_text) {
-                    out.push(self.eot);
-                    continue;
-                }
-            }
-            let cached = WORD_CACHE.with_borrow(|c| {
-                c.get(&self.id)
-                    .and_then(|m| m.get(piece))
-                    .map(|ids| out.extend_from_slice(ids))
-                    .is_some()
-            });
-            if cached {
-                continue;
-            }
-            let bytes = piece.as_bytes();
-            word.clear();
-            for (i, &b) in bytes.iter().enumerate() {
-                let (plain, end) = self.byte_ids[b as usize];
-                word.push(if i + 1 == bytes.len() { end } else { plain });
-            }
-            self.bpe(&mut word);
-            out.extend_from_slice(&word);
-            WORD_CACHE.with_borrow_mut(|c| {
-                let m = c.entry(self.id).or_default();
-                if m.len() >= WORD_CACHE_ENTRIES {
-                    m.clear();
-                }
-                m.insert(piece.to_string(), word.clone());
-            });
+        if let Some(json) = &self.json {
+            return json
+                .encode_fast(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default();
         }
+        let mut out = Vec::new();
+        self.for_each_id(text, |id| {
+            out.push(id);
+            true
+        });
         out
     }
 
-    fn bpe(&self, word: &mut Vec<u32>) {
-        while word.len() > 1 {
-            let mut best: Option<(u32, u32, u32, u32)> = None; // rank, left, right, merged
-            for w in word.windows(2) {
-                if let Some(&(rank, merged)) = self.merges.get(&(w[0], w[1])) {
-                    if best.is_none_or(|b| rank < b.0) {
-                        best = Some((rank, w[0], w[1], merged));
+    /// Calls `emit` with the ids of `text` in order (open_clip's `encode`) until it returns
+    /// false: a caller that needs only the first ids (truncation) stops the work there.
+    fn for_each_id(&self, text: &str, mut emit: impl FnMut(u32) -> bool) {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let Scratch {
+                cleaned,
+                word,
+                ranks,
+                next_ranks,
+                caches,
+            } = scratch;
+            clean_into(text, cleaned);
+            if !caches.contains_key(&self.id) && caches.len() >= CACHED_TOKENIZERS {
+                caches.clear();
+            }
+            let cache = &mut caches
+                .entry(self.id)
+                .or_insert_with(|| ThreadCache {
+                    words: self
+                        .spare
+                        .lock()
+                        .ok()
+                        .and_then(|mut spare| spare.pop())
+                        .unwrap_or_default(),
+                    home: std::sync::Arc::downgrade(&self.spare),
+                })
+                .words;
+            let mut piece_ids = |piece: &str| -> bool {
+                if piece.len() > 2 && piece.starts_with('<') && piece.ends_with('>') {
+                    if piece.eq_ignore_ascii_case(&self.sot_text) {
+                        return emit(self.sot);
+                    }
+                    if piece.eq_ignore_ascii_case(&self.eot_text) {
+                        return emit(self.eot);
+                    }
+                }
+                if let Some(ids) = cache.get(piece) {
+                    return ids.iter().all(|&id| emit(id));
+                }
+                let bytes = piece.as_bytes();
+                word.clear();
+                for (i, &b) in bytes.iter().enumerate() {
+                    let (plain, end) = self.byte_ids[b as usize];
+                    word.push(if i + 1 == bytes.len() { end } else { plain });
+                }
+                bpe(&self.merges, word, ranks, next_ranks);
+                if cache.len() >= WORD_CACHE_ENTRIES {
+                    cache.clear();
+                }
+                cache.insert(piece.into(), word.as_slice().into());
+                word.iter().all(|&id| emit(id))
+            };
+            if cleaned.is_ascii() {
+                split_ascii(cleaned, [&self.sot_text, &self.eot_text], piece_ids);
+            } else {
+                for m in self.pattern.find_iter(cleaned) {
+                    if !piece_ids(m.as_str()) {
+                        break;
                     }
                 }
             }
-            let Some((_, left, right, merged)) = best else {
-                return;
-            };
-            let mut i = 0;
-            let mut write = 0;
-            while i < word.len() {
-                if i + 1 < word.len() && word[i] == left && word[i + 1] == right {
-                    word[write] = merged;
-                    i += 2;
-                } else {
-                    word[write] = word[i];
-                    i += 1;
-                }
-                write += 1;
-            }
-            word.truncate(write);
-        }
+        })
     }
 
     /// `[sot] + encode + [eot]`, truncated to `context_length` with eot last, padded with 0.
+    /// The ids are written straight into `out`, and the words past the truncation point are
+    /// never encoded.
     pub fn tokenize_into(&self, text: &str, out: &mut [i64]) {
-        let ids = self.encode(text);
-        out.fill(0);
+        if let Some(json) = &self.json {
+            // Checked when loaded; a caption it still cannot encode gets an all-0 row.
+            let ids = json.encode_fast(text, true).map(|e| e.get_ids().to_vec());
+            let ids = ids.as_deref().unwrap_or(&[]);
+            let body = ids.len().min(out.len());
+            for (o, &id) in out.iter_mut().zip(&ids[..body]) {
+                *o = id as i64;
+            }
+            out[body..].fill(0);
+            return;
+        }
         let n = out.len();
-        if n == 0 {
+        if n < 2 {
+            if let Some(first) = out.first_mut() {
+                *first = self.eot as i64;
+            }
             return;
         }
         out[0] = self.sot as i64;
-        let body = ids.len().min(n.saturating_sub(2));
-        for (o, &id) in out[1..].iter_mut().zip(&ids[..body]) {
-            *o = id as i64;
-        }
-        if n >= 2 {
-            out[(1 + body).min(n - 1)] = self.eot as i64;
-        } else {
-            out[0] = self.eot as i64;
-        }
+        // The body fills out[1..n - 1]; the end token goes right after it.
+        let mut pos = 1;
+        self.for_each_id(text, |id| {
+            if pos + 1 >= n {
+                return false;
+            }
+            out[pos] = id as i64;
+            pos += 1;
+            pos + 1 < n
+        });
+        out[pos] = self.eot as i64;
+        out[pos + 1..].fill(0);
     }
 
     pub fn tokenize(&self, text: &str) -> Vec<i64> {
@@ -338,6 +457,150 @@ impl ClipTokenizer {
     /// The byte-level symbol of byte `b` (for tests and debugging).
     pub fn byte_char(&self, b: u8) -> char {
         self.byte_chars[b as usize]
+    }
+}
+
+/// open_clip's pre-tokenizer regex, with its start and end tokens.
+fn clip_pattern(sot: &str, eot: &str) -> Result<Regex, regex::Error> {
+    Regex::new(&format!(
+        r"(?i){}|{}|'s|'t|'re|'ve|'m|'ll|'d|\p{{L}}+|\p{{N}}|[^\s\p{{L}}\p{{N}}]+",
+        regex::escape(sot),
+        regex::escape(eot)
+    ))
+}
+
+#[inline]
+fn pair(left: u32, right: u32) -> u64 {
+    (left as u64) << 32 | right as u64
+}
+
+/// No merge for this pair.
+const NO_MERGE: (u32, u32) = (u32::MAX, 0);
+
+/// open_clip's `bpe` on ids: while some adjacent pair has a merge, merge every occurrence (left to
+/// right, not overlapping) of the pair of lowest rank. Each pair's rank is looked up once and
+/// kept; after a merge only the pairs next to a merged symbol are looked up again, so a word of
+/// n bytes costs O(n) lookups, not the O(n^2) of looking every pair up on every round.
+fn bpe(
+    merges: &FxMap<u64, (u32, u32)>,
+    word: &mut Vec<u32>,
+    ranks: &mut Vec<(u32, u32)>,
+    next: &mut Vec<(u32, u32)>,
+) {
+    let lookup = |l: u32, r: u32| merges.get(&pair(l, r)).copied().unwrap_or(NO_MERGE);
+    ranks.clear();
+    ranks.extend(word.windows(2).map(|w| lookup(w[0], w[1])));
+    loop {
+        let mut best = 0;
+        for (i, r) in ranks.iter().enumerate() {
+            if r.0 < ranks[best].0 {
+                best = i;
+            }
+        }
+        let Some(&(rank, merged)) = ranks.get(best) else {
+            return;
+        };
+        if rank == NO_MERGE.0 {
+            return;
+        }
+        let (left, right) = (word[best], word[best + 1]);
+        next.clear();
+        let (n, mut i, mut write, mut previous_merged) = (word.len(), 0, 0, false);
+        while i < n {
+            let here = i + 1 < n && word[i] == left && word[i + 1] == right;
+            let symbol = if here { merged } else { word[i] };
+            if write > 0 {
+                // Two unmerged neighbours were neighbours before: their rank is known.
+                next.push(if here || previous_merged {
+                    lookup(word[write - 1], symbol)
+                } else {
+                    ranks[i - 1]
+                });
+            }
+            word[write] = symbol;
+            write += 1;
+            previous_merged = here;
+            i += if here { 2 } else { 1 };
+        }
+        word.truncate(write);
+        std::mem::swap(ranks, next);
+    }
+}
+
+/// The tokenizer's regex (`specials|'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+`,
+/// case-insensitive, leftmost-first) on an ASCII text, without the regex engine: `piece` gets
+/// each match in order until it returns false. Most captions are ASCII once cleaned; the others
+/// go through the regex itself. `split_ascii_equals_the_regex` checks the two agree.
+fn split_ascii<'a>(text: &'a str, specials: [&str; 2], mut piece: impl FnMut(&'a str) -> bool) {
+    let b = text.as_bytes();
+    let letter = |c: u8| c.is_ascii_alphabetic();
+    let digit = |c: u8| c.is_ascii_digit();
+    // Unicode White_Space in ASCII: \t \n \x0b \x0c \r and space.
+    let space = |c: u8| matches!(c, b'\t'..=b'\r' | b' ');
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let rest = &b[i..];
+        let len = if let Some(s) = specials
+            .iter()
+            .find(|s| rest.len() >= s.len() && rest[..s.len()].eq_ignore_ascii_case(s.as_bytes()))
+        {
+            s.len()
+        } else if c == b'\''
+            && rest.len() >= 2
+            && matches!(rest[1] | 0x20, b's' | b't' | b'm' | b'd')
+        {
+            2
+        } else if c == b'\''
+            && rest.len() >= 3
+            && matches!(
+                [rest[1] | 0x20, rest[2] | 0x20],
+                [b'r', b'e'] | [b'v', b'e'] | [b'l', b'l']
+            )
+        {
+            3
+        } else if letter(c) {
+            rest.iter().take_while(|&&c| letter(c)).count()
+        } else if digit(c) {
+            1
+        } else if space(c) {
+            i += 1;
+            continue;
+        } else {
+            rest.iter()
+                .take_while(|&&c| !(letter(c) || digit(c) || space(c)))
+                .count()
+        };
+        if !piece(&text[i..i + len]) {
+            return;
+        }
+        i += len;
+    }
+}
+
+/// `clean(text)` into `out`, reusing its memory. An ASCII caption with no `&` (most of them)
+/// is cleaned in one pass: ftfy_lite only drops its control characters there, `html.unescape`
+/// has nothing to do, and whitespace runs become one space, lowercased.
+fn clean_into(text: &str, out: &mut String) {
+    out.clear();
+    if !text.is_ascii() || text.contains('&') {
+        out.push_str(&clean(text));
+        return;
+    }
+    let mut pending_space = false;
+    for &c in text.as_bytes() {
+        match c {
+            // ftfy_lite's removed control characters (before whitespace: \x0b and \x1c-\x1f go).
+            0x00..=0x08 | 0x0B | 0x0E..=0x1F | 0x7F => {}
+            b'\t' | b'\n' | 0x0C | b'\r' | b' ' => pending_space = !out.is_empty(),
+            _ => {
+                if pending_space {
+                    out.push(' ');
+                    pending_space = false;
+                }
+                out.push(c.to_ascii_lowercase() as char);
+            }
+        }
     }
 }
 
@@ -641,6 +904,197 @@ mod tests {
         assert_eq!(clean("e\u{301}"), "\u{e9}");
         assert_eq!(clean("a\0b"), "ab");
         assert_eq!(clean(""), "");
+    }
+
+    /// Every ASCII string up to `max_len` over `alphabet`, in order.
+    fn all_strings(alphabet: &[u8], max_len: usize) -> Vec<String> {
+        let mut out = vec![String::new()];
+        let mut level = vec![String::new()];
+        for _ in 0..max_len {
+            level = level
+                .iter()
+                .flat_map(|s| alphabet.iter().map(move |&c| format!("{s}{}", c as char)))
+                .collect();
+            out.extend(level.iter().cloned());
+        }
+        out
+    }
+
+    fn regex_pieces(re: &Regex, text: &str) -> Vec<String> {
+        re.find_iter(text).map(|m| m.as_str().to_string()).collect()
+    }
+
+    fn ascii_pieces(text: &str) -> Vec<String> {
+        let mut out = vec![];
+        split_ascii(text, [SOT, EOT], |p| {
+            out.push(p.to_string());
+            true
+        });
+        out
+    }
+
+    /// The regex-free splitter of ASCII captions gives the regex's matches: on every string of
+    /// up to 6 characters over an alphabet with each kind of character the regex tells apart
+    /// (letters of both cases, a digit, the contraction letters, punctuation, `<`/`>` and each
+    /// ASCII whitespace), and on texts around the start/end tokens.
+    #[test]
+    fn split_ascii_equals_the_regex() {
+        let re = clip_pattern(SOT, EOT).unwrap();
+        let mut texts = all_strings(b"'sStrevlmdx7_< \t\x0b\x1c", 5);
+        texts.extend(all_strings(b"'reRE lLd", 6));
+        for special in [SOT, EOT] {
+            for (pre, post) in [("", ""), ("a", "b"), (":", "'s"), ("'", "<"), (" ", "x")] {
+                texts.push(format!("{pre}{special}{post}"));
+                texts.push(format!("{pre}{}{post}", special.to_uppercase()));
+                texts.push(format!("{pre}{}{post}", &special[..special.len() - 1]));
+            }
+        }
+        texts.push("it's they're we've i'm you'll he'd it'S ''s 'x 're' 3.14 a_b <<>>".into());
+        for text in &texts {
+            assert_eq!(ascii_pieces(text), regex_pieces(&re, text), "{text:?}");
+        }
+    }
+
+    /// The one-pass cleaning of ASCII captions gives `clean`'s output, on every string of up to
+    /// 4 characters over letters, each kind of whitespace, removed control characters and `&`.
+    #[test]
+    fn clean_into_equals_clean() {
+        let mut out = String::from("left over");
+        for text in all_strings(b"aZ \t\n\r\x0b\x0c\x1c\x00\x7f&", 4)
+            .into_iter()
+            .chain(["A &amp; B".into(), "caf\u{e9} \u{201c}x\u{201d}".into()])
+        {
+            clean_into(&text, &mut out);
+            assert_eq!(out, clean(&text), "{text:?}");
+        }
+    }
+
+    /// open_clip's `bpe` as written there (every pair looked up on every round).
+    fn bpe_reference(merges: &FxMap<u64, (u32, u32)>, word: &mut Vec<u32>) {
+        while word.len() > 1 {
+            let best = word
+                .windows(2)
+                .filter_map(|w| {
+                    merges
+                        .get(&pair(w[0], w[1]))
+                        .map(|&(r, m)| (r, w[0], w[1], m))
+                })
+                .min_by_key(|b| b.0);
+            let Some((_, left, right, merged)) = best else {
+                return;
+            };
+            let (mut i, mut out) = (0, vec![]);
+            while i < word.len() {
+                if i + 1 < word.len() && word[i] == left && word[i + 1] == right {
+                    out.push(merged);
+                    i += 2;
+                } else {
+                    out.push(word[i]);
+                    i += 1;
+                }
+            }
+            *word = out;
+        }
+    }
+
+    /// The incremental BPE merges as open_clip's loop does, on random merge tables over a few
+    /// symbols (so that pairs repeat, overlap and chain) and random words up to 40 symbols.
+    #[test]
+    fn incremental_bpe_equals_open_clips_loop() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let (mut ranks, mut scratch) = (vec![], vec![]);
+        for _ in 0..300 {
+            let symbols = 2 + next(5) as u32;
+            let mut merges = FxMap::default();
+            let mut new_id = 1000;
+            for rank in 0..next(40) as u32 {
+                let (l, r) = (
+                    next(symbols as u64 + 6) as u32,
+                    next(symbols as u64 + 6) as u32,
+                );
+                let l = if l >= symbols {
+                    1000 + (l - symbols)
+                } else {
+                    l
+                };
+                let r = if r >= symbols {
+                    1000 + (r - symbols)
+                } else {
+                    r
+                };
+                if let std::collections::hash_map::Entry::Vacant(e) = merges.entry(pair(l, r)) {
+                    e.insert((rank, new_id));
+                    new_id += 1;
+                }
+            }
+            for _ in 0..50 {
+                let word: Vec<u32> = (0..next(40)).map(|_| next(symbols as u64) as u32).collect();
+                let (mut fast, mut slow) = (word.clone(), word.clone());
+                bpe(&merges, &mut fast, &mut ranks, &mut scratch);
+                bpe_reference(&merges, &mut slow);
+                assert_eq!(fast, slow, "{word:?}");
+            }
+        }
+    }
+
+    /// A tokenizer over a made-up vocabulary (every byte, with and without `</w>`, one merge):
+    /// enough to exercise the word cache without open_clip's file.
+    fn small_tokenizer() -> ClipTokenizer {
+        let chars = bytes_to_unicode();
+        let mut vocab: HashMap<String, u32> = HashMap::new();
+        for c in chars {
+            let n = vocab.len() as u32;
+            vocab.insert(c.to_string(), n);
+            vocab.insert(format!("{c}</w>"), n + 1);
+        }
+        let n = vocab.len() as u32;
+        vocab.insert("ab</w>".into(), n);
+        vocab.insert(SOT.into(), n + 1);
+        vocab.insert(EOT.into(), n + 2);
+        let merges = [("a".to_string(), "b</w>".to_string())];
+        ClipTokenizer::build(vocab, &merges, SOT, EOT, 8, "test").unwrap()
+    }
+
+    /// A thread's word cache outlives the thread: the next thread (a loader's next pass) starts
+    /// with the words the last one encoded, and gets the same tokens from it.
+    #[test]
+    fn word_caches_pass_from_ended_threads_to_new_ones() {
+        let tok = std::sync::Arc::new(small_tokenizer());
+        let run = |tok: std::sync::Arc<ClipTokenizer>, text: &'static str| {
+            std::thread::spawn(move || {
+                let ids = tok.tokenize(text);
+                let words =
+                    SCRATCH.with_borrow(|s| s.caches.get(&tok.id).map_or(0, |c| c.words.len()));
+                (ids, words)
+            })
+            .join()
+            .unwrap()
+        };
+        let (first, words) = run(tok.clone(), "ab x ab");
+        assert_eq!(words, 2, "'ab' and 'x' are cached");
+        assert_eq!(
+            tok.spare.lock().unwrap().len(),
+            1,
+            "the ended thread handed its cache back"
+        );
+        let (second, words) = run(tok.clone(), "ab");
+        assert_eq!(
+            words, 2,
+            "the next thread started with the cached words ('x' is in)"
+        );
+        assert_eq!(tok.spare.lock().unwrap().len(), 1);
+        assert_eq!(second[..3], [first[0], first[1], tok.eot as i64]);
+        assert_eq!(
+            first[..5],
+            [tok.sot as i64, first[1], first[2], first[1], tok.eot as i64]
+        );
+        drop(tok); // a cache whose tokenizer is gone is dropped with its thread, not kept
     }
 
     #[test]
