@@ -18,14 +18,15 @@ OnError = Literal["skip", "raise"]
 SpanTuple = tuple[str, int, int, int, int, int | None, tuple[int, int] | None]
 
 class CoreFault(Exception):
-    """A shard or sample fault: ``args = (reason, url, key, detail)``.
+    """A shard or sample fault: ``args = (reason, url, key, detail, kind)``.
 
     ``reason`` is a snake_case reason name (``truncated_tar``, ``corrupt_image``, ...); ``url`` is
-    already redacted; ``key`` is empty for shard-level faults. ``shardstream.errors`` turns it
-    into the public ``ShardError`` hierarchy.
+    already redacted; ``key`` is empty for shard-level faults; ``kind`` says what kind of source
+    failure an ``unreadable`` shard was (``not_found``, ``credentials``, ``bad_url``, ``other``).
+    ``shardstream.errors`` turns it into the public ``ShardError`` hierarchy by ``kind``.
     """
 
-    args: tuple[str, str, str, str]
+    args: tuple[str, str, str, str, str]
 
 class InvalidSample(TypedDict):
     ordinal: int

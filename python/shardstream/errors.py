@@ -60,26 +60,23 @@ class SampleError(ShardError):
     """One sample is invalid; ``key`` names it."""
 
 
-def _source_error_class(detail: str) -> type[SourceError]:
-    """The Rust source names its kind of failure with stable phrases (``source::SourceError``),
-    at the start of the detail when opening fails, after an offset when a read fails."""
-    if "access denied" in detail:
-        return CredentialsError
-    if detail.startswith("not found:") or ": not found:" in detail or "No such file" in detail:
-        return NotFoundError
-    return SourceError
+# The one table from the core's kind of source failure (``error::SourceKind``) to the class
+# raised; the message's wording never decides.
+_SOURCE_CLASSES: dict[str, type[ShardError]] = {
+    "not_found": NotFoundError,
+    "credentials": CredentialsError,
+    "bad_url": BadUrlError,
+    "other": SourceError,
+}
 
 
 def from_core_fault(fault: BaseException) -> ShardError:
-    """Turns the extension's ``CoreFault`` (args: reason, url, key, detail) into our hierarchy."""
-    args = tuple(getattr(fault, "args", ())) + ("", "", "", "")
-    reason, url, key, detail = (str(a) for a in args[:4])
+    """Turns the extension's ``CoreFault`` (args: reason, url, key, detail, source kind) into our
+    hierarchy."""
+    args = tuple(getattr(fault, "args", ())) + ("", "", "", "", "")
+    reason, url, key, detail, kind = (str(a) for a in args[:5])
     if reason == "unreadable":
-        if detail.startswith("unsupported URL"):
-            return BadUrlError(reason, url, key, detail)
-        return _source_error_class(detail)(reason, url, key, detail)
-    if reason == "bad_url":
-        return BadUrlError(reason, url, key, detail)
+        return _SOURCE_CLASSES.get(kind, SourceError)(reason, url, key, detail)
     if key:
         return SampleError(reason, url, key, detail)
     return ShardError(reason, url, key, detail)

@@ -11,7 +11,6 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::decode::Decoder;
 use crate::error::Fault;
-use crate::group::{open_shard, SampleReader};
 use crate::index::Index;
 use crate::pipeline::{
     display_table, MainSpans, OnError, OutBuffer, Pipeline, PipelineConfig, ShardSpan,
@@ -22,7 +21,8 @@ use crate::rng;
 use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
 use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
-use crate::source::{redact_url, Expected, Signer, SourceOptions, SourceStats};
+use crate::shard_samples::ShardSamples;
+use crate::source::{redact_url, Expected, Signer, SourceOptions};
 use crate::spans::{PlannedPart, PlannedShards, ShardNames};
 use crate::text::ClipTokenizer;
 
@@ -34,7 +34,7 @@ create_exception!(
 );
 
 fn fault_to_py(f: Fault) -> PyErr {
-    CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail))
+    CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail, f.kind.as_str()))
 }
 
 fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
@@ -143,18 +143,10 @@ fn python_signer(callable: Py<PyAny>) -> Signer {
     }))
 }
 
-/// Raw samples of a list of shards, grouped as webdataset groups them.
+/// Raw samples of a list of shards, grouped as webdataset groups them (`shard_samples`).
 #[pyclass(module = "shardstream._core")]
 pub struct SampleIter {
-    urls: Vec<String>,
-    display: Vec<String>,
-    next_shard: usize,
-    current: Mutex<Option<SampleReader>>,
-    on_error: OnError,
-    max_member_bytes: u64,
-    source: SourceOptions,
-    stats: Arc<SourceStats>,
-    skipped: u64,
+    inner: Mutex<ShardSamples>,
 }
 
 #[pymethods]
@@ -168,25 +160,20 @@ impl SampleIter {
         max_member_bytes: u64,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        if urls.len() != display_urls.len() {
-            return Err(PyValueError::new_err(
-                "urls and display_urls differ in length",
-            ));
-        }
         let source = match config {
             Some(c) => source_options(c)?,
             None => SourceOptions::default(),
         };
-        Ok(Self {
+        let inner = ShardSamples::new(
             urls,
-            display: display_urls,
-            next_shard: 0,
-            current: Mutex::new(None),
-            on_error: self::on_error(on_error)?,
+            display_urls,
+            self::on_error(on_error)?,
             max_member_bytes,
             source,
-            stats: Arc::new(SourceStats::default()),
-            skipped: 0,
+        )
+        .map_err(PyValueError::new_err)?;
+        Ok(Self {
+            inner: Mutex::new(inner),
         })
     }
 
@@ -197,90 +184,21 @@ impl SampleIter {
     /// Samples skipped (with `on_error="skip"`) so far.
     #[getter]
     fn skipped(&self) -> u64 {
-        self.skipped
+        self.inner.lock().expect("reader lock").skipped()
     }
 
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        loop {
-            let shard = self.next_shard;
-            let item = {
-                let current = &self.current;
-                py.detach(|| {
-                    current
-                        .lock()
-                        .expect("reader lock")
-                        .as_mut()
-                        .and_then(|r| r.next())
-                })
-            };
-            let Some(item) = item else {
-                // Current shard exhausted (or none open yet): open the next one.
-                if shard >= self.urls.len() {
-                    return Ok(None);
-                }
-                let (url, max, opts, stats) = (
-                    &self.urls[shard],
-                    self.max_member_bytes,
-                    &self.source,
-                    &self.stats,
-                );
-                let opened =
-                    py.detach(|| open_shard(url, 0, 0, max, &Expected::default(), opts, stats));
-                self.next_shard += 1;
-                match opened {
-                    Ok(r) => *self.current.lock().expect("reader lock") = Some(r),
-                    Err(f) => {
-                        let fault = Fault {
-                            reason: f.reason,
-                            url: self.display[shard].clone(),
-                            key: String::new(),
-                            detail: f.detail,
-                        };
-                        if self.on_error == OnError::Raise {
-                            return Err(fault_to_py(fault));
-                        }
-                        self.skipped += 1;
-                    }
-                }
-                continue;
-            };
-            let display = &self.display[shard.saturating_sub(1)];
-            match item {
-                Err(f) => {
-                    *self.current.lock().expect("reader lock") = None;
-                    if self.on_error == OnError::Raise {
-                        return Err(fault_to_py(Fault {
-                            reason: f.reason,
-                            url: display.clone(),
-                            key: String::new(),
-                            detail: f.detail,
-                        }));
-                    }
-                    self.skipped += 1;
-                }
-                Ok(raw) => {
-                    if let Some((reason, detail)) = raw.defect {
-                        if self.on_error == OnError::Raise {
-                            return Err(fault_to_py(Fault {
-                                reason,
-                                url: display.clone(),
-                                key: raw.key,
-                                detail,
-                            }));
-                        }
-                        self.skipped += 1;
-                        continue;
-                    }
-                    let d = PyDict::new(py);
-                    d.set_item("__key__", &raw.key)?;
-                    d.set_item("__url__", display)?;
-                    for (ext, data) in &raw.members {
-                        d.set_item(ext, PyBytes::new(py, data))?;
-                    }
-                    return Ok(Some(d.into_any().unbind()));
-                }
-            }
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let next = py.detach(|| self.inner.lock().expect("reader lock").next_sample());
+        let Some((raw, shard)) = next.map_err(fault_to_py)? else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("__key__", &raw.key)?;
+        d.set_item("__url__", shard)?;
+        for (ext, data) in &raw.members {
+            d.set_item(ext, PyBytes::new(py, data))?;
         }
+        Ok(Some(d.into_any().unbind()))
     }
 }
 

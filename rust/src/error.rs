@@ -79,6 +79,39 @@ impl fmt::Display for Reason {
     }
 }
 
+/// Which kind of source failure made a shard `unreadable`. It decides the exception class users
+/// catch (`shardstream.errors`: one table there), so it travels as a kind, never as wording.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// Any other failure to fetch (timeouts, 5xx after the retry budget, a changed object).
+    #[default]
+    Other,
+    /// No such file, bucket or object.
+    NotFound,
+    /// Missing, wrong or expired credentials, or access denied.
+    Credentials,
+    /// A URL we refuse to open.
+    BadUrl,
+}
+
+impl SourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Other => "other",
+            SourceKind::NotFound => "not_found",
+            SourceKind::Credentials => "credentials",
+            SourceKind::BadUrl => "bad_url",
+        }
+    }
+
+    pub fn is_other(&self) -> bool {
+        *self == SourceKind::Other
+    }
+}
+
 /// A rejected sample (or shard, when `key` is empty): what, where and why.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fault {
@@ -87,6 +120,9 @@ pub struct Fault {
     pub url: String,
     pub key: String,
     pub detail: String,
+    /// For an `unreadable` shard: what kind of source failure it was.
+    #[serde(default, skip_serializing_if = "SourceKind::is_other")]
+    pub kind: SourceKind,
 }
 
 impl fmt::Display for Fault {

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use flate2::bufread::MultiGzDecoder;
 use regex::Regex;
 
-use crate::error::Reason;
+use crate::error::{Reason, SourceKind};
 use crate::source::{self, redact_url, SourceOptions, SourceStats};
 use crate::tar::{Entry, TarError, TarReader};
 
@@ -71,6 +71,8 @@ pub struct ShardFault {
     pub reason: Reason,
     pub detail: String,
     pub offset: u64,
+    /// For an `unreadable` shard: what kind of source failure it was.
+    pub kind: SourceKind,
 }
 
 /// Whether a URL names a gzip-compressed shard (by its path, case-insensitively). The one
@@ -98,6 +100,7 @@ pub fn open_shard(
 ) -> Result<SampleReader, ShardFault> {
     let unreadable = |e: source::SourceError| ShardFault {
         reason: Reason::Unreadable,
+        kind: e.kind(),
         detail: e.to_string(),
         offset: start,
     };
@@ -114,6 +117,7 @@ pub fn open_shard(
     let gz_by_magic = !gz_by_name && start == 0 && {
         let head = buffered.fill_buf().map_err(|e| ShardFault {
             reason: Reason::Unreadable,
+            kind: source::SourceError::kind_of_io(&e),
             detail: format!("{}: {e}", redact_url(url)),
             offset: 0,
         })?;
@@ -126,12 +130,14 @@ pub fn open_shard(
                 let skipped = std::io::copy(&mut (&mut gz).take(start), &mut std::io::sink())
                     .map_err(|e| ShardFault {
                         reason: Reason::TruncatedTar,
+                        kind: SourceKind::Other,
                         detail: format!("gzip stream: {e}"),
                         offset: 0,
                     })?;
                 if skipped < start {
                     return Err(ShardFault {
                         reason: Reason::TruncatedTar,
+                        kind: SourceKind::Other,
                         detail: format!("gzip stream ended at {skipped} before offset {start}"),
                         offset: skipped,
                     });
@@ -203,13 +209,16 @@ impl SampleReader {
 
     fn fault_from(e: TarError) -> ShardFault {
         let offset = e.offset();
-        let reason = match e {
-            TarError::Truncated { .. } => Reason::TruncatedTar,
-            TarError::Corrupt { .. } => Reason::CorruptTar,
-            TarError::Io { .. } => Reason::Unreadable,
+        let (reason, kind) = match &e {
+            TarError::Truncated { .. } => (Reason::TruncatedTar, SourceKind::Other),
+            TarError::Corrupt { .. } => (Reason::CorruptTar, SourceKind::Other),
+            TarError::Io { source: err, .. } => {
+                (Reason::Unreadable, source::SourceError::kind_of_io(err))
+            }
         };
         ShardFault {
             reason,
+            kind,
             detail: e.to_string(),
             offset,
         }

@@ -19,6 +19,7 @@ pub mod rng;
 pub mod sample;
 pub mod scan;
 pub mod seek;
+pub mod shard_samples;
 pub mod source;
 pub mod spans;
 pub mod subset;

@@ -28,7 +28,7 @@ use std::time::Instant;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 
-use crate::error::{Fault, Reason};
+use crate::error::{Fault, Reason, SourceKind};
 use crate::group::{is_gzip_name, open_shard, RawSample, SampleReader, ShardFault};
 use crate::rng::{derive_seed, permutation};
 use crate::sample::{prepare, Rejection, SampleSpec, Worker};
@@ -91,6 +91,7 @@ impl ShardSpan {
         };
         let unreadable = |detail: String| ShardFault {
             reason: Reason::Unreadable,
+            kind: SourceKind::Other,
             detail,
             offset: 0,
         };
@@ -148,6 +149,7 @@ impl ShardSpan {
                     Ok(None) => Ok((self.start_offset, self.first_ordinal)),
                     Err(detail) => Err(ShardFault {
                         reason: Reason::Unreadable,
+                        kind: SourceKind::Other,
                         detail,
                         offset: 0,
                     }),
@@ -226,17 +228,18 @@ impl PipelineConfig {
             .unwrap_or_else(|| format!("shard #{shard}"))
     }
 
-    fn shard_fault(&self, span: &ShardSpan, reason: Reason, detail: String) -> Fault {
+    fn shard_fault(&self, span: &ShardSpan, f: ShardFault) -> Fault {
         let url = if span.display.is_empty() {
             redact_url(&span.url)
         } else {
             span.display.clone()
         };
         Fault {
-            reason,
+            reason: f.reason,
             url,
             key: String::new(),
-            detail,
+            detail: f.detail,
+            kind: f.kind,
         }
     }
 }
@@ -573,7 +576,7 @@ fn read_span(
         .map_err(Clone::clone)
         .and_then(|s| s.open(cfg, stats))
     {
-        Err(f) => fault = Some(cfg.shard_fault(span, f.reason, f.detail)),
+        Err(f) => fault = Some(cfg.shard_fault(span, f)),
         Ok(reader) => {
             for item in reader {
                 if stop.load(Ordering::Relaxed) {
@@ -617,7 +620,7 @@ fn read_span(
                         }
                     }
                     Err(f) => {
-                        fault = Some(cfg.shard_fault(span, f.reason, f.detail));
+                        fault = Some(cfg.shard_fault(span, f));
                         break;
                     }
                 }
@@ -628,8 +631,14 @@ fn read_span(
         if let Some(&ordinal) = keep.get(kept_done) {
             fault = Some(cfg.shard_fault(
                 span,
-                Reason::Unreadable,
-                format!("the shard ended before sample {ordinal}, which the index's subset keeps"),
+                ShardFault {
+                    reason: Reason::Unreadable,
+                    kind: SourceKind::Other,
+                    detail: format!(
+                        "the shard ended before sample {ordinal}, which the index's subset keeps"
+                    ),
+                    offset: 0,
+                },
             ));
         }
     }
@@ -905,9 +914,7 @@ impl ReserveReader {
                         self.used = self.before_current + position;
                         return Some((span.shard, raw));
                     }
-                    Some(Err(f)) => {
-                        stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail))
-                    }
+                    Some(Err(f)) => stats.record_shard_error(cfg.shard_fault(span, f)),
                     _ => {}
                 }
                 self.current = None;
@@ -926,7 +933,7 @@ impl ReserveReader {
                 }
                 Err(f) => {
                     let span = &self.spans[self.next_span];
-                    stats.record_shard_error(cfg.shard_fault(span, f.reason, f.detail));
+                    stats.record_shard_error(cfg.shard_fault(span, f));
                     self.before_current += span.planned_len();
                     self.used = self.before_current;
                 }
@@ -989,6 +996,7 @@ fn panic_fault(thread: &str, panic: &(dyn std::any::Any + Send)) -> Fault {
             "the {thread} thread panicked ({}): this pass cannot finish; please report it",
             panic_message(panic)
         ),
+        kind: SourceKind::Other,
     }
 }
 
@@ -1069,6 +1077,7 @@ impl Batcher {
                                      sharing these shards, or every sample failed; build an index \
                                      (`shardstream index`) or use fewer workers"
                                 .into(),
+                            kind: SourceKind::Other,
                         }));
                         return;
                     }
@@ -1171,6 +1180,7 @@ impl Batcher {
                         url: cfg.display(slot.shard),
                         key: slot.key.clone(),
                         detail,
+                        kind: SourceKind::Other,
                     };
                     if cfg.on_error == OnError::Raise {
                         return Err(fault);
@@ -1221,6 +1231,7 @@ impl Batcher {
                             url: cfg.display(shard),
                             key: raw.key.clone(),
                             detail,
+                            kind: SourceKind::Other,
                         };
                         if cfg.on_error == OnError::Raise {
                             return Err(fault);
@@ -1322,6 +1333,7 @@ impl Batcher {
                      left to replace them, so it cannot yield the batch every other rank yields; \
                      see the skipped samples in stats"
                 ),
+                kind: SourceKind::Other,
             });
         }
         if write == 0 {

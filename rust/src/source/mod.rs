@@ -20,6 +20,7 @@ pub mod http;
 #[cfg(test)]
 mod testserver;
 
+use crate::error::SourceKind;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::PathBuf;
@@ -137,6 +138,31 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// The kind users' exceptions are chosen by.
+    pub fn kind(&self) -> SourceKind {
+        match self {
+            SourceError::NotFound { .. } => SourceKind::NotFound,
+            SourceError::Denied { .. } | SourceError::Unsigned { .. } => SourceKind::Credentials,
+            SourceError::BadUrl { .. } => SourceKind::BadUrl,
+            SourceError::Changed { .. }
+            | SourceError::Unavailable { .. }
+            | SourceError::Open { .. } => SourceKind::Other,
+        }
+    }
+
+    /// The kind of an `io::Error` from a source's `Read`: the `SourceError` inside it, or a
+    /// missing file.
+    pub fn kind_of_io(e: &io::Error) -> SourceKind {
+        match e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<SourceError>())
+        {
+            Some(source) => source.kind(),
+            None if e.kind() == io::ErrorKind::NotFound => SourceKind::NotFound,
+            None => SourceKind::Other,
+        }
+    }
+
     /// The matching `io::ErrorKind`, for errors that surface through `Read::read`.
     fn io_kind(&self) -> io::ErrorKind {
         match self {
