@@ -18,7 +18,7 @@ use crate::pipeline::{
 use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
 use crate::resize::CropMode;
 use crate::rng;
-use crate::sample::{prepare, CaptionSource, SampleSpec, Worker};
+use crate::sample::{prepare_image, CaptionSource, SampleSpec, Worker};
 use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
 use crate::shard_samples::ShardSamples;
@@ -275,13 +275,6 @@ fn decode_image(
     crop_seed: u64,
     whole: bool,
 ) -> PyResult<Py<PyBytes>> {
-    let raw = crate::group::RawSample {
-        key: "image".into(),
-        members: vec![("jpg".into(), data.to_vec()), ("txt".into(), Vec::new())],
-        offset: 0,
-        ordinal: 0,
-        defect: None,
-    };
     let spec = SampleSpec {
         image_size: size,
         max_pixels,
@@ -294,7 +287,8 @@ fn decode_image(
         Worker::default()
     };
     let mut out = vec![0u8; 3 * size as usize * size as usize];
-    py.detach(|| prepare(&raw, &spec, crop_seed, &mut worker, &mut out))
+    // Random crops are seeded as for a sample keyed "image".
+    py.detach(|| prepare_image(data, "image", &spec, crop_seed, &mut worker, &mut out))
         .map_err(|(reason, detail)| PyValueError::new_err(format!("{reason}: {detail}")))?;
     Ok(PyBytes::new(py, &out).unbind())
 }
@@ -620,19 +614,13 @@ impl DatasetIndex {
         state: Option<&str>,
     ) -> PyResult<EpochPlanView> {
         let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
-        let plan = py
-            .detach(|| {
-                let input = self.plan_input();
-                match state {
-                    None => EpochPlan::new(input, seed, epoch, config),
-                    Some(json) => EpochState::from_json(json.as_bytes())
-                        .and_then(|st| EpochPlan::resume(input, &st, config)),
-                }
-            })
-            .map_err(plan_err)?;
-        Ok(EpochPlanView {
-            plan,
-            shards: Arc::new(PlannedShards::new(vec![self.part()])),
+        let shards = Arc::new(PlannedShards::new(vec![self.part()]));
+        plan_view(py, shards, state, |state| {
+            let input = self.plan_input();
+            match state {
+                None => EpochPlan::new(input, seed, epoch, config),
+                Some(st) => EpochPlan::resume(input, &st, config),
+            }
         })
     }
 }
@@ -730,18 +718,29 @@ impl MixturePlan {
         state: Option<&str>,
     ) -> PyResult<EpochPlanView> {
         let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
-        let plan = py
-            .detach(|| match state {
-                None => EpochPlan::mixture(&self.mixture, seed, epoch, config),
-                Some(json) => EpochState::from_json(json.as_bytes())
-                    .and_then(|st| EpochPlan::resume_mixture(&self.mixture, &st, config)),
-            })
-            .map_err(plan_err)?;
-        Ok(EpochPlanView {
-            plan,
-            shards: self.shards.clone(),
+        plan_view(py, self.shards.clone(), state, |state| match state {
+            None => EpochPlan::mixture(&self.mixture, seed, epoch, config),
+            Some(st) => EpochPlan::resume_mixture(&self.mixture, &st, config),
         })
     }
+}
+
+/// The plan `make` gives for the parsed `state` (None: a fresh epoch), without the GIL.
+fn plan_view(
+    py: Python<'_>,
+    shards: Arc<PlannedShards>,
+    state: Option<&str>,
+    make: impl FnOnce(Option<EpochState>) -> Result<EpochPlan, plan::PlanError> + Send,
+) -> PyResult<EpochPlanView> {
+    let plan = py
+        .detach(|| {
+            let state = state
+                .map(|json| EpochState::from_json(json.as_bytes()))
+                .transpose()?;
+            make(state)
+        })
+        .map_err(plan_err)?;
+    Ok(EpochPlanView { plan, shards })
 }
 
 /// The spans one planned reader opens (built in Rust, handed to `Loader` as they are).
@@ -1072,7 +1071,7 @@ fn phase_config(
         world_size,
         workers,
         batch_size,
-        block_size: block_size.max(1),
+        block_size,
         drop_last,
     }
 }

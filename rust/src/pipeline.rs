@@ -429,7 +429,6 @@ pub struct Pipeline {
     stop: Arc<AtomicBool>,
     pub stats: Arc<Stats>,
     batcher: Option<JoinHandle<()>>,
-    slot_len: usize,
 }
 
 /// How long `drop` waits for the batcher before leaving it to finish on its own (it may be
@@ -495,12 +494,7 @@ impl Pipeline {
             stop,
             stats,
             batcher: Some(batcher),
-            slot_len,
         }
-    }
-
-    pub fn slot_len(&self) -> usize {
-        self.slot_len
     }
 
     /// Lends an output buffer of `batch_size * slot_len` bytes; batches are filled in the order

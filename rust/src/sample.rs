@@ -140,6 +140,20 @@ pub fn prepare(
     }
     let bytes = image_bytes(raw, &spec.image_keys)?;
     let text = caption(raw, &spec.caption)?;
+    prepare_image(bytes, &raw.key, spec, crop_seed, worker, slot)?;
+    Ok(text)
+}
+
+/// Decodes one encoded image into `slot` ([3, S, S]) as the loader does: the pixel cap from the
+/// header, the crop (random crops seeded by `crop_seed` and `crop_key`), resize and layout.
+pub fn prepare_image(
+    bytes: &[u8],
+    crop_key: &str,
+    spec: &SampleSpec,
+    crop_seed: u64,
+    worker: &mut Worker,
+    slot: &mut [u8],
+) -> Result<(), Rejection> {
     let probe = worker
         .decoder
         .probe(bytes)
@@ -154,7 +168,7 @@ pub fn prepare(
         ));
     }
     let displayed = probe.oriented_size();
-    let mut rng = SplitMix64::new(derive_seed(&[crop_seed, hash_bytes(raw.key.as_bytes())]));
+    let mut rng = SplitMix64::new(derive_seed(&[crop_seed, hash_bytes(crop_key.as_bytes())]));
     let region = crop_box(displayed.0, displayed.1, spec.crop, &mut rng);
     let img = worker
         .decoder
@@ -171,6 +185,5 @@ pub fn prepare(
     worker
         .transformer
         .resize_into_chw(&img, scaled, spec.image_size, slot)
-        .map_err(|e| (e.reason, e.detail))?;
-    Ok(text)
+        .map_err(|e| (e.reason, e.detail))
 }

@@ -43,6 +43,16 @@ pub fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Appends the checksum of everything in `out` so far.
+/// Sorted, distinct ordinals: their count, the first, then the gap to each next one.
+pub fn put_ordinals(out: &mut Vec<u8>, ordinals: &[u64]) {
+    put_varint(out, ordinals.len() as u64);
+    let mut prev = 0;
+    for (i, &o) in ordinals.iter().enumerate() {
+        put_varint(out, if i == 0 { o } else { o - prev });
+        prev = o;
+    }
+}
+
 pub fn put_checksum(out: &mut Vec<u8>) {
     let mut c = Checksum::default();
     c.update(out);
@@ -113,6 +123,25 @@ impl<R: Read> Decoder<R> {
     pub fn string(&mut self, max_len: u64, what: &str) -> io::Result<String> {
         let n = self.bounded(max_len, what)? as usize;
         String::from_utf8(self.bytes(n)?).map_err(|_| corrupt(format!("{what} is not UTF-8")))
+    }
+
+    /// What [`put_ordinals`] wrote: at most `max_count` ordinals, increasing, each below `limit`.
+    pub fn ordinals(&mut self, max_count: u64, limit: u64, what: &str) -> io::Result<Vec<u64>> {
+        let n = self.bounded(max_count, what)?;
+        let mut out = Vec::with_capacity(n as usize);
+        let mut ordinal = 0u64;
+        for i in 0..n {
+            let step = self.varint()?;
+            if i > 0 && step == 0 {
+                return Err(corrupt(format!("{what}: ordinals not increasing")));
+            }
+            ordinal = ordinal
+                .checked_add(step)
+                .filter(|&o| o < limit)
+                .ok_or_else(|| corrupt(format!("{what}: an ordinal beyond the shard's {limit}")))?;
+            out.push(ordinal);
+        }
+        Ok(out)
     }
 
     /// Reads the 8-byte checksum that closes a block and compares it with the bytes read so far.

@@ -9,7 +9,7 @@
 //! varint count, then per sample its ordinal (varint), reason, key and detail (strings). The count and name hash let a reader refuse a block that belongs to
 //! another shard; the checksum catches corrupt or cut-short bytes.
 
-use super::codec::{put_checksum, put_str, put_varint, Decoder};
+use super::codec::{put_checksum, put_ordinals, put_str, put_varint, Decoder};
 use super::{shard_error, IndexError, InvalidSample};
 use crate::error::Reason;
 use crate::rng::hash_bytes;
@@ -103,12 +103,7 @@ pub fn encode(url: &str, num_samples: u64, detail: &ShardDetail) -> Vec<u8> {
         }
     }
     if let Some(selection) = &detail.selection {
-        put_varint(&mut body, selection.len() as u64);
-        let mut prev = 0;
-        for (i, &o) in selection.iter().enumerate() {
-            put_varint(&mut body, if i == 0 { o } else { o - prev });
-            prev = o;
-        }
+        put_ordinals(&mut body, selection);
     }
     put_checksum(&mut body);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -186,21 +181,7 @@ pub fn decode(bytes: &[u8], url: &str, num_samples: u64) -> Result<ShardDetail, 
         }
     }
     if flags & HAS_SELECTION != 0 {
-        let n = d.bounded(count, "subset count").map_err(io)?;
-        let mut selection = Vec::with_capacity(n as usize);
-        let mut ordinal = 0u64;
-        for i in 0..n {
-            let step = d.varint().map_err(io)?;
-            if i > 0 && step == 0 {
-                return Err(bad("subset ordinals not increasing".into()));
-            }
-            ordinal = ordinal
-                .checked_add(step)
-                .filter(|&o| o < count)
-                .ok_or_else(|| bad("subset ordinal beyond the shard".into()))?;
-            selection.push(ordinal);
-        }
-        detail.selection = Some(selection);
+        detail.selection = Some(d.ordinals(count, count, "subset").map_err(io)?);
     }
     d.verify_checksum().map_err(io)?;
     if !d.at_end().map_err(io)? {

@@ -11,7 +11,7 @@
 //! block. Integers are LEB128 varints, strings length-prefixed UTF-8.
 //! docs/epoch-plan.md documents it for other implementations.
 
-use super::codec::{put_checksum, put_str, put_varint, Decoder};
+use super::codec::{put_checksum, put_ordinals, put_str, put_varint, Decoder};
 use super::detail::MAX_SHARD_SAMPLES;
 use super::{DetailRef, Index, IndexError, ShardEntry, INDEX_FORMAT};
 use serde::{Deserialize, Serialize};
@@ -75,12 +75,7 @@ pub fn encode(index: &Index) -> Vec<u8> {
             put_varint(&mut body, r.offset);
             put_varint(&mut body, r.len as u64);
         }
-        put_varint(&mut body, s.invalid.len() as u64);
-        let mut prev = 0;
-        for (i, &bad) in s.invalid.iter().enumerate() {
-            put_varint(&mut body, if i == 0 { bad } else { bad - prev });
-            prev = bad;
-        }
+        put_ordinals(&mut body, &s.invalid);
         if let Some(selection) = &s.selection {
             put_varint(&mut body, selection.count);
             body.extend_from_slice(&selection.hash.to_le_bytes());
@@ -147,19 +142,9 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
         } else {
             None
         };
-        let n_invalid = d.bounded(num_samples, "invalid count").map_err(io)?;
-        let mut invalid = Vec::with_capacity(n_invalid as usize);
-        let mut ordinal = 0u64;
-        for i in 0..n_invalid {
-            let step = d.varint().map_err(io)?;
-            if i > 0 && step == 0 {
-                return Err(super::shard_error(&url, "invalid ordinals not increasing"));
-            }
-            ordinal = ordinal
-                .checked_add(step)
-                .ok_or_else(|| super::shard_error(&url, "invalid ordinal overflows"))?;
-            invalid.push(ordinal);
-        }
+        let invalid = d
+            .ordinals(num_samples, num_samples, "invalid samples")
+            .map_err(|e| super::shard_error(&url, e.to_string()))?;
         let selection = if flags & HAS_SELECTION != 0 {
             let count = d.bounded(num_samples, "subset count").map_err(io)?;
             let hash = u64::from_le_bytes(d.bytes(8).map_err(io)?.try_into().expect("8 bytes"));

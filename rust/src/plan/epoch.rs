@@ -225,11 +225,6 @@ impl EpochPlan {
         self.layout.batches_per_rank() - self.start
     }
 
-    /// Batches every rank yields in the whole current phase.
-    pub fn phase_batches(&self) -> u64 {
-        self.layout.batches_per_rank()
-    }
-
     /// Batches per rank already yielded in this phase when this plan starts.
     pub fn batches_done(&self) -> u64 {
         self.start

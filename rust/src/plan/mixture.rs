@@ -19,6 +19,7 @@
 //! ([`MixedStreams`]) and takes each block's share of each.
 
 use super::sequence::Sequence;
+use super::state::merge_ranges;
 use super::{PlanError, PlanInput, Run, ShardCounts, TAG_MIX, TAG_MIX_ORDER, TAG_MIX_ROTATION};
 use crate::rng::{derive_seed, permutation, SplitMix64};
 use std::sync::Arc;
@@ -392,15 +393,7 @@ impl MixedSequence {
         for &(a, b) in removed {
             self.phase0_ranges(a, b, |x, y| all.push((x, y)));
         }
-        all.sort_unstable();
-        all.dedup_by(|next, kept| {
-            if next.0 <= kept.1 {
-                kept.1 = kept.1.max(next.1);
-                true
-            } else {
-                false
-            }
-        });
+        merge_ranges(&mut all);
         let (mut kept_before, mut shift_after) = (Vec::new(), Vec::new());
         let mut gone = 0;
         for &(a, b) in &all {

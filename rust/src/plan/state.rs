@@ -161,8 +161,14 @@ pub(super) fn consumed_ranges(
             }
         }
     }
+    // Padding repeats may overlap.
+    merge_ranges(&mut ranges);
+    ranges
+}
+
+/// Sorts `ranges` and merges overlapping and touching ones, in place.
+pub(super) fn merge_ranges(ranges: &mut Vec<(u64, u64)>) {
     ranges.sort_unstable();
-    // Merge overlapping and touching ranges in place (padding repeats may overlap).
     ranges.dedup_by(|next, kept| {
         if next.0 <= kept.1 {
             kept.1 = kept.1.max(next.1);
@@ -171,7 +177,6 @@ pub(super) fn consumed_ranges(
             false
         }
     });
-    ranges
 }
 
 /// Appends `positions` (any order) to `ranges` as ranges of consecutive positions.
