@@ -308,6 +308,7 @@ fn spans(list: Vec<SpanTuple>, display: &[String]) -> Vec<ShardSpan> {
             |(url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)| {
                 ShardSpan {
                     keep: None,
+                    keep_bytes: None,
                     selection: None,
                     display: display.get(shard as usize).cloned().unwrap_or_default(),
                     url,

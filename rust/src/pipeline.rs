@@ -60,6 +60,9 @@ pub struct ShardSpan {
     /// A subset's span: only these ordinals (sorted, within `skip_before..end_ordinal`) are
     /// read out; the others are passed over.
     pub keep: Option<Arc<[u64]>>,
+    /// Where each kept sample's bytes start and end (an uncompressed shard whose offsets the
+    /// index holds): lets the reader seek over long runs of samples the subset leaves out.
+    pub keep_bytes: Option<Arc<[(u64, u64)]>>,
     /// A subset's span whose ordinals are still in the shard's detail block: [`ShardSpan::resolved`]
     /// reads them when the span opens.
     pub selection: Option<SpanSelection>,
@@ -110,10 +113,11 @@ impl ShardSpan {
             })?
             .into();
         let first = kept.first().copied().unwrap_or(0);
-        let offset = match &block.offsets {
-            Some(offsets) if !is_gzip_name(&self.url) => offsets.get(first as usize).copied(),
-            _ => None,
-        };
+        let offsets = block
+            .offsets
+            .as_deref()
+            .filter(|_| !is_gzip_name(&self.url));
+        let offset = offsets.and_then(|o| o.get(first as usize).copied());
         Ok(ShardSpan {
             start_offset: offset.unwrap_or(0),
             first_ordinal: if offset.is_some() { first } else { 0 },
@@ -121,9 +125,37 @@ impl ShardSpan {
             end_ordinal: Some(kept.last().map_or(0, |&o| o + 1)),
             detail: None,
             selection: None,
+            keep_bytes: offsets.and_then(|o| kept_byte_ranges(&kept, o)),
             keep: Some(kept),
             ..self.clone()
         })
+    }
+
+    /// The pieces to open: the span itself, or for a subset whose byte offsets are known, one
+    /// piece per run of kept samples, split where the samples left out between two kept ones
+    /// take more than [`seek_gap`] bytes (seeking there beats reading past them).
+    fn windows(&self) -> Vec<ShardSpan> {
+        let (Some(keep), Some(bytes)) = (&self.keep, &self.keep_bytes) else {
+            return vec![self.clone()];
+        };
+        let gap = seek_gap(&self.url);
+        let mut out = Vec::new();
+        let mut first = 0;
+        for i in 0..keep.len() {
+            let last_of_window = i + 1 == keep.len() || bytes[i + 1].0 - bytes[i].1 > gap;
+            if last_of_window {
+                out.push(ShardSpan {
+                    start_offset: bytes[first].0,
+                    first_ordinal: keep[first],
+                    skip_before: keep[first],
+                    end_ordinal: Some(keep[i] + 1),
+                    detail: None,
+                    ..self.clone()
+                });
+                first = i + 1;
+            }
+        }
+        out
     }
 
     /// Opens the shard at this span's first sample (seeking there with the index's detail
@@ -357,6 +389,25 @@ impl Stats {
     }
 }
 
+/// Bytes of left-out samples worth a seek rather than a read: more than a reopened shard's
+/// read buffer (256 KiB) for a file, a round trip's worth of transfer for a new HTTP range
+/// request.
+fn seek_gap(url: &str) -> u64 {
+    if url.contains("://") && !url.starts_with("file://") {
+        4 << 20
+    } else {
+        512 << 10
+    }
+}
+
+/// (start, end) bytes of each kept ordinal, from a shard's `num_samples + 1` offsets.
+pub fn kept_byte_ranges(kept: &[u64], offsets: &[u64]) -> Option<Arc<[(u64, u64)]>> {
+    kept.iter()
+        .map(|&o| Some((*offsets.get(o as usize)?, *offsets.get(o as usize + 1)?)))
+        .collect::<Option<Vec<_>>>()
+        .map(Into::into)
+}
+
 /// A sample position in the shuffled stream: the sample, or a hole where a planned sample
 /// could not be read (kept so that positions never shift).
 enum Item {
@@ -565,23 +616,29 @@ fn read_span(
     // A subset's span: how many of its kept ordinals were read (or passed as holes).
     let mut kept_done = 0usize;
     let mut fault: Option<Fault> = None;
-    match resolved
-        .as_ref()
-        .map_err(Clone::clone)
-        .and_then(|s| s.open(cfg, stats))
-    {
-        Err(f) => fault = Some(cfg.shard_fault(span, f)),
-        Ok(reader) => {
+    'windows: for window in span.windows() {
+        let opened = match &resolved {
+            Ok(_) => window.open(cfg, stats),
+            Err(f) => Err(f.clone()),
+        };
+        let reader = match opened {
+            Ok(reader) => reader,
+            Err(f) => {
+                fault = Some(cfg.shard_fault(span, f));
+                break;
+            }
+        };
+        {
             for item in reader {
                 if stop.load(Ordering::Relaxed) {
                     return false;
                 }
                 match item {
                     Ok(raw) => {
-                        if span.end_ordinal.is_some_and(|end| raw.ordinal >= end) {
+                        if window.end_ordinal.is_some_and(|end| raw.ordinal >= end) {
                             break;
                         }
-                        if raw.ordinal < span.skip_before {
+                        if raw.ordinal < window.skip_before {
                             continue;
                         }
                         next_expected = raw.ordinal + 1;
@@ -615,7 +672,7 @@ fn read_span(
                     }
                     Err(f) => {
                         fault = Some(cfg.shard_fault(span, f));
-                        break;
+                        break 'windows;
                     }
                 }
             }
@@ -1346,6 +1403,47 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subset_span_seeks_over_long_runs_of_left_out_samples_only() {
+        // 12 samples of 100 kB; the subset keeps 0, 1, 2, 9 and 11.
+        let offsets: Vec<u64> = (0..=12).map(|i| i * 100_000).collect();
+        let keep: Arc<[u64]> = Arc::from([0u64, 1, 2, 9, 11]);
+        let span = ShardSpan {
+            url: "/d/00000.tar".into(),
+            shard: 3,
+            start_offset: 0,
+            first_ordinal: 0,
+            skip_before: 0,
+            end_ordinal: Some(12),
+            stride: None,
+            display: String::new(),
+            detail: None,
+            expected: Expected::default(),
+            keep_bytes: kept_byte_ranges(&keep, &offsets),
+            keep: Some(keep),
+            selection: None,
+        };
+        let pieces: Vec<(u64, u64, Option<u64>)> = span
+            .windows()
+            .iter()
+            .map(|w| (w.start_offset, w.first_ordinal, w.end_ordinal))
+            .collect();
+        // 3..9 (600 kB) is worth a seek on disk; the one sample 10 (100 kB) is read past.
+        assert_eq!(pieces, vec![(0, 0, Some(3)), (900_000, 9, Some(12))]);
+        // Over HTTP a seek costs a request: 600 kB is read past too.
+        let remote = ShardSpan {
+            url: "https://h/00000.tar".into(),
+            ..span.clone()
+        };
+        assert_eq!(remote.windows().len(), 1);
+        // Without offsets there is nothing to seek by: one piece.
+        let unknown = ShardSpan {
+            keep_bytes: None,
+            ..span
+        };
+        assert_eq!(unknown.windows().len(), 1);
+    }
 
     #[test]
     fn a_panic_while_preparing_a_sample_is_that_samples_internal_error() {

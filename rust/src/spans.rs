@@ -188,6 +188,12 @@ pub fn planned_spans(
                 display,
                 detail,
                 expected: Expected::from_identity(entry.identity.as_deref()),
+                keep_bytes: match (&keep, &entry.offsets) {
+                    (Some(k), Some(offsets)) if !entry.compressed => {
+                        crate::pipeline::kept_byte_ranges(k, offsets)
+                    }
+                    _ => None,
+                },
                 keep,
                 selection,
             })
