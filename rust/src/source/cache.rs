@@ -119,7 +119,7 @@ fn warn_cache_unusable(dir: &Path, what: &str, e: &io::Error, url: &str) {
     if warned.insert(dir.to_path_buf()) {
         eprintln!(
             "shardstream: shard cache {}: {what}: {e}; reading {} and later shards without the \
-             cache while it fails (counted in stats as cache_errors; this is said once)",
+             cache while it fails (said once per cache directory)",
             dir.display(),
             redact_url(url)
         );
