@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ._files import atomic_write_json
 from .progress import Progress, human_bytes
 from .urls import Shard
 from .validation import DEFAULT_IMAGE_KEYS, ScanOptions
@@ -566,20 +567,10 @@ def _finish_validate(
     if world > 1:
         report["world_size"] = world
     if args.json:
-        _write_json_atomically(args.json, report)
+        atomic_write_json(args.json, report)
     summary = format_summary(report, worst=args.worst, show=args.show)
     print(summary.splitlines()[-1] if args.quiet else summary)
     return int(report["exit_status"])
-
-
-def _write_json_atomically(path: str, value: Any) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def cmd_subset(args: argparse.Namespace) -> int:

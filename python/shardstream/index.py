@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import ssl
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardstream import _core
+from shardstream._files import atomic_write
 from shardstream._system import available_cores
 from shardstream.errors import CredentialsError, NotFoundError, ShardError
 from shardstream.identity import ShardIdentity, probe_identities
@@ -337,18 +337,3 @@ def write_index(index_or_reports: Any, path: str, *, urls: list[str] | None = No
         atomic_write(os.path.join(path, detail_name), detail)
     atomic_write(os.path.join(path, MANIFEST_NAME), manifest)
     return path
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".index-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -17,12 +17,12 @@ import io
 import json
 import os
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream._files import AtomicFile
 from shardstream._system import available_cores
 
 IMAGE_EXTS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
@@ -69,8 +69,7 @@ class ShardWriter:
         self._fsync = fsync
         self._next_shard = start_shard
         self._shards: list[str] = []
-        self._file: io.BufferedWriter | None = None
-        self._tmp_path = ""
+        self._file: AtomicFile | None = None
         self._final_path = ""
         self._count = 0
         self._size = 0
@@ -127,20 +126,14 @@ class ShardWriter:
         """Drops the shard being written (finished shards stay); used when the input fails."""
         self._closed = True
         if self._file is not None:
-            self._file.close()
+            self._file.discard()
             self._file = None
-            _remove_quietly(self._tmp_path)
 
     # -- shard files -------------------------------------------------------------------------------
     def _open_shard(self) -> None:
         self._final_path = _shard_path(self._pattern, self._next_shard)
         self._next_shard += 1
-        directory = os.path.dirname(os.path.abspath(self._final_path))
-        os.makedirs(directory, exist_ok=True)
-        fd, self._tmp_path = tempfile.mkstemp(
-            dir=directory, prefix=f".{os.path.basename(self._final_path)}.", suffix=".tmp"
-        )
-        self._file = os.fdopen(fd, "wb")
+        self._file = AtomicFile(self._final_path, fsync=self._fsync)
         self._count = 0
         self._size = 0
         self._keys = set()
@@ -149,16 +142,8 @@ class ShardWriter:
         assert self._file is not None
         self._file.write(b"\0" * (2 * _BLOCK))  # end-of-archive marker
         self._size += 2 * _BLOCK
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
-        self._file.close()
+        self._file.commit()
         self._file = None
-        # mkstemp creates 0600; give the shard the permissions a normal file would get.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self._tmp_path, 0o666 & ~umask)
-        os.replace(self._tmp_path, self._final_path)
         self._shards.append(self._final_path)
         self.bytes_written += self._size
 
@@ -239,13 +224,6 @@ def _member_bytes(name: str, data: bytes) -> bytes:
     header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
     padding = -len(data) % _BLOCK
     return header + data + b"\0" * padding
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 # -- building shards from folders and tables ---------------------------------------------------------

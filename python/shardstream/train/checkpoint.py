@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardstream._files import AtomicFile, atomic_write
 from shardstream.train.dist import DistContext, all_gather
 
 FORMAT = "shardstream-clip-checkpoint"
@@ -92,25 +93,6 @@ class TrainingState:
     loader_state: dict[str, Any] | None  # the loader's state_dict() after those steps
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     directory: str | os.PathLike[str],
     *,
@@ -148,8 +130,9 @@ def save_checkpoint(
         **(extra or {}),
     }
     path = directory / checkpoint_name(state.step)
-    _atomic_write(path, lambda f: torch.save(payload, f))
-    _atomic_write(directory / "latest", lambda f: f.write(path.name.encode() + b"\n"))
+    with AtomicFile(path, fsync=True) as f:
+        torch.save(payload, f.file)
+    atomic_write(directory / "latest", path.name.encode() + b"\n", fsync=True)
     _prune(directory, keep, protect=path)
     return path
 
