@@ -670,7 +670,9 @@ impl MixturePlan {
                 ))),
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let inputs: Vec<plan::PlanInput> = sources.iter().map(|s| s.plan_input().clone()).collect();
+        // Made here and dropped once the mixture holds its own copy: a source's index is not
+        // planned on its own, so it keeps no plan input of its own.
+        let inputs: Vec<plan::PlanInput> = sources.iter().map(|s| s.index.plan_input()).collect();
         let parts = sources.iter().map(|s| s.part()).collect();
         let mixture = py
             .detach(|| plan::Mixture::new(&inputs, &shares, epoch_samples))

@@ -39,7 +39,7 @@ pub fn with_selections(
             }
         }
         entry.detail_ref = None;
-        entry.selection = Some(Selection::new(kept));
+        entry.selection = Some(Box::new(Selection::new(kept)));
         shards.push(entry);
     }
     Index::new(shards).map_err(|e: IndexError| e.to_string())

@@ -154,11 +154,11 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
                     "a subset is recorded, but no detail block holds its samples",
                 ));
             }
-            Some(super::Selection {
+            Some(Box::new(super::Selection {
                 count,
                 hash,
                 ordinals: None,
-            })
+            }))
         } else {
             None
         };

@@ -88,7 +88,8 @@ pub struct ShardEntry {
     /// or there are none).
     pub detail_ref: Option<DetailRef>,
     /// A subset of the shard (keys, uids, a filter): the plan schedules only these samples.
-    pub selection: Option<Selection>,
+    /// Boxed: most indexes are not subsets, and every rank holds an entry per shard.
+    pub selection: Option<Box<Selection>>,
 }
 
 /// The samples a subset keeps of one shard, all valid. The manifest holds the count and a hash
@@ -803,5 +804,19 @@ mod tests {
             Some("/d/00012_stats.json")
         );
         assert_eq!(img2dataset_stats_url("/d/00012.zip"), None);
+    }
+}
+
+#[cfg(test)]
+mod entry_size {
+    /// Every rank holds one entry per shard (1.28 M for LAION-2B): a field added to it costs
+    /// that many times its size. This pins the size so that growth is a decision.
+    #[test]
+    fn a_shard_entry_stays_small() {
+        assert!(
+            std::mem::size_of::<super::ShardEntry>() <= 200,
+            "{}",
+            std::mem::size_of::<super::ShardEntry>()
+        );
     }
 }
