@@ -53,7 +53,7 @@ pub use epoch::EpochPlan;
 pub use input::{PlanInput, ShardCounts};
 pub use mixture::{MixedStreams, Mixture, Share};
 pub use reader::{Emitted, ReaderPlan};
-pub use shuffle::BlockShuffle;
+pub use shuffle::{block_order, BlockShuffle};
 pub use state::{EpochState, PhaseRecord, ReserveUse};
 pub use streaming::{assign_shards, ShardAssignment};
 

@@ -68,9 +68,14 @@ impl BlockShuffle {
 
     /// The emission order of block `block`: emitted sample j is the block's `perm[j]`-th sample.
     pub fn block_permutation(&self, block: u64) -> Vec<u32> {
-        permutation(
-            self.block_len(block) as usize,
-            derive_seed(&[self.base_seed, block]),
-        )
+        block_order(self.base_seed, block, self.block_len(block) as usize)
     }
+}
+
+/// The one definition of a block's emission order: block `block` of `len` samples of a reader
+/// whose shuffle seed is `base_seed` ([`BlockShuffle::base_seed`]) is emitted as
+/// `permutation(len, derive_seed([base_seed, block]))`. The plan and the pipeline (which sees
+/// only the seed and the samples it read) both call this.
+pub fn block_order(base_seed: u64, block: u64, len: usize) -> Vec<u32> {
+    permutation(len, derive_seed(&[base_seed, block]))
 }
