@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use crate::error::{Fault, Reason, SourceKind};
 use crate::group::{is_gzip_name, open_shard, RawSample, SampleReader, ShardFault};
-use crate::rng::{derive_seed, permutation};
+use crate::plan;
 use crate::sample::{prepare, Rejection, SampleSpec, Worker};
 use crate::seek::DetailSource;
 use crate::source::{redact_url, Expected, SourceOptions, SourceStats};
@@ -207,7 +207,7 @@ pub struct PipelineConfig {
     pub span_queue: usize,
     /// Samples per shuffle block; each block is emitted in a seeded permutation. 1 = in order.
     pub block_size: usize,
-    /// Block j is permuted with `derive_seed([shuffle_seed, j])` (see plan::BlockShuffle).
+    /// Block j is emitted in `plan::block_order(shuffle_seed, j, len)` (see plan::BlockShuffle).
     pub shuffle_seed: u64,
     /// Number of the first block read (non-zero when resuming a planned reader).
     pub first_block: u64,
@@ -258,6 +258,17 @@ impl PipelineConfig {
             .get(&shard)
             .cloned()
             .unwrap_or_else(|| format!("shard #{shard}"))
+    }
+
+    /// The fault of sample `key` of `shard`, rejected for `reason` (detail).
+    fn sample_fault(&self, shard: u32, key: String, (reason, detail): Rejection) -> Fault {
+        Fault {
+            reason,
+            url: self.display(shard),
+            key,
+            detail,
+            kind: SourceKind::Other,
+        }
     }
 
     fn shard_fault(&self, span: &ShardSpan, f: ShardFault) -> Fault {
@@ -415,6 +426,14 @@ enum Item {
     Hole { shard: u32, ordinal: u64 },
 }
 
+impl Item {
+    fn shard(&self) -> u32 {
+        match self {
+            Self::Sample { shard, .. } | Self::Hole { shard, .. } => *shard,
+        }
+    }
+}
+
 enum ReadMsg {
     Item(Item),
     EndOfSpan,
@@ -441,6 +460,7 @@ pub struct OutBuffer {
 // until that batch is handed back, and `owner` keeps it allocated.
 unsafe impl Send for OutBuffer {}
 
+#[derive(Debug)]
 pub struct BatchMeta {
     pub len: usize,
     pub keys: Vec<String>,
@@ -882,8 +902,10 @@ impl ItemSource {
     }
 }
 
-/// Pulls blocks of `block_size` items and emits each in its seeded permutation.
-struct BlockShuffle {
+/// The emitted stream: blocks of `block_size` items, each emitted in the order
+/// [`plan::block_order`] gives it (the plan's definition; `seed` is the reader's
+/// `plan::BlockShuffle::base_seed`, `block_index` the block's number in the reader's sequence).
+struct ShuffledItems {
     source: ItemSource,
     block_size: usize,
     seed: u64,
@@ -893,7 +915,19 @@ struct BlockShuffle {
     pos: usize,
 }
 
-impl BlockShuffle {
+impl ShuffledItems {
+    fn new(source: ItemSource, cfg: &PipelineConfig) -> Self {
+        Self {
+            source,
+            block_size: cfg.block_size,
+            seed: cfg.shuffle_seed,
+            block_index: cfg.first_block,
+            pending: vec![],
+            order: vec![],
+            pos: 0,
+        }
+    }
+
     fn next(&mut self) -> Result<Option<Item>, StreamError> {
         loop {
             if self.pos < self.order.len() {
@@ -912,10 +946,7 @@ impl BlockShuffle {
                 return Ok(None);
             }
             self.order = if self.block_size > 1 {
-                permutation(
-                    self.pending.len(),
-                    derive_seed(&[self.seed, self.block_index]),
-                )
+                plan::block_order(self.seed, self.block_index, self.pending.len())
             } else {
                 vec![0]
             };
@@ -1065,25 +1096,43 @@ struct Batcher {
     last_good: Option<(Slot, Vec<u8>)>,
 }
 
-#[derive(Clone)]
+/// Where the sample in a batch slot came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The stream's sample at this position of the batch.
+    Stream,
+    /// A planned batch's replacement for a failed sample, from the reserve spans.
+    Reserve,
+    /// A streaming batch's replacement for a failed sample: the stream's next sample.
+    Next,
+    /// A repeat of a good sample (of this batch, or the last batch's) that pads a planned batch
+    /// whose failures the reserve could not replace.
+    Padding,
+}
+
+/// A batch slot that holds a good sample (its pixels are in the slot's part of the buffer).
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Slot {
     shard: u32,
     key: String,
-    text: Option<String>,
+    text: String,
+    origin: Origin,
+}
+
+/// What decoding one stream item into its slot gave.
+#[derive(Debug)]
+enum Decoded {
+    Good(Slot),
+    /// The sample was rejected; not counted yet.
+    Rejected(Fault),
+    /// A hole: the planned sample was lost with its shard and counted when the shard failed.
+    Lost(Fault),
 }
 
 impl Batcher {
     fn run(&mut self, buffers: Receiver<OutBuffer>, out: Sender<BatchResult>) {
         let Some(main) = self.main.take() else { return };
-        let mut stream = BlockShuffle {
-            source: main,
-            block_size: self.cfg.block_size,
-            seed: self.cfg.shuffle_seed,
-            block_index: self.cfg.first_block,
-            pending: vec![],
-            order: vec![],
-            pos: 0,
-        };
+        let mut stream = ShuffledItems::new(main, &self.cfg);
         for _ in 0..self.cfg.skip_emitted {
             match stream.next() {
                 Ok(Some(_)) => {}
@@ -1178,201 +1227,202 @@ impl Batcher {
         &mut self,
         items: Vec<Item>,
         memory: &mut [u8],
-        stream: &mut BlockShuffle,
+        stream: &mut ShuffledItems,
         target: usize,
     ) -> Result<Option<BatchMeta>, Fault> {
-        let b = target;
+        let first_shard = items.first().map(Item::shard);
+        let decoded = self.decode(items, memory);
+        let mut slots = self.classify(decoded)?;
+        self.refill(&mut slots, memory, stream)?;
+        if self.cfg.planned {
+            self.pad(&mut slots, memory, target);
+        }
+        self.assemble(slots, memory, target, first_shard)
+    }
+
+    /// Decodes item i into slot i of `memory`, in parallel on the decode threads.
+    fn decode(&self, items: Vec<Item>, memory: &mut [u8]) -> Vec<Decoded> {
         let cfg = &self.cfg;
         let started = Instant::now();
-        let mut slots: Vec<(Slot, Result<String, Rejection>)> = memory
+        let decoded = memory
             .par_chunks_mut(self.slot_len)
             .zip(items.into_par_iter())
             .map(|(slot_mem, item)| match item {
-                Item::Sample { shard, raw } => {
-                    let r = prepare_into(&raw, shard, cfg, slot_mem);
-                    (
-                        Slot {
-                            shard,
-                            key: raw.key,
-                            text: None,
-                        },
-                        r,
-                    )
-                }
-                Item::Hole { shard, ordinal } => (
-                    Slot {
+                Item::Sample { shard, raw } => match prepare_into(&raw, shard, cfg, slot_mem) {
+                    Ok(text) => Decoded::Good(Slot {
                         shard,
-                        key: format!("#{ordinal}"),
-                        text: None,
-                    },
-                    Err((
+                        key: raw.key,
+                        text,
+                        origin: Origin::Stream,
+                    }),
+                    Err(rejection) => {
+                        Decoded::Rejected(cfg.sample_fault(shard, raw.key, rejection))
+                    }
+                },
+                Item::Hole { shard, ordinal } => Decoded::Lost(cfg.sample_fault(
+                    shard,
+                    format!("#{ordinal}"),
+                    (
                         Reason::Unreadable,
                         "sample could not be read (counted when the shard failed)".into(),
-                    )),
-                ),
+                    ),
+                )),
             })
             .collect();
         self.stats
             .decode_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let mut filled = 0usize;
-        let mut good: Vec<bool> = Vec::with_capacity(b);
-        for (slot, result) in slots.iter_mut() {
-            match std::mem::replace(result, Ok(String::new())) {
-                Ok(text) => {
-                    slot.text = Some(text);
-                    good.push(true);
-                    filled += 1;
+        decoded
+    }
+
+    /// The batch's slots with each failure left empty: a rejected sample is counted as a
+    /// skip (a hole was counted when its shard failed); under `on_error = raise` the first
+    /// failure ends the pass instead.
+    fn classify(&self, decoded: Vec<Decoded>) -> Result<Vec<Option<Slot>>, Fault> {
+        let raise = self.cfg.on_error == OnError::Raise;
+        decoded
+            .into_iter()
+            .map(|d| match d {
+                Decoded::Good(slot) => Ok(Some(slot)),
+                Decoded::Rejected(fault) | Decoded::Lost(fault) if raise => Err(fault),
+                Decoded::Rejected(fault) => {
+                    self.stats.record_skip(fault);
+                    Ok(None)
                 }
-                Err((reason, detail)) => {
-                    let already_counted = reason == Reason::Unreadable && slot.key.starts_with('#');
-                    let fault = Fault {
-                        reason,
-                        url: cfg.display(slot.shard),
-                        key: slot.key.clone(),
-                        detail,
-                        kind: SourceKind::Other,
-                    };
+                Decoded::Lost(_) => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Fills the empty slots: from the reserve when planned (positions are fixed), from the
+    /// stream's next samples otherwise. A slot stays empty once they run out.
+    fn refill(
+        &mut self,
+        slots: &mut [Option<Slot>],
+        memory: &mut [u8],
+        stream: &mut ShuffledItems,
+    ) -> Result<(), Fault> {
+        let slot_len = self.slot_len;
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if slot.is_none() {
+                *slot = self.replacement(&mut memory[i * slot_len..(i + 1) * slot_len], stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next replacement sample that decodes, in `slot_mem` (each failure on the way
+    /// counted as a skip); `None` when the reserve (planned) or the stream has no more.
+    fn replacement(
+        &mut self,
+        slot_mem: &mut [u8],
+        stream: &mut ShuffledItems,
+    ) -> Result<Option<Slot>, Fault> {
+        let cfg = &self.cfg;
+        loop {
+            let (next, origin) = if cfg.planned {
+                (self.reserve.next(cfg, &self.stats), Origin::Reserve)
+            } else {
+                match stream.next() {
+                    Ok(Some(Item::Sample { shard, raw })) => (Some((shard, raw)), Origin::Next),
+                    Ok(Some(Item::Hole { .. })) => continue,
+                    _ => (None, Origin::Next),
+                }
+            };
+            let Some((shard, raw)) = next else {
+                return Ok(None);
+            };
+            match prepare_into(&raw, shard, cfg, slot_mem) {
+                Ok(text) => {
+                    return Ok(Some(Slot {
+                        shard,
+                        key: raw.key,
+                        text,
+                        origin,
+                    }))
+                }
+                Err(rejection) => {
+                    let fault = cfg.sample_fault(shard, raw.key, rejection);
                     if cfg.on_error == OnError::Raise {
                         return Err(fault);
                     }
-                    if !already_counted {
-                        self.stats.record_skip(fault);
-                    }
-                    good.push(false);
+                    self.stats.record_skip(fault);
                 }
             }
         }
-        // Refill failed slots: from the reserve when planned (positions are fixed), from the
-        // stream otherwise.
+    }
+
+    /// Pads a planned batch whose failures the reserve could not replace, so that every rank
+    /// still yields the same full batches: with no good sample left, slot 0 repeats the last
+    /// batch's; then the empty slots, up to `target`, repeat the good ones in turn.
+    fn pad(&self, slots: &mut Vec<Option<Slot>>, memory: &mut [u8], target: usize) {
         let slot_len = self.slot_len;
-        for i in 0..slots.len() {
-            if good[i] {
-                continue;
-            }
-            let slot_mem = &mut memory[i * slot_len..(i + 1) * slot_len];
-            loop {
-                let next = if cfg.planned {
-                    self.reserve.next(cfg, &self.stats)
-                } else {
-                    match stream.next() {
-                        Ok(Some(Item::Sample { shard, raw })) => Some((shard, raw)),
-                        Ok(Some(Item::Hole { .. })) => continue,
-                        _ => None,
-                    }
-                };
-                let Some((shard, raw)) = next else { break };
-                match prepare_into(&raw, shard, cfg, slot_mem) {
-                    Ok(text) => {
-                        slots[i].0 = Slot {
-                            shard,
-                            key: raw.key,
-                            text: Some(text),
-                        };
-                        good[i] = true;
-                        filled += 1;
-                        if cfg.planned {
-                            self.stats.replaced.fetch_add(1, Ordering::Relaxed);
-                        }
-                        break;
-                    }
-                    Err((reason, detail)) => {
-                        let fault = Fault {
-                            reason,
-                            url: cfg.display(shard),
-                            key: raw.key.clone(),
-                            detail,
-                            kind: SourceKind::Other,
-                        };
-                        if cfg.on_error == OnError::Raise {
-                            return Err(fault);
-                        }
-                        self.stats.record_skip(fault);
-                    }
-                }
-            }
-        }
-        if filled == 0 && cfg.planned && !slots.is_empty() {
+        if !slots.is_empty() && slots.iter().all(Option::is_none) {
             if let Some((slot, pixels)) = &self.last_good {
-                // Nothing of this batch is left to repeat: repeat the previous batch's sample.
                 memory[..slot_len].copy_from_slice(pixels);
-                slots[0].0 = slot.clone();
-                good[0] = true;
-                filled = 1;
-                self.stats.padded.fetch_add(1, Ordering::Relaxed);
+                slots[0] = Some(Slot {
+                    origin: Origin::Padding,
+                    ..slot.clone()
+                });
             }
         }
-        if filled < b && cfg.planned && filled > 0 {
-            // Reserve exhausted: repeat good samples of this batch so every rank still gets
-            // the same number of full batches; each repeat is counted as padding.
-            let donors: Vec<usize> = (0..slots.len()).filter(|&i| good[i]).collect();
-            let mut d = 0;
-            for i in 0..b {
-                if i < slots.len() && good[i] {
-                    continue;
-                }
-                let src = donors[d % donors.len()];
-                d += 1;
-                memory.copy_within(src * slot_len..(src + 1) * slot_len, i * slot_len);
-                let donor = &slots[src].0;
-                let copy = Slot {
-                    shard: donor.shard,
-                    key: donor.key.clone(),
-                    text: donor.text.clone(),
-                };
-                if i < slots.len() {
-                    slots[i].0 = copy;
-                    good[i] = true;
-                } else {
-                    slots.push((copy, Ok(String::new())));
-                    good.push(true);
-                }
-                self.stats.padded.fetch_add(1, Ordering::Relaxed);
-                filled += 1;
-            }
+        let donors: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
+        if donors.is_empty() {
+            return;
         }
-        let first_shard = slots.first().map(|(s, _)| s.shard);
-        // Compact the good slots to the front (only after failures in streaming mode).
-        let mut keys = Vec::with_capacity(filled);
-        let mut texts = Vec::with_capacity(filled);
-        let mut shards = Vec::with_capacity(filled);
-        let mut write = 0usize;
-        for (read, (slot, _)) in slots.into_iter().enumerate() {
-            if !good[read] {
-                continue;
-            }
+        if slots.len() < target {
+            slots.resize(target, None);
+        }
+        let empty: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_none()).collect();
+        for (d, i) in empty.into_iter().enumerate() {
+            let src = donors[d % donors.len()];
+            memory.copy_within(src * slot_len..(src + 1) * slot_len, i * slot_len);
+            slots[i] = slots[src].as_ref().map(|donor| Slot {
+                origin: Origin::Padding,
+                ..donor.clone()
+            });
+        }
+    }
+
+    /// The finished batch: good slots moved to the front (gaps are left only by failures in
+    /// streaming mode), replacements and padding counted. `Ok(None)` when nothing is left, or
+    /// a short streaming batch that `drop_last` discards (its keys are the remainder).
+    fn assemble(
+        &mut self,
+        slots: Vec<Option<Slot>>,
+        memory: &mut [u8],
+        target: usize,
+        first_shard: Option<u32>,
+    ) -> Result<Option<BatchMeta>, Fault> {
+        let slot_len = self.slot_len;
+        let mut keys = Vec::with_capacity(slots.len());
+        let mut texts = Vec::with_capacity(slots.len());
+        let mut shards = Vec::with_capacity(slots.len());
+        let (mut replaced, mut padded) = (0u64, 0u64);
+        for (read, slot) in slots.into_iter().enumerate() {
+            let Some(slot) = slot else { continue };
+            let write = keys.len();
             if read != write {
                 memory.copy_within(read * slot_len..(read + 1) * slot_len, write * slot_len);
             }
+            match slot.origin {
+                Origin::Reserve => replaced += 1,
+                Origin::Padding => padded += 1,
+                Origin::Stream | Origin::Next => {}
+            }
             keys.push(slot.key);
-            texts.push(slot.text.unwrap_or_default());
+            texts.push(slot.text);
             shards.push(slot.shard);
-            write += 1;
         }
-        if write < b && cfg.drop_last && !cfg.planned {
+        self.stats.replaced.fetch_add(replaced, Ordering::Relaxed);
+        self.stats.padded.fetch_add(padded, Ordering::Relaxed);
+        let cfg = &self.cfg;
+        let len = keys.len();
+        if len < target && cfg.drop_last && !cfg.planned {
             self.stats.record_remainder(keys);
             return Ok(None);
         }
-        if write > 0 && cfg.planned {
-            // One slot's copy per batch, into the same buffer every time: no allocation on the
-            // batch path after the first.
-            let (slot, pixels) = self.last_good.get_or_insert_with(|| {
-                let slot = Slot {
-                    shard: 0,
-                    key: String::new(),
-                    text: None,
-                };
-                (slot, vec![0u8; slot_len])
-            });
-            pixels.copy_from_slice(&memory[..slot_len]);
-            slot.shard = shards[0];
-            slot.key.clone_from(&keys[0]);
-            match &mut slot.text {
-                Some(text) => text.clone_from(&texts[0]),
-                None => slot.text = Some(texts[0].clone()),
-            }
-        }
-        if write == 0 && cfg.planned {
+        if len == 0 && cfg.planned {
             // Ending here would leave this rank a batch short of the others (DDP would wait for
             // it forever): fail the pass, saying why.
             return Err(Fault {
@@ -1380,29 +1430,506 @@ impl Batcher {
                 url: first_shard.map(|s| cfg.display(s)).unwrap_or_default(),
                 key: String::new(),
                 detail: format!(
-                    "all {b} samples of this rank's first batch failed and no reserve sample is \
-                     left to replace them, so it cannot yield the batch every other rank yields; \
-                     see the skipped samples in stats"
+                    "all {target} samples of this rank's first batch failed and no reserve sample \
+                     is left to replace them, so it cannot yield the batch every other rank \
+                     yields; see the skipped samples in stats"
                 ),
                 kind: SourceKind::Other,
             });
         }
-        if write == 0 {
+        if len == 0 {
             return Ok(None);
         }
+        if cfg.planned {
+            self.keep_last_good(&memory[..slot_len], shards[0], &keys[0], &texts[0]);
+        }
         Ok(Some(BatchMeta {
-            len: write,
+            len,
             keys,
             texts,
             shards,
             reserve_used: self.reserve.used,
         }))
     }
+
+    /// Remembers a good sample of this batch for [`Batcher::pad`]: one slot's copy, into the
+    /// same buffer every time, so no allocation on the batch path after the first.
+    fn keep_last_good(&mut self, pixels: &[u8], shard: u32, key: &str, text: &str) {
+        let (slot, copy) = self.last_good.get_or_insert_with(|| {
+            let slot = Slot {
+                shard: 0,
+                key: String::new(),
+                text: String::new(),
+                origin: Origin::Stream,
+            };
+            (slot, vec![0u8; pixels.len()])
+        });
+        copy.copy_from_slice(pixels);
+        slot.shard = shard;
+        key.clone_into(&mut slot.key);
+        text.clone_into(&mut slot.text);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample::fixtures::{jpeg, scratch_dir, tar_of};
+    use std::path::Path;
+
+    /// 8 x 8 output images: 192 bytes a slot.
+    const SIZE: u32 = 8;
+    const SLOT: usize = 3 * 8 * 8;
+
+    /// Writes a shard of these samples (key, has a good image): a good one holds a JPEG and a
+    /// caption, a bad one a caption only (`missing_image`).
+    fn shard(dir: &Path, name: &str, samples: &[(&str, bool)]) -> String {
+        let image = jpeg(16, 12);
+        let names: Vec<(String, String)> = samples
+            .iter()
+            .map(|(k, _)| (format!("{k}.jpg"), format!("{k}.txt")))
+            .collect();
+        let mut members: Vec<(&str, &[u8])> = Vec::new();
+        for ((key, good), (jpg, txt)) in samples.iter().zip(&names) {
+            if *good {
+                members.push((jpg, &image));
+            }
+            members.push((txt, key.as_bytes()));
+        }
+        let path = dir.join(name);
+        std::fs::write(&path, tar_of(&members)).unwrap();
+        path.display().to_string()
+    }
+
+    /// The span of samples `0..n` of a shard (`n` planned positions).
+    fn span(url: &str, shard: u32, n: u64) -> ShardSpan {
+        ShardSpan {
+            url: url.into(),
+            shard,
+            start_offset: 0,
+            first_ordinal: 0,
+            skip_before: 0,
+            end_ordinal: Some(n),
+            stride: None,
+            display: format!("shard-{shard}"),
+            detail: None,
+            expected: Expected::default(),
+            keep: None,
+            keep_bytes: None,
+            selection: None,
+        }
+    }
+
+    fn config(batch_size: usize, planned: bool) -> PipelineConfig {
+        PipelineConfig {
+            spec: SampleSpec {
+                image_size: SIZE,
+                ..SampleSpec::default()
+            },
+            batch_size,
+            planned,
+            ..PipelineConfig::default()
+        }
+    }
+
+    /// A batch and a copy of its buffer, or the pass's fault.
+    type Outcome = Result<(BatchMeta, Vec<u8>), Fault>;
+
+    /// Runs a real pipeline to its end: every batch (or fault), with its pixels, and the stats.
+    fn run(
+        main: Vec<ShardSpan>,
+        reserve: Vec<ShardSpan>,
+        cfg: PipelineConfig,
+    ) -> (Vec<Outcome>, Arc<Stats>) {
+        let b = cfg.batch_size;
+        let pipeline = Pipeline::start(MainSpans::Spans(main), reserve, cfg);
+        let mut buffers: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; b * SLOT]).collect();
+        for buffer in &mut buffers {
+            assert!(pipeline.submit(OutBuffer {
+                ptr: buffer.as_mut_ptr(),
+                len: buffer.len(),
+                owner: None,
+                tokens: None,
+            }));
+        }
+        let mut out = Vec::new();
+        while let Some(batch) = pipeline.next_batch() {
+            let pixels = buffers[out.len()].clone();
+            out.push(batch.map(|meta| (meta, pixels)));
+        }
+        let stats = pipeline.stats.clone();
+        drop(pipeline);
+        (out, stats)
+    }
+
+    fn keys(batches: &[Outcome]) -> Vec<Vec<String>> {
+        batches
+            .iter()
+            .map(|b| b.as_ref().expect("a batch").0.keys.clone())
+            .collect()
+    }
+
+    /// A batcher on its own (no reader threads), for its phases.
+    fn batcher(cfg: PipelineConfig, reserve: Vec<ShardSpan>) -> Batcher {
+        Batcher {
+            slot_len: 3 * (cfg.spec.image_size as usize).pow(2),
+            cfg,
+            stats: Arc::default(),
+            stop: Arc::default(),
+            main: None,
+            reserve: ReserveReader::new(reserve),
+            last_good: None,
+        }
+    }
+
+    /// A stream with nothing in it.
+    fn no_stream() -> ShuffledItems {
+        let empty = MergedReader {
+            queues: vec![],
+            current: 0,
+            span_count: 0,
+            cycle: false,
+            spans_done: 0,
+            items_since_cycle: 0,
+        };
+        ShuffledItems::new(ItemSource::Merged(empty), &PipelineConfig::default())
+    }
+
+    fn good(key: &str, origin: Origin) -> Option<Slot> {
+        Some(Slot {
+            shard: 0,
+            key: key.into(),
+            text: format!("caption of {key}"),
+            origin,
+        })
+    }
+
+    fn raw(key: &str, members: &[(&str, &[u8])]) -> RawSample {
+        RawSample {
+            key: key.into(),
+            members: members
+                .iter()
+                .map(|(e, d)| (e.to_string(), d.to_vec()))
+                .collect(),
+            offset: 0,
+            ordinal: 0,
+            defect: None,
+        }
+    }
+
+    #[test]
+    fn decode_then_classify_counts_a_rejection_and_not_a_hole_counted_with_its_shard() {
+        let image = jpeg(16, 12);
+        let items = || {
+            vec![
+                Item::Sample {
+                    shard: 0,
+                    raw: raw("a", &[("jpg", &image), ("txt", b" a cat ")]),
+                },
+                Item::Sample {
+                    shard: 0,
+                    raw: raw("b", &[("txt", b"no image")]),
+                },
+                Item::Hole {
+                    shard: 0,
+                    ordinal: 7,
+                },
+            ]
+        };
+        let skip = batcher(config(3, true), vec![]);
+        let mut memory = vec![0u8; 3 * SLOT];
+        let decoded = skip.decode(items(), &mut memory);
+        assert!(matches!(&decoded[0], Decoded::Good(s) if s.key == "a" && s.text == "a cat"));
+        assert!(matches!(&decoded[1], Decoded::Rejected(f) if f.reason == Reason::MissingImage));
+        assert!(matches!(&decoded[2], Decoded::Lost(f) if f.key == "#7"));
+        assert!(
+            memory[..SLOT].iter().any(|&p| p != 0),
+            "a's pixels are in slot 0"
+        );
+        let slots = skip.classify(decoded).unwrap();
+        assert_eq!(
+            slots,
+            vec![
+                good("a", Origin::Stream).map(|s| Slot {
+                    text: "a cat".into(),
+                    ..s
+                }),
+                None,
+                None
+            ]
+        );
+        let stats = skip.stats.snapshot();
+        assert_eq!(stats["skipped"], serde_json::json!({"missing_image": 1}));
+        assert_eq!(stats["faults"][0]["key"], "b");
+
+        let raise = batcher(
+            PipelineConfig {
+                on_error: OnError::Raise,
+                ..config(3, true)
+            },
+            vec![],
+        );
+        let decoded = raise.decode(items(), &mut memory);
+        let fault = raise.classify(decoded).unwrap_err();
+        assert_eq!(
+            (fault.reason, fault.key.as_str()),
+            (Reason::MissingImage, "b")
+        );
+        assert_eq!(raise.stats.snapshot()["skipped_total"], 0);
+    }
+
+    #[test]
+    fn refill_takes_the_reserve_s_next_good_sample_when_planned() {
+        let dir = scratch_dir("pipeline-refill");
+        let reserve = shard(&dir, "r.tar", &[("r0", false), ("r1", true), ("r2", true)]);
+        let mut planned = batcher(config(2, true), vec![span(&reserve, 5, 3)]);
+        let mut slots = vec![good("a", Origin::Stream), None];
+        let mut memory = vec![0u8; 2 * SLOT];
+        planned
+            .refill(&mut slots, &mut memory, &mut no_stream())
+            .unwrap();
+        let refilled = slots[1].as_ref().expect("refilled");
+        assert_eq!(
+            (refilled.key.as_str(), refilled.shard, refilled.origin),
+            ("r1", 5, Origin::Reserve)
+        );
+        assert!(
+            memory[SLOT..].iter().any(|&p| p != 0),
+            "r1's pixels are in slot 1"
+        );
+        // r0 was rejected on the way (and counted); two reserve positions are used.
+        assert_eq!(planned.stats.snapshot()["skipped"]["missing_image"], 1);
+        assert_eq!(planned.reserve.used, 2);
+        // With the reserve used up, a failed slot stays empty.
+        let mut slots = vec![None, None];
+        planned
+            .refill(&mut slots, &mut memory, &mut no_stream())
+            .unwrap();
+        assert_eq!(slots[0].as_ref().map(|s| s.key.as_str()), Some("r2"));
+        assert_eq!(slots[1], None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pad_repeats_the_good_slots_then_falls_back_on_the_last_batch_s_sample() {
+        let mut planned = batcher(config(4, true), vec![]);
+        let mut memory = vec![0u8; 4 * SLOT];
+        memory[..SLOT].fill(1);
+        memory[SLOT..2 * SLOT].fill(2);
+        let mut slots = vec![good("a", Origin::Stream), good("b", Origin::Reserve), None];
+        planned.pad(&mut slots, &mut memory, 4);
+        let got: Vec<(&str, Origin)> = slots
+            .iter()
+            .map(|s| s.as_ref().map(|s| (s.key.as_str(), s.origin)).unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", Origin::Stream),
+                ("b", Origin::Reserve),
+                ("a", Origin::Padding),
+                ("b", Origin::Padding)
+            ]
+        );
+        assert!(memory[2 * SLOT..3 * SLOT].iter().all(|&p| p == 1));
+        assert!(memory[3 * SLOT..].iter().all(|&p| p == 2));
+        // Nothing good and no earlier batch: nothing to pad with.
+        let mut slots = vec![None, None];
+        planned.pad(&mut slots, &mut memory, 2);
+        assert_eq!(slots, vec![None, None]);
+        // After a batch, its first sample pads a batch whose every sample failed.
+        let meta = planned
+            .assemble(vec![good("c", Origin::Stream)], &mut memory, 1, Some(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(meta.keys, vec!["c"]);
+        memory.fill(9);
+        let mut slots = vec![None, None];
+        planned.pad(&mut slots, &mut memory, 2);
+        assert_eq!(
+            slots,
+            vec![good("c", Origin::Padding), good("c", Origin::Padding)]
+        );
+        assert!(
+            memory[..2 * SLOT].iter().all(|&p| p == 1),
+            "c's pixels (slot 0 then)"
+        );
+    }
+
+    #[test]
+    fn assemble_moves_good_slots_forward_counts_origins_and_ends_as_the_mode_says() {
+        let mut streaming = batcher(config(2, false), vec![]);
+        let mut memory = vec![0u8; 3 * SLOT];
+        memory[SLOT..2 * SLOT].fill(2);
+        memory[2 * SLOT..].fill(3);
+        let slots = vec![None, good("b", Origin::Stream), good("c", Origin::Next)];
+        let meta = streaming
+            .assemble(slots, &mut memory, 2, Some(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (meta.len, meta.keys),
+            (2, vec!["b".to_string(), "c".into()])
+        );
+        assert_eq!(meta.texts, vec!["caption of b", "caption of c"]);
+        assert!(memory[..SLOT].iter().all(|&p| p == 2));
+        assert!(memory[SLOT..2 * SLOT].iter().all(|&p| p == 3));
+        assert!(
+            streaming.last_good.is_none(),
+            "only planned batches keep a sample"
+        );
+        // A short streaming batch under drop_last is the remainder.
+        let short = streaming
+            .assemble(
+                vec![good("d", Origin::Stream), None],
+                &mut memory,
+                2,
+                Some(0),
+            )
+            .unwrap();
+        assert!(short.is_none());
+        assert_eq!(
+            streaming.stats.snapshot()["remainder_keys"],
+            serde_json::json!(["d"])
+        );
+
+        let mut planned = batcher(config(3, true), vec![]);
+        let slots = vec![
+            good("a", Origin::Reserve),
+            good("a", Origin::Padding),
+            good("b", Origin::Padding),
+        ];
+        planned
+            .assemble(slots, &mut memory, 3, Some(0))
+            .unwrap()
+            .unwrap();
+        let stats = planned.stats.snapshot();
+        assert_eq!(
+            (stats["replaced"].as_u64(), stats["padded"].as_u64()),
+            (Some(1), Some(2))
+        );
+        // A planned batch with nothing at all fails the pass rather than ending it short.
+        let mut fresh = batcher(config(2, true), vec![]);
+        fresh.cfg.display_urls = Arc::new(HashMap::from([(4, "shard-four".to_string())]));
+        let fault = fresh
+            .assemble(vec![None, None], &mut memory, 2, Some(4))
+            .unwrap_err();
+        assert_eq!(
+            (fault.reason, fault.url.as_str()),
+            (Reason::Unreadable, "shard-four")
+        );
+        assert!(fault.detail.contains("all 2 samples"), "{}", fault.detail);
+    }
+
+    #[test]
+    fn a_planned_pipeline_replaces_a_rejected_sample_from_the_reserve() {
+        let dir = scratch_dir("pipeline-planned");
+        let main = shard(
+            &dir,
+            "a.tar",
+            &[("k0", true), ("k1", true), ("k2", false), ("k3", true)],
+        );
+        let reserve = shard(&dir, "r.tar", &[("r0", true), ("r1", true)]);
+        let cfg = PipelineConfig {
+            num_batches: Some(2),
+            ..config(2, true)
+        };
+        let (batches, stats) = run(vec![span(&main, 0, 4)], vec![span(&reserve, 1, 2)], cfg);
+        assert_eq!(keys(&batches), vec![vec!["k0", "k1"], vec!["r0", "k3"]]);
+        let (meta, pixels) = batches[1].as_ref().unwrap();
+        assert_eq!((meta.shards.clone(), meta.reserve_used), (vec![1, 0], 1));
+        assert!(pixels[..SLOT].iter().any(|&p| p != 0));
+        let stats = stats.snapshot();
+        assert_eq!(stats["skipped"], serde_json::json!({"missing_image": 1}));
+        assert_eq!(
+            (stats["replaced"].as_u64(), stats["samples"].as_u64()),
+            (Some(1), Some(4))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_shard_s_holes_are_counted_once_and_padded_when_no_reserve_is_left() {
+        let dir = scratch_dir("pipeline-holes");
+        let main = shard(
+            &dir,
+            "a.tar",
+            &[("k0", true), ("k1", true), ("k2", true), ("k3", true)],
+        );
+        let missing = dir.join("missing.tar").display().to_string();
+        let cfg = PipelineConfig {
+            num_batches: Some(2),
+            ..config(3, true)
+        };
+        let (batches, stats) = run(vec![span(&main, 0, 4), span(&missing, 1, 2)], vec![], cfg);
+        assert_eq!(
+            keys(&batches),
+            vec![vec!["k0", "k1", "k2"], vec!["k3", "k3", "k3"]]
+        );
+        let stats = stats.snapshot();
+        // Each lost position is one skip, counted when the shard failed (not again per slot).
+        assert_eq!(stats["skipped"], serde_json::json!({"unreadable": 2}));
+        let faults: Vec<&str> = stats["faults"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(faults, vec!["#0", "#1"]);
+        assert_eq!(stats["padded"], 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_streaming_pipeline_takes_the_next_sample_for_a_failure_and_drops_the_remainder() {
+        let dir = scratch_dir("pipeline-streaming");
+        let samples = [
+            ("k0", true),
+            ("k1", false),
+            ("k2", true),
+            ("k3", true),
+            ("k4", true),
+            ("k5", true),
+        ];
+        let main = shard(&dir, "a.tar", &samples);
+        let mut streaming = span(&main, 0, 0);
+        streaming.end_ordinal = None;
+        let (batches, stats) = run(vec![streaming], vec![], config(2, false));
+        assert_eq!(keys(&batches), vec![vec!["k0", "k2"], vec!["k3", "k4"]]);
+        let stats = stats.snapshot();
+        assert_eq!(stats["remainder_keys"], serde_json::json!(["k5"]));
+        assert_eq!(
+            (stats["replaced"].as_u64(), stats["skipped_total"].as_u64()),
+            (Some(0), Some(1))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_pipeline_emits_each_block_in_the_plan_s_block_order() {
+        let dir = scratch_dir("pipeline-blocks");
+        let names: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        let samples: Vec<(&str, bool)> = names.iter().map(|k| (k.as_str(), true)).collect();
+        let main = shard(&dir, "a.tar", &samples);
+        let cfg = PipelineConfig {
+            block_size: 4,
+            shuffle_seed: 99,
+            first_block: 3,
+            num_batches: Some(2),
+            ..config(5, true)
+        };
+        let (batches, _) = run(vec![span(&main, 0, 10)], vec![], cfg);
+        let got: Vec<String> = keys(&batches).concat();
+        let mut want = Vec::new();
+        for (j, block) in names.chunks(4).enumerate() {
+            for i in plan::block_order(99, 3 + j as u64, block.len()) {
+                want.push(block[i as usize].clone());
+            }
+        }
+        assert_eq!(got, want);
+        assert_ne!(got, names, "the blocks are shuffled");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_subset_span_seeks_over_long_runs_of_left_out_samples_only() {
