@@ -128,7 +128,8 @@ def main() -> int:
         results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     one, mix = results["one dataset"], results["mixture"]
     print(
-        f"1.28 M shards, 12.8e9 samples (counts only); W={W}, K={K}, B={B}, C={C}; mixture 3 sources 0.6/0.3/0.1"
+        f"1.28 M shards, 12.8e9 samples (counts only); W={W}, K={K}, B={B}, C={C}; "
+        "mixture of 3 sources 0.6/0.3/0.1"
     )
     print(f"{'figure':<22}{'one dataset':>14}{'mixture':>14}{'ratio':>8}  target")
     failed = False
