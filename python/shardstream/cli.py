@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._files import atomic_write_json
+from ._system import torchrun_rank_world
 from .progress import Progress, human_bytes
 from .urls import Shard
 from .validation import DEFAULT_IMAGE_KEYS, ScanOptions
@@ -501,13 +502,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .cli_gather import RankGroup, rank_and_world_from_env, share
+    from .cli_gather import RankGroup, share
     from .validation import default_threads
 
     start = time.perf_counter()
     options = _scan_options(args)
     shards = expand_specs(args.urls)
-    rank, world = rank_and_world_from_env() if args.distributed else (0, 1)
+    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
     threads = args.threads or default_threads(shards)
     if world == 1:
         results, elapsed = _scan_with_progress("validate", shards, options, threads, quiet=args.quiet)
@@ -576,7 +577,7 @@ def _finish_validate(
 def cmd_subset(args: argparse.Namespace) -> int:
     """Writes the subset of an index that keeps the samples matching --keys, --uids and
     --filter; under torchrun each rank reads the metadata of its share of the shards."""
-    from .cli_gather import RankGroup, SoloGroup, rank_and_world_from_env, share
+    from .cli_gather import RankGroup, SoloGroup, share
     from .index import is_json_index_path, load_index, write_index
     from .subset import Selector, SubsetReport, check_selected, select
     from .urls import index_source_config
@@ -589,7 +590,7 @@ def cmd_subset(args: argparse.Namespace) -> int:
     selector = Selector.make(keys=args.keys, uids=args.uids, filter=args.filter, metadata=args.metadata)
     index = load_index(args.index)
     config = index_source_config(None, {}, schemes=index.schemes())
-    rank, world = rank_and_world_from_env() if args.distributed else (0, 1)
+    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
     with SoloGroup() if world == 1 else RankGroup(rank, world) as group:
         mine = [i for _, i in share(list(range(len(index))), rank, world)]
         kept, report = select(index, selector, shards=mine, threads=args.threads, config=config)
@@ -636,7 +637,7 @@ def _scan_index(args: argparse.Namespace, shards: list[Shard]) -> int:
     share and rank 0 writes the index. With a folder index already at -o (and no --rebuild),
     shards it holds with the same content identity are kept from it and only the others are
     scanned: every rank gets rank 0's split, and only the shards to scan are divided."""
-    from .cli_gather import RankGroup, SoloGroup, rank_and_world_from_env, share
+    from .cli_gather import RankGroup, SoloGroup, share
     from .errors import ShardError
     from .identity import UNKNOWN, ShardIdentity
     from .index import existing_index, plan_update
@@ -644,7 +645,7 @@ def _scan_index(args: argparse.Namespace, shards: list[Shard]) -> int:
 
     start = time.perf_counter()
     options = _scan_options(args)
-    rank, world = rank_and_world_from_env() if args.distributed else (0, 1)
+    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
     threads = args.threads or default_threads(shards)
     quiet = args.quiet or rank != 0
     urls = [s.display for s in shards]
@@ -773,10 +774,10 @@ def _index_from_stats(args: argparse.Namespace, shards: list[Shard]) -> int:
 def _on_rank_zero(args: argparse.Namespace, work: Any) -> int:
     """Runs ``work`` (no scan to share) on rank 0 only under torchrun; every rank exits with its
     status."""
-    from .cli_gather import RankGroup, rank_and_world_from_env
+    from .cli_gather import RankGroup
     from .errors import ShardError
 
-    rank, world = rank_and_world_from_env() if args.distributed else (0, 1)
+    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
     if world == 1:
         return int(work())
     with RankGroup(rank, world) as group:

@@ -9,7 +9,6 @@ pickled objects, so a peer can send nothing but data.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -19,21 +18,6 @@ T = TypeVar("T")
 # Ranks that finish early wait in the gather for the slowest one; validating a large dataset can
 # take hours, so the collective timeout must be far longer than torch's 30-minute default.
 DEFAULT_TIMEOUT = timedelta(hours=24)
-
-
-def rank_and_world_from_env() -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) as torchrun sets them; (0, 1) outside a distributed launch."""
-    try:
-        rank = int(os.environ.get("RANK", "0"))
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise ValueError(
-            f"RANK={os.environ.get('RANK')!r} and WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
-            "must be integers"
-        ) from None
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"RANK={rank} is not in range for WORLD_SIZE={world}")
-    return rank, world
 
 
 def share(items: Sequence[T], rank: int, world: int) -> list[tuple[int, T]]:

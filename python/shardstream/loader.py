@@ -8,7 +8,6 @@ in place, so a batch reaches Python without a copy.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections import deque
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardstream import _core
-from shardstream._system import default_loader_threads
+from shardstream._system import default_loader_threads, torchrun_rank_world
 from shardstream.errors import from_core_fault
 from shardstream.urls import source_config
 
@@ -42,7 +41,7 @@ def distributed_rank_world(rank: int | None, world_size: int | None) -> tuple[in
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
     else:
-        r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        r, w = torchrun_rank_world()
     return (r if rank is None else rank), (w if world_size is None else world_size)
 
 

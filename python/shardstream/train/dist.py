@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
+from shardstream._system import env_int, torchrun_rank_world
 from shardstream.train.config import ConfigError, DistConfig
 
 
@@ -41,11 +42,6 @@ class DistContext:
     @property
     def distributed(self) -> bool:
         return self.backend is not None
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value is None or value == "" else int(value)
 
 
 def attempt_prefix(env: Mapping[str, str]) -> str:
@@ -87,7 +83,7 @@ def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> 
     ``dist.join_timeout_s``: the store connection, every store read and the peers' connections
     time out after it (a watchdog ends the process if torch has not given up soon after), then
     the group gets the collective timeout ``dist.timeout_s``."""
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world_size = torchrun_rank_world()
     prefix = attempt_prefix(os.environ)
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     what = (
@@ -142,7 +138,7 @@ def init_distributed(cfg: DistConfig) -> DistContext:
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise ConfigError("dist.backend: nccl needs CUDA GPUs, and none is visible; use gloo or auto")
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -156,7 +152,7 @@ def init_distributed(cfg: DistConfig) -> DistContext:
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_rank=local_rank,
-        local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
+        local_world_size=env_int("LOCAL_WORLD_SIZE", 1),
         device=device,
         backend=backend,
         host_group=host_group,
