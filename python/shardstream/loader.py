@@ -359,6 +359,11 @@ class ShardLoader:
             except ImportError:  # the interpreter is shutting down with this iterator still open
                 pass
             core.close()
+            # The pass's freed batch buffers stay in the C allocator's arenas until trimmed: without
+            # this a DataLoader worker's RSS climbs for epochs (benches/soak.py).
+            from shardstream.memory import release_memory
+
+            release_memory()
 
     @property
     def stats(self) -> dict[str, Any]:
