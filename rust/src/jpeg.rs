@@ -167,3 +167,81 @@ impl Handle {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `w` x `h` JPEG of one colour, encoded by libjpeg-turbo with this subsampling.
+    fn solid(w: usize, h: usize, rgb: [u8; 3], subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+        let pixels: Vec<u8> = rgb.iter().copied().cycle().take(w * h * 3).collect();
+        let image = turbojpeg::Image {
+            pixels: pixels.as_slice(),
+            width: w,
+            pitch: w * 3,
+            height: h,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        turbojpeg::compress(image, 95, subsamp).unwrap().to_vec()
+    }
+
+    #[test]
+    fn the_header_gives_size_subsampling_and_colour_space() {
+        let mut handle = Handle::new().unwrap();
+        let colour = solid(40, 24, [200, 100, 50], turbojpeg::Subsamp::Sub2x2);
+        assert_eq!(
+            handle.header(&colour).unwrap(),
+            Header {
+                width: 40,
+                height: 24,
+                subsampling: Subsampling::Standard,
+                colorspace: Colorspace::YCbCr,
+                lossless: false,
+            }
+        );
+        let gray = solid(17, 33, [90, 90, 90], turbojpeg::Subsamp::Gray);
+        let header = handle.header(&gray).unwrap();
+        assert_eq!(
+            (
+                header.width,
+                header.height,
+                header.subsampling,
+                header.colorspace
+            ),
+            (17, 33, Subsampling::Gray, Colorspace::Gray)
+        );
+        // The image crate's encoder writes what we read too.
+        let other = crate::sample::fixtures::jpeg(21, 13);
+        let header = handle.header(&other).unwrap();
+        assert_eq!((header.width, header.height), (21, 13));
+    }
+
+    #[test]
+    fn bytes_that_are_not_a_jpeg_give_libjpeg_turbo_s_message() {
+        let mut handle = Handle::new().unwrap();
+        let message = handle.header(b"GIF89a not a jpeg").unwrap_err();
+        assert!(!message.is_empty());
+        // The handle still works afterwards.
+        let good = solid(8, 8, [1, 2, 3], turbojpeg::Subsamp::None);
+        assert_eq!(handle.header(&good).unwrap().width, 8);
+    }
+
+    #[test]
+    fn the_packed_decode_gives_the_colour_at_full_and_reduced_size() {
+        let mut handle = Handle::new().unwrap();
+        let bytes = solid(40, 24, [200, 100, 50], turbojpeg::Subsamp::Sub2x2);
+        handle.header(&bytes).unwrap();
+        for (denom, size) in [(1, (40, 24)), (2, (20, 12)), (8, (5, 3))] {
+            handle.set_reduction(denom).unwrap();
+            let mut out = vec![0u8; size.0 * size.1 * 3];
+            handle.decode_packed(&bytes, &mut out, size, false).unwrap();
+            for px in out.chunks(3) {
+                for (got, want) in px.iter().zip([200u8, 100, 50]) {
+                    assert!(got.abs_diff(want) <= 3, "1/{denom}: {px:?}");
+                }
+            }
+        }
+        // A reduction TurboJPEG does not offer is refused.
+        assert!(handle.set_reduction(3).is_err());
+    }
+}

@@ -176,3 +176,94 @@ impl Drop for Started<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `w` x `h` JPEG of one colour, encoded by libjpeg-turbo with this subsampling.
+    fn solid(w: usize, h: usize, rgb: [u8; 3], subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+        let pixels: Vec<u8> = rgb.iter().copied().cycle().take(w * h * 3).collect();
+        let image = turbojpeg::Image {
+            pixels: pixels.as_slice(),
+            width: w,
+            pitch: w * 3,
+            height: h,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        turbojpeg::compress(image, 95, subsamp).unwrap().to_vec()
+    }
+
+    /// Where each plane goes in one buffer (planes one after another), and its size.
+    fn layout(g: &Geometry) -> ([(usize, usize); MAX_COMPONENTS], usize) {
+        let mut planes = [(0, 0); MAX_COMPONENTS];
+        let mut at = 0;
+        for (c, plane) in planes.iter_mut().enumerate().take(g.components as usize) {
+            let stride = g.plane_stride[c] as usize;
+            *plane = (at, stride);
+            at += stride * g.plane_rows[c] as usize;
+        }
+        (planes, at)
+    }
+
+    #[test]
+    fn a_4_2_0_jpeg_gives_full_luma_and_half_chroma_planes() {
+        let bytes = solid(40, 24, [200, 100, 50], turbojpeg::Subsamp::Sub2x2);
+        let mut decoder = RawDecoder::new().unwrap();
+        for (denom, (w, h)) in [(1, (40, 24)), (2, (20, 12))] {
+            let started = decoder.start(&bytes, denom).unwrap();
+            let g = started.geometry;
+            assert_eq!((g.components, g.width, g.height), (3, w, h));
+            assert_eq!(g.plane_width, [w, w / 2, w / 2]);
+            assert_eq!(g.plane_height, [h, h / 2, h / 2]);
+            assert_eq!((g.plane_h_ratio, g.plane_v_ratio), ([1, 2, 2], [1, 2, 2]));
+            for c in 0..3 {
+                assert!(g.plane_stride[c] >= g.plane_width[c]);
+                assert!(g.plane_rows[c] >= g.plane_height[c]);
+            }
+            let (planes, len) = layout(&g);
+            let mut buf = vec![0u8; len];
+            let rows = started.read(&mut buf, planes, None, None).unwrap();
+            assert!(rows >= h as u32);
+            // Y, Cb, Cr of (200, 100, 50) (BT.601 full range, as JPEG stores it).
+            for (c, want) in [(0, 124u8), (1, 85), (2, 181)] {
+                let (start, stride) = planes[c];
+                for y in 0..g.plane_height[c] as usize {
+                    let row = &buf[start + y * stride..][..g.plane_width[c] as usize];
+                    assert!(
+                        row.iter().all(|v| v.abs_diff(want) <= 3),
+                        "plane {c}: {row:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_decode_can_stop_after_the_rows_it_needs_and_the_decoder_is_reused() {
+        let bytes = solid(16, 128, [10, 200, 30], turbojpeg::Subsamp::Sub2x2);
+        let mut decoder = RawDecoder::new().unwrap();
+        let started = decoder.start(&bytes, 1).unwrap();
+        let (planes, len) = layout(&started.geometry);
+        let mut buf = vec![0u8; len];
+        let rows = started.read(&mut buf, planes, Some(1), None).unwrap();
+        // Whole MCU rows (16 output rows for 4:2:0), far fewer than the 128.
+        assert!((1..128).contains(&rows), "{rows}");
+        // A decode dropped after its header is aborted, and the next one works.
+        drop(decoder.start(&bytes, 1).unwrap());
+        let gray = solid(24, 8, [77, 77, 77], turbojpeg::Subsamp::Gray);
+        let started = decoder.start(&gray, 1).unwrap();
+        assert_eq!(started.geometry.components, 1);
+        let (planes, len) = layout(&started.geometry);
+        let mut buf = vec![0u8; len];
+        assert_eq!(started.read(&mut buf, planes, None, None).unwrap(), 8);
+        assert!(buf[..24].iter().all(|v| v.abs_diff(77) <= 2));
+    }
+
+    #[test]
+    fn bytes_that_are_not_a_jpeg_are_refused_at_the_start() {
+        let mut decoder = RawDecoder::new().unwrap();
+        let message = decoder.start(b"\x89PNG\r\n\x1a\n not a jpeg", 1).err();
+        assert!(message.is_some_and(|m| !m.is_empty()));
+    }
+}

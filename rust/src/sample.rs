@@ -239,3 +239,186 @@ pub(crate) mod fixtures {
         dir
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::jpeg;
+    use super::*;
+
+    fn raw(members: &[(&str, &[u8])]) -> RawSample {
+        RawSample {
+            key: "000042".into(),
+            members: members
+                .iter()
+                .map(|(e, d)| (e.to_string(), d.to_vec()))
+                .collect(),
+            offset: 0,
+            ordinal: 0,
+            defect: None,
+        }
+    }
+
+    fn spec(size: u32) -> SampleSpec {
+        SampleSpec {
+            image_size: size,
+            ..SampleSpec::default()
+        }
+    }
+
+    fn reason<T: std::fmt::Debug>(r: Result<T, Rejection>) -> Reason {
+        r.unwrap_err().0
+    }
+
+    #[test]
+    fn a_caption_source_is_a_member_a_json_field_or_none() {
+        assert_eq!(CaptionSource::parse(""), CaptionSource::None);
+        assert_eq!(
+            CaptionSource::parse("txt"),
+            CaptionSource::Member("txt".into())
+        );
+        assert_eq!(
+            CaptionSource::parse("json:caption"),
+            CaptionSource::JsonField {
+                member: "json".into(),
+                field: "caption".into()
+            }
+        );
+    }
+
+    #[test]
+    fn captions_are_read_trimmed_from_their_source_and_refused_with_a_reason() {
+        let txt = CaptionSource::parse("txt");
+        let json = CaptionSource::parse("json:caption");
+        let sample = raw(&[
+            ("txt", b"  a dog on a beach \n"),
+            (
+                "json",
+                br#"{"caption": " from json ", "n": 5, "gone": null}"#,
+            ),
+        ]);
+        assert_eq!(caption(&sample, &txt).unwrap(), "a dog on a beach");
+        assert_eq!(caption(&sample, &json).unwrap(), "from json");
+        // A field that is not a string is its JSON text.
+        assert_eq!(
+            caption(&sample, &CaptionSource::parse("json:n")).unwrap(),
+            "5"
+        );
+        assert_eq!(caption(&sample, &CaptionSource::None).unwrap(), "");
+        let missing = [
+            CaptionSource::parse("json:gone"),
+            CaptionSource::parse("json:absent"),
+            CaptionSource::parse("caption"),
+        ];
+        for source in &missing {
+            assert_eq!(reason(caption(&sample, source)), Reason::MissingCaption);
+        }
+        let bad = raw(&[("txt", b"caf\xe9"), ("json", b"{not json")]);
+        assert_eq!(reason(caption(&bad, &txt)), Reason::BadUtf8);
+        assert_eq!(reason(caption(&bad, &json)), Reason::BadUtf8);
+    }
+
+    #[test]
+    fn the_image_is_the_first_member_with_one_of_the_image_extensions() {
+        let keys = SampleSpec::default().image_keys;
+        let sample = raw(&[("txt", b"t"), ("webp", b"W"), ("jpeg", b"J")]);
+        // Extensions are tried in the spec's order, not the tar's.
+        assert_eq!(image_bytes(&sample, &keys).unwrap(), b"J");
+        let (why, detail) = image_bytes(&raw(&[("txt", b"t")]), &keys).unwrap_err();
+        assert_eq!(why, Reason::MissingImage);
+        assert!(detail.contains("jpg"), "{detail}");
+    }
+
+    #[test]
+    fn prepare_writes_the_slot_and_returns_the_caption_or_the_first_refusal() {
+        let image = jpeg(40, 30);
+        let mut worker = Worker::default();
+        let mut slot = vec![0u8; 3 * 16 * 16];
+        let good = raw(&[("jpg", &image), ("txt", b" a red square ")]);
+        let text = prepare(&good, &spec(16), 0, &mut worker, &mut slot).unwrap();
+        assert_eq!(text, "a red square");
+        assert!(slot.iter().any(|&p| p != 0));
+        // A defect found while reading comes first; then the image, then the caption.
+        let mut defective = good.clone();
+        defective.defect = Some((Reason::DuplicateMember, "two jpg".into()));
+        let no_image = raw(&[("txt", b"t")]);
+        let no_caption = raw(&[("jpg", &image)]);
+        let neither = raw(&[("json", b"{}")]);
+        let mut refused = |r: &RawSample| reason(prepare(r, &spec(16), 0, &mut worker, &mut slot));
+        assert_eq!(refused(&defective), Reason::DuplicateMember);
+        assert_eq!(refused(&no_image), Reason::MissingImage);
+        assert_eq!(refused(&neither), Reason::MissingImage);
+        assert_eq!(refused(&no_caption), Reason::MissingCaption);
+        let garbage = raw(&[("jpg", b"not an image at all"), ("txt", b"t")]);
+        assert!(matches!(
+            refused(&garbage),
+            Reason::CorruptImage | Reason::UnsupportedFormat
+        ));
+    }
+
+    #[test]
+    fn max_pixels_is_refused_from_the_header_before_any_pixel_is_decoded() {
+        let image = jpeg(40, 30);
+        // The header and the start of the entropy-coded data only: not decodable.
+        let sos = image
+            .windows(2)
+            .position(|w| w == [0xFF, 0xDA])
+            .expect("a start of scan");
+        let header_only = &image[..sos + 16];
+        let mut worker = Worker::validating();
+        let mut slot = vec![0u8; 3 * 8 * 8];
+        let capped = SampleSpec {
+            max_pixels: 40 * 30 - 1,
+            ..spec(8)
+        };
+        let (why, detail) =
+            prepare_image(header_only, "k", &capped, 0, &mut worker, &mut slot).unwrap_err();
+        assert_eq!(why, Reason::TooManyPixels);
+        assert_eq!(detail, "40x30 exceeds max_pixels=1199");
+        // At exactly the cap the image is decoded.
+        let at_cap = SampleSpec {
+            max_pixels: 40 * 30,
+            ..spec(8)
+        };
+        prepare_image(&image, "k", &at_cap, 0, &mut worker, &mut slot).unwrap();
+    }
+
+    #[test]
+    fn a_random_crop_is_a_function_of_the_seed_and_the_key_only() {
+        let image = jpeg(64, 48);
+        let random = SampleSpec {
+            crop: CropMode::RandomResized {
+                scale: (0.1, 0.3),
+                ratio: (0.75, 1.333),
+            },
+            ..spec(16)
+        };
+        let pixels = |key: &str, seed: u64, worker: &mut Worker| {
+            let mut slot = vec![0u8; 3 * 16 * 16];
+            prepare_image(&image, key, &random, seed, worker, &mut slot).unwrap();
+            slot
+        };
+        let mut worker = Worker::default();
+        let first = pixels("a", 7, &mut worker);
+        // The same on another worker, after other samples: no state carries over.
+        let mut other = Worker::default();
+        pixels("b", 1, &mut other);
+        assert_eq!(pixels("a", 7, &mut other), first);
+        let others: Vec<Vec<u8>> = (0..8).map(|s| pixels("a", s, &mut worker)).collect();
+        assert!(
+            others.iter().any(|p| *p != first),
+            "the seed moves the crop"
+        );
+        let keys: Vec<Vec<u8>> = ["c", "d", "e", "f"]
+            .iter()
+            .map(|k| pixels(k, 7, &mut worker))
+            .collect();
+        assert!(keys.iter().any(|p| *p != first), "the key moves the crop");
+        // A centre crop does not depend on either.
+        let mut center = |key: &str, seed: u64| {
+            let mut slot = vec![0u8; 3 * 16 * 16];
+            prepare_image(&image, key, &spec(16), seed, &mut worker, &mut slot).unwrap();
+            slot
+        };
+        assert_eq!(center("a", 1), center("z", 2));
+    }
+}

@@ -194,3 +194,148 @@ impl ShardReport {
         entry
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::fixtures::{jpeg, scratch_dir, tar_of};
+
+    fn options(decode: bool, require_caption: bool) -> ScanOptions {
+        ScanOptions {
+            decode,
+            require_caption,
+            max_member_bytes: 1 << 20,
+            spec: SampleSpec {
+                image_size: 8,
+                ..SampleSpec::default()
+            },
+            source: SourceOptions::default(),
+            capture: None,
+        }
+    }
+
+    /// Bytes a member takes in a tar: its header and its data, padded to whole blocks.
+    fn footprint(data: &[u8]) -> u64 {
+        512 + data.len().div_ceil(512) as u64 * 512
+    }
+
+    fn invalid(report: &ShardReport) -> Vec<(u64, &str, Reason)> {
+        report
+            .invalid
+            .iter()
+            .map(|i| (i.ordinal, i.key.as_str(), i.reason))
+            .collect()
+    }
+
+    #[test]
+    fn a_scan_reports_offsets_keys_and_each_invalid_sample_with_its_reason() {
+        let dir = scratch_dir("scan-report");
+        let image = jpeg(24, 16);
+        let mut broken = image.clone();
+        broken.truncate(image.len() / 3);
+        let members: Vec<(&str, &[u8])> = vec![
+            ("a.jpg", &image),
+            ("a.txt", b"first"),
+            ("b.txt", b"no image"),
+            ("c.jpg", &image),
+            ("a.jpg", &image),
+            ("a.txt", b"the same key again"),
+            ("d.jpg", &broken),
+            ("d.txt", b"broken image"),
+        ];
+        let path = dir.join("s.tar");
+        let tar = tar_of(&members);
+        std::fs::write(&path, &tar).unwrap();
+        let url = path.display().to_string();
+
+        let report = scan_shard(&url, &options(true, false));
+        assert!(report.fatal.is_none(), "{:?}", report.fatal);
+        assert_eq!((report.samples, report.compressed), (5, false));
+        assert_eq!(report.keys, vec!["a", "b", "c", "a", "d"]);
+        // Each sample starts at its first member's header; the last offset ends the data.
+        let sizes: Vec<u64> = members.iter().map(|(_, d)| footprint(d)).collect();
+        let at = |m: usize| sizes[..m].iter().sum::<u64>();
+        assert_eq!(
+            report.offsets,
+            vec![at(0), at(2), at(3), at(4), at(6), at(8)]
+        );
+        assert_eq!(report.bytes, tar.len() as u64);
+        // c has no caption, which is allowed here; d's image does not decode.
+        assert_eq!(
+            invalid(&report),
+            vec![
+                (1, "b", Reason::MissingImage),
+                (3, "a", Reason::DuplicateKey),
+                (4, "d", Reason::CorruptImage)
+            ]
+        );
+        assert!(report.invalid[1].detail.contains("#0"));
+
+        // Required captions make c invalid; without decoding, d's image is not looked into.
+        let strict = scan_shard(&url, &options(false, true));
+        assert_eq!(
+            invalid(&strict),
+            vec![
+                (1, "b", Reason::MissingImage),
+                (2, "c", Reason::MissingCaption),
+                (3, "a", Reason::DuplicateKey)
+            ]
+        );
+
+        // What an index records of it.
+        let entry = report.to_index_entry("shards/s.tar", true);
+        assert_eq!(entry.num_samples, 5);
+        assert_eq!(entry.offsets.as_deref(), Some(&report.offsets[..]));
+        assert_eq!(&entry.invalid[..], &[1, 3, 4]);
+        assert_eq!(entry.keys.as_deref(), Some(&report.keys[..]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_captured_member_comes_back_as_text_per_sample() {
+        let dir = scratch_dir("scan-capture");
+        let path = dir.join("s.tar");
+        let members: Vec<(&str, &[u8])> = vec![
+            ("a.json", br#"{"uid": 1}"#),
+            ("b.txt", b"no json"),
+            ("c.json", b"\xff\xfe"),
+        ];
+        std::fs::write(&path, tar_of(&members)).unwrap();
+        let opts = ScanOptions {
+            capture: Some("json".into()),
+            ..options(false, false)
+        };
+        let report = scan_shard(&path.display().to_string(), &opts);
+        assert_eq!(
+            report.captured,
+            vec![Some(r#"{"uid": 1}"#.to_string()), None, None]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_or_unsound_shard_is_fatal_and_has_no_end_offset() {
+        let dir = scratch_dir("scan-fatal");
+        let missing = scan_shard(
+            &dir.join("absent.tar").display().to_string(),
+            &options(false, false),
+        );
+        let fatal = missing.fatal.expect("fatal");
+        assert_eq!((fatal.reason, missing.samples), (Reason::Unreadable, 0));
+        // A sample, then bytes that are not a tar header: the rest was not read.
+        let mut tar = tar_of(&[("a.txt", b"x")]);
+        tar.truncate(1024);
+        tar.extend_from_slice(&[0x55; 512]);
+        tar.extend_from_slice(&[0; 1024]);
+        let path = dir.join("garbage.tar");
+        std::fs::write(&path, &tar).unwrap();
+        let report = scan_shard(&path.display().to_string(), &options(false, false));
+        assert_eq!(
+            report.fatal.as_ref().map(|f| f.reason),
+            Some(Reason::CorruptTar)
+        );
+        assert_eq!((report.samples, report.offsets.clone()), (1, vec![0]));
+        assert_eq!(report.to_index_entry("g.tar", false).offsets, None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
