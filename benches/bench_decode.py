@@ -24,10 +24,11 @@ import io
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
+
+from _harness import pin, print_result, try_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZE = 224
@@ -91,7 +92,7 @@ def run_shardstream(paths: list[str], threads: int) -> int:
 
 def worker(args) -> None:
     paths = json.loads(args.paths)
-    os.sched_setaffinity(0, set(json.loads(args.cpus)))
+    pin(args.cpus)
     # Imports (torch comes with webdataset and with our loader) are not part of the job.
     if args.worker == "webdataset":
         import webdataset  # noqa: F401
@@ -107,26 +108,7 @@ def worker(args) -> None:
         n = run_shardstream(paths, int(args.worker.split("-")[1]))
         elapsed = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"samples": n, "seconds": elapsed, "peak_mb": peak}))
-
-
-def launch(python: str, name: str, paths: list[str], cpus: list[int]) -> dict | None:
-    cmd = [
-        python,
-        os.path.abspath(__file__),
-        "--worker",
-        name,
-        "--paths",
-        json.dumps(paths),
-        "--cpus",
-        json.dumps(cpus),
-    ]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True).stdout
-    except (subprocess.CalledProcessError, FileNotFoundError) as e:
-        print(f"  {name}: failed: {getattr(e, 'stderr', e)!s:.400}", file=sys.stderr)
-        return None
-    return json.loads(out.strip().splitlines()[-1])
+    print_result({"samples": n, "seconds": elapsed, "peak_mb": peak})
 
 
 def main() -> None:
@@ -172,7 +154,7 @@ def main() -> None:
     rounds: dict[str, list[dict]] = {label: [] for label in runs}
     for _ in range(max(1, args.repeat)):
         for label, (python, name, cpus) in runs.items():
-            r = launch(python, name, paths, cpus)
+            r = try_worker(__file__, name, {"paths": paths, "cpus": cpus}, python=python)
             if r:
                 r["rate"] = r["samples"] / r["seconds"]
                 rounds[label].append(r)

@@ -29,11 +29,12 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from _harness import pin, print_result, run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -98,7 +99,7 @@ def serve_files_once(paths: list[str]) -> tuple[int, threading.Thread]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    os.sched_setaffinity(0, set(json.loads(args.cpus)))
+    pin(args.cpus)
     spec = json.loads(args.spec)
     options = json.loads(args.options)
     job = {"raw": run_raw, "loader": run_loader, "tcp": run_tcp}[args.worker]
@@ -107,31 +108,12 @@ def worker(args: argparse.Namespace) -> None:
     start, cpu_start = time.perf_counter(), process_cpu_seconds()
     samples, payload = job(spec, options)
     elapsed, cpu = time.perf_counter() - start, process_cpu_seconds() - cpu_start
-    print(json.dumps({"samples": samples, "payload": payload, "seconds": elapsed, "cpu_seconds": cpu}))
+    print_result({"samples": samples, "payload": payload, "seconds": elapsed, "cpu_seconds": cpu})
 
 
 def process_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def launch(job: str, spec: list[str] | str, options: dict, cpus: list[int], env: dict[str, str]) -> dict:
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--worker",
-        job,
-        "--spec",
-        json.dumps(spec),
-        "--options",
-        json.dumps(options),
-        "--cpus",
-        json.dumps(cpus),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env={**os.environ, **env})
-    if done.returncode != 0:
-        raise RuntimeError(f"{job} worker failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # -- the comparison --------------------------------------------------------------------------------------
@@ -197,7 +179,9 @@ def main() -> None:
             for _ in range(max(1, args.repeat)):
                 for label, (spec, options, env, server_pid) in sources.items():
                     before = cpu_seconds(server_pid)
-                    r = launch(job, spec, options, reader_cores, env)
+                    r = run_worker(
+                        __file__, job, {"spec": spec, "options": options, "cpus": reader_cores}, env=env
+                    )
                     r["server_cpu_s"] = cpu_seconds(server_pid) - before
                     if label not in best or r["seconds"] < best[label]["seconds"]:
                         best[label] = {
@@ -235,7 +219,11 @@ def report_ceiling(
     seconds = []
     for _ in range(max(1, repeat)):
         port, thread = serve_files_once(paths)
-        seconds.append(launch("tcp", [port, total_bytes], {}, cores, {})["seconds"])
+        seconds.append(
+            run_worker(__file__, "tcp", {"spec": [port, total_bytes], "options": {}, "cpus": cores})[
+                "seconds"
+            ]
+        )
         thread.join(timeout=60)
     ceiling = min(seconds)
     local_s = best["local files"]["seconds"]

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from _harness import pin, print_result, try_worker
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TARGET_GB_PER_CORE = 1.0
@@ -147,7 +149,7 @@ def run_cli(paths: list[str]) -> dict:
 
 def worker(args: argparse.Namespace) -> None:
     paths = json.loads(args.paths)
-    os.sched_setaffinity(0, set(json.loads(args.cpus)))
+    pin(args.cpus)
     best = None
     for _ in range(args.repeat):
         if args.worker == "tarfile":
@@ -161,18 +163,7 @@ def worker(args: argparse.Namespace) -> None:
             r = run_shardstream(paths, int(threads), decode=mode == "decode")
         if best is None or r["seconds"] < best["seconds"]:
             best = r
-    print(json.dumps(best))
-
-
-def launch(name: str, paths: list[str], cpus: list[int], repeat: int) -> dict | None:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--paths", json.dumps(paths),
-           "--cpus", json.dumps(cpus), "--repeat", str(repeat)]  # fmt: skip
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=True).stdout
-    except subprocess.CalledProcessError as e:
-        print(f"  {name}: failed: {e.stderr[-600:]}", file=sys.stderr)
-        return None
-    return json.loads(out.strip().splitlines()[-1])
+    print_result(best)
 
 
 def warm(paths: list[str]) -> None:
@@ -222,7 +213,7 @@ def main() -> None:
     ]  # fmt: skip
     results: dict[str, dict] = {}
     for mode, label, name, paths, cpus in runs:
-        r = launch(name, paths, cpus, args.repeat)
+        r = try_worker(__file__, name, {"paths": paths, "cpus": cpus, "repeat": args.repeat}, timeout=3600)
         if r is None:
             continue
         r["gb_per_s"] = r["bytes"] / r["seconds"] / 1e9
