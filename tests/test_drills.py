@@ -576,6 +576,12 @@ CACHE_CHILD = textwrap.dedent(
             report["passes"].append({"equal": got == expected, "samples": len(got)})
         except Exception as e:
             report["passes"].append({"error": f"{type(e).__name__}: {e}"})
+    # The loader counts the shards it read without the cache.
+    from shardstream import ShardLoader
+
+    loader = ShardLoader(urls, batch_size=4, image_size=32, threads=1, **options)
+    report["loader_samples"] = sum(len(b.keys) for b in loader)
+    report["cache_errors"] = loader.stats.get("cache_errors")
     # What the cache holds: every complete file must be byte-identical to one of the shards.
     originals = {}
     for path in local:
@@ -636,6 +642,7 @@ def test_a_full_or_read_only_cache_directory(mode, http_shards, shard_dir, tmp_p
         assert one.get("equal") is True, f"{mode}: {one}\n{stderr[-2000:]}"
     assert not report["corrupt"] and not report["parts"], report
     assert cache in stderr and "without the cache" in stderr, stderr[-2000:]
+    assert report["cache_errors"] >= 1, report  # counted in stats, not only warned about
     if mode == "full":
         assert report["cached"] == [names[0]], report  # what fitted, whole; nothing else
     if mode == "readonly":
@@ -652,6 +659,7 @@ def test_a_full_or_read_only_cache_directory(mode, http_shards, shard_dir, tmp_p
         corrupt=len(report["corrupt"]),
         partial_files=len(report["parts"]),
         http_gets=gets,
+        cache_errors=report["cache_errors"],
         warning=next((line for line in stderr.splitlines() if "without the cache" in line), "")[:160],
     )
 

@@ -386,6 +386,7 @@ impl Stats {
             "resumes": self.source.resumes.load(Ordering::Relaxed),
             "cache_hits": self.source.cache_hits.load(Ordering::Relaxed),
             "cache_misses": self.source.cache_misses.load(Ordering::Relaxed),
+            "cache_errors": self.source.cache_errors.load(Ordering::Relaxed),
             "decode_seconds": self.decode_ns.load(Ordering::Relaxed) as f64 / 1e9,
             "samples_by_source": s.by_source,
             "skipped": s.skipped,
