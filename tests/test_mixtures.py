@@ -153,13 +153,6 @@ def mixture_args(spec: str, *, workers: int, epochs=(0, 1), extra=()) -> list[st
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    from test_distributed import Jobs
-
-    return Jobs(tmp_path_factory.mktemp("mixture-jobs"))
-
-
 def epoch_samples(job, epoch: int) -> tuple[list[list[list[str]]], list[str]]:
     """(per rank, its batches' keys), and the epoch's remainder keys (the same on every rank)."""
     per_rank = job.epoch(epoch)

@@ -184,15 +184,12 @@ def test_the_parquet_beside_each_shard_gives_the_fields(pool, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_subset_under_torchrun_is_exact_with_workers_and_resume(pool, tmp_path_factory):
-    from test_distributed import Jobs
-
+def test_a_subset_under_torchrun_is_exact_with_workers_and_resume(pool, tmp_path_factory, jobs):
     d, paths, index = pool
     meta = oracle(paths)
     expected = sorted(k for k, m in meta.items() if m["width"] >= 180)
     out = str(tmp_path_factory.mktemp("sub") / "wide.index")
     assert cli(["subset", index, "-o", out, "--filter", "width >= 180", "-q"]) == 0
-    jobs = Jobs(tmp_path_factory.mktemp("subset-jobs"))
     args = ["--index", out, "--batch-size", "3", "--workers", "2", "--epochs", "0,1"]
     job = jobs(2, args)
     for epoch in (0, 1):
