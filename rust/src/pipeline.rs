@@ -664,8 +664,26 @@ fn read_span(
                         }
                         next_expected = raw.ordinal + 1;
                         if let Some(keep) = &span.keep {
-                            // A kept ordinal the shard did not hold keeps its place as a hole.
+                            // A kept ordinal the shard did not hold keeps its place as a
+                            // hole, counted here (the batcher counts a hole as already counted).
                             while kept_done < keep.len() && keep[kept_done] < raw.ordinal {
+                                let missing = cfg.shard_fault(
+                                    span,
+                                    ShardFault {
+                                        reason: Reason::Unreadable,
+                                        kind: SourceKind::Other,
+                                        detail: format!(
+                                            "the shard holds no sample {}, which the index's \
+                                             subset keeps",
+                                            keep[kept_done]
+                                        ),
+                                        offset: 0,
+                                    },
+                                );
+                                stats.record_skip(Fault {
+                                    key: format!("#{}", keep[kept_done]),
+                                    ..missing
+                                });
                                 if !send(ReadMsg::Item(Item::Hole {
                                     shard: span.shard,
                                     ordinal: keep[kept_done],
