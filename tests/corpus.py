@@ -14,7 +14,7 @@ import gzip
 import io
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -149,6 +149,28 @@ def good_samples(count: int, *, seed: int = 0, prefix: str = "s") -> list[tuple[
         )
         for i, img in enumerate(images)
     ]
+
+
+def write_shards(
+    directory: str | os.PathLike[str],
+    counts: Sequence[int],
+    *,
+    seed: int,
+    prefix: str = "s",
+    edit: Callable[[int, list[tuple[str, bytes]]], list[tuple[str, bytes]]] | None = None,
+) -> tuple[list[str], list[str]]:
+    """Shards ``shard-00.tar``, ``shard-01.tar`` ... in ``directory``, shard ``i`` holding
+    ``counts[i]`` good samples (seed ``seed + i``, keys ``{prefix}{i}_NNNN``); ``edit(i, members)``
+    may change a shard's members (add invalid ones). Returns (paths, the good samples' keys)."""
+    paths, keys = [], []
+    for i, n in enumerate(counts):
+        samples = good_samples(n, seed=seed + i, prefix=f"{prefix}{i}_")
+        members = [m for k, s in samples for m in sample_members(k, s)]
+        if edit is not None:
+            members = edit(i, members)
+        paths.append(write_file(os.path.join(os.fspath(directory), f"shard-{i:02d}.tar"), tar_bytes(members)))
+        keys += [k for k, _ in samples]
+    return paths, keys
 
 
 def good_shard(path: str, count: int = 8, *, seed: int = 0, prefix: str = "s") -> str:

@@ -9,7 +9,15 @@ import collections
 import json
 
 import pytest
-from corpus import good_samples, photo_jpegs, runtime_corrupt_shards, sample_members, tar_bytes, write_file
+from corpus import (
+    good_samples,
+    photo_jpegs,
+    runtime_corrupt_shards,
+    sample_members,
+    tar_bytes,
+    write_file,
+    write_shards,
+)
 from shardstream.index import build_index, load_index, write_index
 from torchrun_jobs import Job, torchrun
 
@@ -24,15 +32,15 @@ BAD_KEY = "s1_bad"  # rejected by validation, so the index never schedules it
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist")
-    paths, keys = [], []
-    for i, n in enumerate(COUNTS):
-        samples = good_samples(n, seed=300 + i, prefix=f"s{i}_")
-        members = [m for k, s in samples for m in sample_members(k, s)]
-        if i == 1:  # a truncated JPEG in the middle of the shard: invalid in the index
-            bad = [(f"{BAD_KEY}.jpg", photo_jpegs(1, seed=9)[0][:300]), (f"{BAD_KEY}.txt", b"cut short")]
-            members = members[:15] + bad + members[15:]
-        paths.append(write_file(str(d / f"shard-{i:02d}.tar"), tar_bytes(members)))
-        keys += [k for k, _ in samples]
+
+    def edit(i, members):
+        if i != 1:
+            return members
+        # a truncated JPEG in the middle of the shard: invalid in the index
+        bad = [(f"{BAD_KEY}.jpg", photo_jpegs(1, seed=9)[0][:300]), (f"{BAD_KEY}.txt", b"cut short")]
+        return members[:15] + bad + members[15:]
+
+    paths, keys = write_shards(d, COUNTS, seed=300, edit=edit)
     index = write_index(build_index(paths, threads=1), str(d / "index.json"))
     assert load_index(index).num_valid == len(keys) == sum(COUNTS)
     return paths, keys, index

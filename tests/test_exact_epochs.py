@@ -8,7 +8,15 @@ import collections
 import pytest
 import shardstream
 import torch
-from corpus import good_samples, photo_jpegs, runtime_corrupt_shards, sample_members, tar_bytes, write_file
+from corpus import (
+    good_samples,
+    photo_jpegs,
+    runtime_corrupt_shards,
+    sample_members,
+    tar_bytes,
+    write_file,
+    write_shards,
+)
 from shardstream.index import build_index, load_index, write_index
 
 COUNTS = [1, 7, 3, 12, 5, 9]  # deliberately uneven, one single-sample shard
@@ -17,14 +25,13 @@ COUNTS = [1, 7, 3, 12, 5, 9]  # deliberately uneven, one single-sample shard
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     d = tmp_path_factory.mktemp("exact")
-    paths, keys = [], []
-    for i, n in enumerate(COUNTS):
-        samples = good_samples(n, seed=100 + i, prefix=f"s{i}_")
-        members = [m for k, s in samples for m in sample_members(k, s)]
+
+    def edit(i, members):
         if i == 3:  # one sample that validation rejects: the index excludes it
             members += [("s3_bad.jpg", photo_jpegs(1)[0][:300]), ("s3_bad.txt", b"truncated jpeg")]
-        paths.append(write_file(str(d / f"shard-{i:02d}.tar"), tar_bytes(members)))
-        keys += [k for k, _ in samples]
+        return members
+
+    paths, keys = write_shards(d, COUNTS, seed=100, edit=edit)
     index_path = write_index(build_index(paths), str(d / "index.json"))
     return paths, keys, index_path
 

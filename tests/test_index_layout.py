@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import shardstream
-from corpus import good_samples, sample_members, tar_bytes, write_file
+from corpus import good_samples, sample_members, tar_bytes, write_file, write_shards
 from index_layout import read_layout
 from servers import RangeHTTPServer
 from shardstream.cli import main
@@ -23,12 +23,7 @@ COUNTS = [1, 7, 3, 12, 5, 9]
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
     d = tmp_path_factory.mktemp("layouts")
-    paths, keys = [], []
-    for i, n in enumerate(COUNTS):
-        samples = good_samples(n, seed=500 + i, prefix=f"l{i}_")
-        paths.append(write_file(str(d / f"shard-{i:02d}.tar"), tar_bytes(
-            [m for k, s in samples for m in sample_members(k, s)])))  # fmt: skip
-        keys += [k for k, _ in samples]
+    paths, keys = write_shards(d, COUNTS, seed=500, prefix="l")
     index = build_index(paths)
     json_path = write_index(index, str(d / "index.json"))
     folder = write_index(index, str(d / "index"))
