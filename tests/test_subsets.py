@@ -226,3 +226,25 @@ def test_shardstream_subset_under_torchrun_splits_the_shards_and_writes_the_same
     assert run.stdout.count("kept ") == 1, "rank 0 alone prints the summary"
     a, b = load_index(single), load_index(merged)
     assert (a.fingerprint, a.num_valid) == (b.fingerprint, b.num_valid)
+
+
+def test_a_subset_travels_whole_to_spawned_dataloader_workers(pool, tmp_path):
+    import pickle
+
+    d, paths, index = pool
+    meta = oracle(paths)
+    subset, _ = subset_index(index, filter="width >= 256")
+    again = pickle.loads(pickle.dumps(subset))
+    assert (again.fingerprint, again.num_valid, again.is_subset) == (
+        subset.fingerprint,
+        subset.num_valid,
+        True,
+    )
+    # Spawned workers (macOS's default) get the loader pickled: they must read the subset, not
+    # the whole pool.
+    loader = shardstream.ShardLoader(
+        sources=[Source(index=index, filter="width >= 256")], batch_size=4, image_size=32, threads=1
+    )
+    keys = [k for b in loader.dataloader(num_workers=2, multiprocessing_context="spawn") for k in b.keys]
+    expected = sorted(k for k, m in meta.items() if m["width"] >= 256)
+    assert sorted(keys + loader.stats["remainder_keys"]) == expected

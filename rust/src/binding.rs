@@ -331,7 +331,7 @@ fn index_err(e: crate::index::IndexError) -> PyErr {
 }
 
 /// What `DatasetIndex.__reduce__` returns: its constructor and arguments.
-type Reduced<'py> = (Bound<'py, PyAny>, (Py<PyBytes>, Option<String>));
+type Reduced<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 
 /// A dataset index (rust/src/index/ defines both layouts), with where it was loaded from (its
 /// detail files are found there) and, optionally, other URLs to open its shards by.
@@ -364,6 +364,15 @@ impl DatasetIndex {
     fn from_bytes(py: Python<'_>, data: &[u8], location: Option<String>) -> PyResult<Self> {
         let index = py.detach(|| Index::from_bytes(data)).map_err(index_err)?;
         Ok(Self::wrap(index, location))
+    }
+
+    /// An in-memory index from its layout bytes (`to_layout`): how a subset pickles.
+    #[staticmethod]
+    fn from_layout(py: Python<'_>, manifest: &[u8], detail: &[u8]) -> PyResult<Self> {
+        let index = py
+            .detach(|| Index::from_layout(manifest, detail))
+            .map_err(index_err)?;
+        Ok(Self::wrap(index, None))
     }
 
     /// Parses a version-1 JSON index (plain or gzip-compressed).
@@ -562,16 +571,21 @@ impl DatasetIndex {
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let me = slf.get();
         let py = slf.py();
+        if me.index.detail_files().is_empty() && me.is_subset() {
+            // Version-1 JSON has no place for a selection: the layout, detail inline.
+            let (manifest, detail) = me.index.to_layout("inline");
+            let from_layout = slf.get_type().getattr("from_layout")?;
+            let args = (PyBytes::new(py, &manifest), PyBytes::new(py, &detail));
+            return Ok((from_layout, args.into_pyobject(py)?.into_any()));
+        }
         let bytes = if me.index.detail_files().is_empty() {
             me.index.to_json()
         } else {
             crate::index::manifest::encode(&me.index)
         };
         let from_bytes = slf.get_type().getattr("from_bytes")?;
-        Ok((
-            from_bytes,
-            (PyBytes::new(py, &bytes).unbind(), me.location.clone()),
-        ))
+        let args = (PyBytes::new(py, &bytes), me.location.clone());
+        Ok((from_bytes, args.into_pyobject(py)?.into_any()))
     }
 
     #[getter]

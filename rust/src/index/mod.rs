@@ -358,7 +358,35 @@ impl Index {
         }
     }
 
-    /// The version-1 JSON document: a header, then one shard per line.
+    /// The index [`Index::to_layout`] wrote, with every detail block read back into memory from
+    /// `detail` (the bytes of its one detail file): how an in-memory index, a subset's included,
+    /// travels whole to another process.
+    pub fn from_layout(manifest_bytes: &[u8], detail_bytes: &[u8]) -> Result<Self, IndexError> {
+        let mut index = manifest::decode(manifest_bytes)?;
+        for shard in &mut index.shards {
+            let Some(r) = shard.detail_ref.take() else {
+                continue;
+            };
+            let block = usize::try_from(r.offset)
+                .ok()
+                .and_then(|start| detail_bytes.get(start..start + r.len as usize))
+                .ok_or_else(|| {
+                    shard_error(&shard.url, "its detail block lies past the detail bytes")
+                })?;
+            let detail = detail::decode(block, &shard.url, shard.num_samples)?;
+            shard.offsets = detail.offsets;
+            shard.keys = detail.keys;
+            shard.invalid_details = detail.invalid;
+            if let Some(selection) = shard.selection.as_mut() {
+                selection.ordinals = detail.selection.map(Into::into);
+            }
+        }
+        index.detail_files.clear();
+        Ok(index)
+    }
+
+    /// The version-1 JSON document: a header, then one shard per line (a subset's selection
+    /// has no place in it: write a subset with [`Index::to_layout`]).
     pub fn to_json(&self) -> Vec<u8> {
         json_v1::write(self)
     }
