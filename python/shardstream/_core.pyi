@@ -171,6 +171,9 @@ class DatasetIndex:
         """Parses a version-2 manifest (detail files are looked up beside ``location``) or
         version-1 JSON (plain or gzip)."""
     @staticmethod
+    def from_layout(manifest: bytes, detail: bytes) -> DatasetIndex:
+        """An in-memory index from its ``to_layout`` bytes (how a subset pickles)."""
+    @staticmethod
     def from_json(data: bytes) -> DatasetIndex:
         """Parses a version-1 index document (JSON, optionally gzip-compressed)."""
     @staticmethod
