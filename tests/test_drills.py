@@ -646,7 +646,8 @@ def test_a_full_or_read_only_cache_directory(mode, http_shards, shard_dir, tmp_p
     if mode == "full":
         assert report["cached"] == [names[0]], report  # what fitted, whole; nothing else
     if mode == "readonly":
-        assert report["cached"] == names[:2], report
+        # The cache names files by a hash of the URL (whose port changes per run): no order.
+        assert sorted(report["cached"]) == sorted(names[:2]), report
     drill(
         f"cache-{mode}",
         injected={
