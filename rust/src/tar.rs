@@ -156,7 +156,9 @@ impl<R: Read> TarReader<R> {
     /// Reads an entry's data (plus padding) into a fresh buffer. `read_to_end` fills the
     /// reserved capacity directly (no zero-filling first): members are most of the bytes read.
     fn read_data(&mut self, size: u64, what: &str) -> Result<Vec<u8>, TarError> {
-        let mut data = Vec::with_capacity(size as usize);
+        // Reserved up to a bound: what arrives beyond it grows the buffer as it is read, so a
+        // header's claim alone never sizes an allocation.
+        let mut data = Vec::with_capacity(size.min(MAX_RESERVE) as usize);
         let read = (&mut self.inner).take(size).read_to_end(&mut data);
         self.pos += data.len() as u64;
         if let Err(e) = read {
@@ -239,6 +241,14 @@ impl<R: Read> TarReader<R> {
             };
             match typeflag {
                 b'x' => {
+                    // A PAX header is a few records; a size claiming more must not size an
+                    // allocation (fuzzing found one claiming 2^60 bytes, which aborted).
+                    if size > MAX_META_BYTES {
+                        return Err(TarError::Corrupt {
+                            offset: header_offset,
+                            message: format!("PAX header of {size} bytes, over 1 MiB"),
+                        });
+                    }
                     let data = self.read_data(size, "a PAX header")?;
                     parse_pax(&data, &mut pax_path, &mut pax_size);
                     continue;
@@ -249,7 +259,7 @@ impl<R: Read> TarReader<R> {
                     continue;
                 }
                 b'L' => {
-                    if size > 1 << 20 {
+                    if size > MAX_META_BYTES {
                         return Err(TarError::Corrupt {
                             offset: header_offset,
                             message: "GNU long name over 1 MiB".into(),
@@ -399,9 +409,35 @@ fn parse_pax(data: &[u8], path: &mut Option<String>, size: &mut Option<u64>) {
     }
 }
 
+/// Most bytes of a PAX header or GNU long name accepted (real ones are a few hundred).
+const MAX_META_BYTES: u64 = 1 << 20;
+/// Most bytes reserved ahead of reading an entry's data.
+const MAX_RESERVE: u64 = 64 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (fuzzing, 3 M cases of the tar target): a PAX header whose base-256 size field
+    /// claims 2^60 - 1 bytes made the reader reserve that much and abort the process.
+    #[test]
+    fn a_pax_header_claiming_an_absurd_size_is_corrupt_not_an_abort() {
+        let mut h = header("././@PaxHeader", 0, b'x', true);
+        h[124] = 0x80; // base-256 size: 2^60 - 1
+        h[125..128].fill(0);
+        h[128..136].copy_from_slice(&((1u64 << 60) - 1).to_be_bytes());
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u64 = h.iter().map(|&b| b as u64).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        let mut bytes = h.to_vec();
+        bytes.extend_from_slice(&[0u8; 1024]);
+        match names(&bytes) {
+            Err(TarError::Corrupt { message, .. }) => {
+                assert!(message.contains("PAX header"), "{message}")
+            }
+            other => panic!("expected a corrupt PAX header, got {other:?}"),
+        }
+    }
 
     fn header(name: &str, size: u64, typeflag: u8, ustar: bool) -> [u8; BLOCK] {
         let mut h = [0u8; BLOCK];
