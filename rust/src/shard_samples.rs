@@ -119,31 +119,11 @@ impl ShardSamples {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, data) in members {
-            let mut header = [0u8; 512];
-            header[..name.len()].copy_from_slice(name.as_bytes());
-            header[100..107].copy_from_slice(b"0000644");
-            header[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
-            header[156] = b'0';
-            header[257..262].copy_from_slice(b"ustar");
-            header[148..156].fill(b' ');
-            let sum: u32 = header.iter().map(|&b| b as u32).sum();
-            header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-            out.extend_from_slice(&header);
-            out.extend_from_slice(data);
-            out.resize(out.len().div_ceil(512) * 512, 0);
-        }
-        out.resize(out.len() + 1024, 0);
-        out
-    }
+    use crate::sample::fixtures::{scratch_dir, tar_of};
 
     #[test]
     fn samples_come_shard_after_shard_and_a_missing_shard_is_skipped_or_raised() {
-        let dir = std::env::temp_dir().join(format!("ss-shard-samples-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("shard-samples");
         let a = dir.join("a.tar");
         std::fs::write(&a, tar_of(&[("k1.txt", b"one"), ("k2.txt", b"two")])).unwrap();
         let missing = dir.join("missing.tar");
