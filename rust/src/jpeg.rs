@@ -168,12 +168,12 @@ impl Handle {
     }
 }
 
+/// JPEGs for the unit tests of this module and of [`crate::jpeg_raw`], encoded by the
+/// libjpeg-turbo that decodes them.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
+pub(crate) mod fixtures {
     /// A `w` x `h` JPEG of one colour, encoded by libjpeg-turbo with this subsampling.
-    fn solid(w: usize, h: usize, rgb: [u8; 3], subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+    pub fn solid(w: usize, h: usize, rgb: [u8; 3], subsamp: turbojpeg::Subsamp) -> Vec<u8> {
         let pixels: Vec<u8> = rgb.iter().copied().cycle().take(w * h * 3).collect();
         let image = turbojpeg::Image {
             pixels: pixels.as_slice(),
@@ -184,6 +184,12 @@ mod tests {
         };
         turbojpeg::compress(image, 95, subsamp).unwrap().to_vec()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::solid;
+    use super::*;
 
     #[test]
     fn the_header_gives_size_subsampling_and_colour_space() {

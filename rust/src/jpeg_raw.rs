@@ -180,19 +180,7 @@ impl Drop for Started<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A `w` x `h` JPEG of one colour, encoded by libjpeg-turbo with this subsampling.
-    fn solid(w: usize, h: usize, rgb: [u8; 3], subsamp: turbojpeg::Subsamp) -> Vec<u8> {
-        let pixels: Vec<u8> = rgb.iter().copied().cycle().take(w * h * 3).collect();
-        let image = turbojpeg::Image {
-            pixels: pixels.as_slice(),
-            width: w,
-            pitch: w * 3,
-            height: h,
-            format: turbojpeg::PixelFormat::RGB,
-        };
-        turbojpeg::compress(image, 95, subsamp).unwrap().to_vec()
-    }
+    use crate::jpeg::fixtures::solid;
 
     /// Where each plane goes in one buffer (planes one after another), and its size.
     fn layout(g: &Geometry) -> ([(usize, usize); MAX_COMPONENTS], usize) {
