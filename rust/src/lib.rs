@@ -8,6 +8,8 @@ pub mod decode;
 pub mod error;
 #[cfg(test)]
 mod fuzz;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod group;
 pub mod index;
 pub mod jpeg;

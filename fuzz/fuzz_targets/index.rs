@@ -1,0 +1,5 @@
+#![no_main]
+// See shardstream::fuzzing::targets::Target::Index for what this checks.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    shardstream::fuzzing::targets::Target::Index.run(data);
+});
