@@ -1,5 +1,7 @@
-"""Fixtures that several test modules share (plain helpers live in corpus.py, servers.py and
-torchrun_jobs.py)."""
+"""Fixtures that several test modules share. Plain helpers live in support modules beside it,
+named without ``test_`` so that pytest never collects them and no test module imports another:
+corpus.py (shards), servers.py (HTTP and S3 servers), source_checks.py, pillow_reference.py,
+epoch_runs.py, cli_runs.py, train_support.py, torchrun_jobs.py, accum_gradients.py."""
 
 from __future__ import annotations
 

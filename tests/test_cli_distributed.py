@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 import shardstream
-import test_train_support as train_support
+from cli_runs import torchrun
 from corpus import build_corrupt_corpus, good_shard
 from shardstream.cli import main
-
-
-def torchrun(args: list[str], *, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return train_support.torchrun(args, module="shardstream", timeout=timeout)
 
 
 def without_timing(report: dict) -> dict:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import io
 import os
 import pty
-import select
 import subprocess
 import sys
-import time
 
+from cli_runs import run_on_pty as _run_on_pty
 from corpus import good_shard
 from shardstream.progress import Progress, human_bytes, human_duration, progress_wanted
 
@@ -51,34 +50,6 @@ def test_disabled_for_pipes_and_ci(monkeypatch):
     finally:
         os.close(master)
         os.close(slave)
-
-
-def _run_on_pty(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
-    """Runs a command with stdout and stderr on a pseudo-terminal; returns (exit status, output)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
-    output = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                output += chunk
-            elif proc.poll() is not None:
-                break
-        return proc.wait(timeout=max(1, deadline - time.monotonic())), output
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
 
 
 def test_validate_draws_progress_on_a_terminal_and_not_in_a_pipe(tmp_path):

@@ -8,20 +8,9 @@ import struct
 import numpy as np
 import pytest
 from corpus import photo_paths
-from PIL import Image, ImageOps
+from PIL import Image
+from pillow_reference import SIZE, pillow_reference
 from shardstream import _core
-
-SIZE = 224
-
-
-def pillow_reference(img: Image.Image, size: int = SIZE) -> np.ndarray:
-    """Pillow's antialiased bicubic resize of the centred square (the shorter side scaled to
-    `size`), on the fully decoded image: what our crop must look like."""
-    img = ImageOps.exif_transpose(img).convert("RGB")
-    w, h = img.size
-    side = min(w, h)
-    box = ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
-    return np.asarray(img.resize((size, size), Image.BICUBIC, box=box)).transpose(2, 0, 1)
 
 
 def ours(data: bytes, size: int = SIZE, **kw) -> np.ndarray:

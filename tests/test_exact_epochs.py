@@ -17,6 +17,7 @@ from corpus import (
     write_file,
     write_shards,
 )
+from epoch_runs import run
 from shardstream.index import build_index, load_index, write_index
 
 COUNTS = [1, 7, 3, 12, 5, 9]  # deliberately uneven, one single-sample shard
@@ -34,30 +35,6 @@ def dataset(tmp_path_factory):
     paths, keys = write_shards(d, COUNTS, seed=100, edit=edit)
     index_path = write_index(build_index(paths), str(d / "index.json"))
     return paths, keys, index_path
-
-
-def run(paths, index, *, rank, world, batch=4, seed=0, epoch=0, state=None, stop_after=None, **kw):
-    loader = shardstream.ShardLoader(
-        paths,
-        index=index,
-        batch_size=batch,
-        image_size=32,
-        seed=seed,
-        rank=rank,
-        world_size=world,
-        shuffle_buffer=5,
-        threads=1,
-        **kw,
-    )
-    loader.set_epoch(epoch)
-    if state is not None:
-        loader.load_state_dict(state)
-    batches = []
-    for b in loader:
-        batches.append(list(b.keys))
-        if stop_after is not None and len(batches) == stop_after:
-            return batches, loader.state_dict(), loader
-    return batches, None, loader
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

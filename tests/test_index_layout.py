@@ -10,12 +10,12 @@ import shutil
 import pytest
 import shardstream
 from corpus import good_samples, sample_members, tar_bytes, write_file, write_shards
+from epoch_runs import run
 from index_layout import read_layout
 from servers import RangeHTTPServer
 from shardstream.cli import main
 from shardstream.errors import ShardError
 from shardstream.index import build_index, load_index, write_index
-from test_exact_epochs import run
 
 COUNTS = [1, 7, 3, 12, 5, 9]
 

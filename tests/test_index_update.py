@@ -12,6 +12,8 @@ import sys
 import pytest
 import shardstream
 import shardstream.validation
+from cli_runs import run_on_pty as _run_on_pty
+from cli_runs import torchrun
 from corpus import build_corrupt_corpus, good_shard
 from index_layout import read_layout
 from servers import RangeHTTPServer, free_ports
@@ -19,8 +21,6 @@ from shardstream import ShardLoader
 from shardstream.cli import main
 from shardstream.identity import UNKNOWN, ShardIdentity, probe_identities
 from shardstream.index import build_index, index_from_reports, load_index, plan_update, update_index
-from test_cli_distributed import torchrun
-from test_cli_progress import _run_on_pty
 
 
 def make_shards(directory, first: int, count: int) -> list[str]:

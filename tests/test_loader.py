@@ -9,8 +9,8 @@ import pytest
 import shardstream
 import torch
 from corpus import good_samples, photo_jpegs, sample_members, tar_bytes, write_file
+from pillow_reference import pillow_reference
 from shardstream.errors import ShardError
-from test_decode import pillow_reference
 
 
 def make_shards(tmp_path, counts, *, seed=0):

@@ -20,7 +20,7 @@ from servers import (
 from shardstream import read_samples
 from shardstream.errors import CredentialsError, NotFoundError
 from shardstream.urls import Shard, expand_urls
-from test_sources_http import check_resumes, comparable
+from source_checks import check_resumes, comparable
 
 pytestmark = pytest.mark.slow
 

@@ -211,7 +211,7 @@ def test_a_subset_under_torchrun_is_exact_with_workers_and_resume(pool, tmp_path
 
 @pytest.mark.slow
 def test_shardstream_subset_under_torchrun_splits_the_shards_and_writes_the_same_subset(pool, tmp_path):
-    import test_train_support as train_support
+    import train_support
 
     d, paths, index = pool
     single = str(tmp_path / "single.index")

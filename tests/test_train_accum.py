@@ -20,10 +20,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
-from shardstream.train.loss import contrastive_backward, make_clip_loss
-from shardstream.train.model import autocast_factory, create_model, grad_scaler
-from test_train_support import torchrun
+from accum_gradients import global_error, gradients, relative_error, setup, split
+from shardstream.train.loss import make_clip_loss
+from train_support import torchrun
 
 TOLERANCE = 1e-4
 # global relative error of accumulation vs the big batch, per autocast precision
@@ -32,58 +31,8 @@ LOW_PRECISION_TOLERANCE = {"bf16": 1e-2, "fp16": 2e-3}
 DDP_LOW_PRECISION_TOLERANCE = {"bf16": 2.5e-2, "fp16": 4e-3}
 
 
-def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max(float((a[n] - b[n]).abs().max() / (b[n].abs().max() + 1e-12)) for n in b)
-
-
-def global_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    diff = sum(float((a[n] - b[n]).double().pow(2).sum()) for n in b)
-    return (diff / sum(float(b[n].double().pow(2).sum()) for n in b)) ** 0.5
-
-
-def error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], precision: str) -> float:
-    return relative_error(a, b) if precision == "fp32" else global_error(a, b)
-
-
 def tolerance(precision: str) -> float:
     return TOLERANCE if precision == "fp32" else LOW_PRECISION_TOLERANCE[precision]
-
-
-def setup(n: int = 16):
-    torch.manual_seed(0)
-    bundle = create_model("shardstream-tiny", pretrained="", device=torch.device("cpu"))
-    generator = torch.Generator().manual_seed(1)
-    images = torch.randint(0, 256, (n, 3, 64, 64), dtype=torch.uint8, generator=generator)
-    colours, shapes = ["red", "green", "blue", "yellow"], ["circle", "square", "triangle", "star"]
-    captions = [f"a {colours[i % 4]} {shapes[(i // 4) % 4]} number {i}" for i in range(n)]
-    return bundle, bundle.normalise(images, torch.device("cpu")), bundle.tokenizer(captions)
-
-
-def gradients(
-    model: torch.nn.Module, loss_fn, micro, precision: str = "fp32"
-) -> tuple[float, dict[str, torch.Tensor]]:
-    """The accumulated gradient as the trainer makes it: autocast, and for fp16 a GradScaler
-    whose scaled loss is back-propagated and unscaled once (``unscale_``, as before clipping)."""
-    model.zero_grad(set_to_none=True)
-    device = next(model.parameters()).device
-    scaler = grad_scaler(precision, device)
-    loss = contrastive_backward(
-        model,
-        loss_fn,
-        micro,
-        autocast=autocast_factory(precision, device),
-        scale=scaler.scale if scaler is not None else None,
-    )
-    if scaler is not None:
-        assert scaler.get_scale() > 1  # the loss was really scaled
-        scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.0))
-    inner = getattr(model, "module", model)  # DistributedDataParallel's parameters are its module's
-    return float(loss), {n: p.grad.clone() for n, p in inner.named_parameters() if p.requires_grad}
-
-
-def split(x: torch.Tensor, t: torch.Tensor, k: int):
-    m = x.shape[0] // k
-    return [(x[i * m : (i + 1) * m], t[i * m : (i + 1) * m]) for i in range(k)]
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -132,7 +81,7 @@ WORKER = textwrap.dedent(
     import torch
     import torch.distributed as dist
     sys.path.insert(0, {tests!r})
-    from test_train_accum import error, gradients, setup, split
+    from accum_gradients import error, gradients, setup, split
     from shardstream.train.loss import make_clip_loss
 
     torch.set_num_threads(1)

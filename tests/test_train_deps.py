@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from shardstream.train.config import load_config
-from test_train_support import torchrun
+from train_support import torchrun
 
 HIDE = '''
 import sys

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from servers import free_ports
-from test_train_support import ROOT, build_small_dataset, read_log, small_config_args, train_env
+from train_support import ROOT, build_small_dataset, read_log, small_config_args, train_env
 
 
 @pytest.mark.slow

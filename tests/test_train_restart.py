@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from servers import free_ports
-from test_train_support import (
+from train_support import (
     build_small_dataset,
     read_log,
     small_config_args,

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_train_support import build_small_dataset, read_log, small_config_args, torchrun
+from train_support import build_small_dataset, read_log, small_config_args, torchrun
 
 
 def steps(records: list[dict]) -> dict[int, dict]:

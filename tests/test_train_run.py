@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_train_support import ROOT, build_small_dataset, read_log, small_config_args, torchrun
+from train_support import ROOT, build_small_dataset, read_log, small_config_args, torchrun
 
 CALLBACK_MODULE = '''
 import os

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_support import build_small_dataset, read_log, small_config_args, torchrun
+from train_support import build_small_dataset, read_log, small_config_args, torchrun
 
 HERE = Path(__file__).resolve().parent
 
