@@ -3,12 +3,39 @@
 Private module: the public API is ``shardstream`` itself. These stubs describe exactly what the
 extension exports; ``tests/test_wheel.py::test_stubs_match_extension`` fails when a name is added
 to or removed from the extension (or one of its classes) without updating this file.
+
+Defaults written ``= ...`` are the core's: they are defined once, in rust/src/defaults.rs, and
+readable as :data:`DEFAULTS` (typed in ``shardstream.config.DEFAULTS``).
 """
 
 from collections.abc import Sequence
 from typing import Any, Literal, NotRequired, TypedDict, final
 
 __version__: str
+
+class CoreDefaults(TypedDict):
+    """``DEFAULTS``: rust/src/defaults.rs by option name (durations in seconds)."""
+
+    image_size: int
+    caption_key: str
+    image_keys: list[str]
+    max_pixels: int
+    max_member_bytes: int
+    crop: Literal["center", "random"]
+    random_crop_scale: tuple[float, float]
+    loader_on_error: Literal["skip", "raise"]
+    read_samples_on_error: Literal["skip", "raise"]
+    shuffle_buffer: int
+    read_ahead: int
+    prefetch: int
+    connect_timeout: float
+    read_timeout: float
+    max_retries: int
+    backoff_initial: float
+    backoff_max: float
+    cache_max_bytes: int
+
+DEFAULTS: CoreDefaults
 
 OnError = Literal["skip", "raise"]
 
@@ -76,8 +103,8 @@ class SampleIter:
         cls,
         urls: Sequence[str],
         display_urls: Sequence[str],
-        on_error: OnError = "raise",
-        max_member_bytes: int = 268435456,
+        on_error: OnError = ...,
+        max_member_bytes: int = ...,
         config: dict[str, Any] | None = None,
     ) -> SampleIter: ...
     def __iter__(self) -> SampleIter: ...
@@ -96,7 +123,9 @@ class Loader:
     ``skip_emitted``, ``planned``, ``cycle``, ``drop_last``, ``max_member_bytes``,
     ``num_batches``, ``last_batch_size``, ``on_error``, ``caption_key``, ``image_keys``,
     ``max_pixels``, ``crop`` (``"center"``/``"random"``), ``random_crop_scale``,
-    ``connect_timeout``, ``read_timeout``, ``max_retries``, ``signer``.
+    ``connect_timeout``, ``read_timeout``, ``max_retries``, ``signer``, ``sources``,
+    ``tokenizer``. A key that is absent or None keeps the core's default (rust/src/defaults.rs);
+    ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
     """
 
     def __new__(
@@ -127,7 +156,6 @@ class Loader:
     def close(self) -> None:
         """Stops every thread; afterwards no lent buffer is written any more."""
 
-@final
 @final
 class MixturePlan:
     """Several indexes planned as one epoch, each source taking its share (rust/src/plan/mixture.rs)."""
@@ -265,12 +293,12 @@ def scan_shard(
     url: str,
     *,
     decode: bool = True,
-    caption_key: str = "txt",
+    caption_key: str = ...,
     image_keys: Sequence[str] | None = None,
     require_caption: bool = True,
-    max_pixels: int = 64000000,
-    max_member_bytes: int = 268435456,
-    image_size: int = 224,
+    max_pixels: int = ...,
+    max_member_bytes: int = ...,
+    image_size: int = ...,
     config: dict[str, Any] | None = None,
     capture: str | None = None,
 ) -> ScanReport:
@@ -285,11 +313,11 @@ def probe_image(data: bytes) -> tuple[str, int, int]:
 
 def decode_image(
     data: bytes,
-    size: int = 224,
-    max_pixels: int = 64000000,
+    size: int = ...,
+    max_pixels: int = ...,
     *,
-    crop: Literal["center", "random"] = "center",
-    random_crop_scale: tuple[float, float] = (0.9, 1.0),
+    crop: Literal["center", "random"] = ...,
+    random_crop_scale: tuple[float, float] = ...,
     crop_seed: int = 0,
     whole: bool = False,
 ) -> bytes:

@@ -12,14 +12,15 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._files import atomic_write_json
 from ._system import torchrun_rank_world
+from .config import DEFAULTS
 from .progress import Progress, human_bytes
 from .urls import Shard
-from .validation import DEFAULT_IMAGE_KEYS, ScanOptions
+from .validation import ScanOptions
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -74,6 +75,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def size_text(n: int) -> str:
+    """Bytes as ``parse_size`` reads them, in the largest binary unit that holds them exactly."""
+    for unit, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n and n % unit == 0:
+            return f"{n // unit}{name}"
+    return str(n)
+
+
 def comma_list(text: str) -> tuple[str, ...]:
     items = tuple(part.strip().lower().lstrip(".") for part in text.split(",") if part.strip())
     if not items:
@@ -111,6 +120,20 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=32)
 
 
+def _add_limit(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    *,
+    parse: Callable[[str], int],
+    default: int,
+    metavar: str,
+    what: str,
+) -> None:
+    """A numeric option whose help ends with its default, written as the option reads it."""
+    shown = size_text(default) if parse is parse_size else str(default)
+    parser.add_argument(flag, type=parse, default=default, metavar=metavar, help=f"{what} (default: {shown})")
+
+
 def _add_scan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what a valid sample is")
     g.add_argument(
@@ -121,16 +144,17 @@ def _add_scan_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--caption-key",
-        default="txt",
+        default=DEFAULTS.caption_key,
         metavar="EXT",
-        help="member holding the caption (default: txt); 'json:FIELD' reads FIELD of the json member",
+        help=f"member holding the caption (default: {DEFAULTS.caption_key}); 'json:FIELD' reads FIELD "
+        "of the json member",
     )
     g.add_argument(
         "--image-keys",
         type=comma_list,
-        default=DEFAULT_IMAGE_KEYS,
+        default=DEFAULTS.image_keys,
         metavar="EXT,...",
-        help="image member extensions, tried in order (default: jpg,jpeg,png,webp)",
+        help=f"image member extensions, tried in order (default: {','.join(DEFAULTS.image_keys)})",
     )
     g.add_argument(
         "--require",
@@ -140,19 +164,21 @@ def _add_scan_options(p: argparse.ArgumentParser) -> None:
         help="members every sample must have: 'image,caption' (default) or 'image' (the caption "
         "becomes optional, for image-only or label datasets; present captions must still be UTF-8)",
     )
-    g.add_argument(
+    _add_limit(
+        g,
         "--max-pixels",
-        type=positive_int,
-        default=64_000_000,
+        parse=positive_int,
+        default=DEFAULTS.max_pixels,
         metavar="N",
-        help="reject images with more pixels, read from the header (default: 64000000)",
+        what="reject images with more pixels, read from the header",
     )
-    g.add_argument(
+    _add_limit(
+        g,
         "--max-member-bytes",
-        type=parse_size,
-        default=256 << 20,
+        parse=parse_size,
+        default=DEFAULTS.max_member_bytes,
         metavar="SIZE",
-        help="reject members larger than this, unread (default: 256MiB)",
+        what="reject members larger than this, unread",
     )
     p.add_argument(
         "--threads",
@@ -416,12 +442,13 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--count", type=positive_int, default=5, metavar="N", help="samples shown (default: 5)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per sample")
-    p.add_argument(
+    _add_limit(
+        p,
         "--width",
-        type=positive_int,
+        parse=positive_int,
         default=100,
         metavar="N",
-        help="text members longer than this are cut (default: 100)",
+        what="text members longer than this are cut",
     )
 
     p = verb("write", "build shards from a folder or a CSV/Parquet table", _WRITE_DESCRIPTION, _WRITE_EPILOG)
@@ -433,19 +460,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATTERN",
         help="shard path with %%06d or {shard:06d} for the shard number",
     )
-    p.add_argument(
-        "--max-count",
-        type=positive_int,
-        default=10000,
-        metavar="N",
-        help="samples per shard at most (default: 10000)",
+    _add_limit(
+        p, "--max-count", parse=positive_int, default=10000, metavar="N", what="samples per shard at most"
     )
-    p.add_argument(
+    _add_limit(
+        p,
         "--max-size",
-        type=parse_size,
+        parse=parse_size,
         default=1 << 30,
         metavar="SIZE",
-        help="bytes per shard at most, e.g. 500MB (default: 1GiB)",
+        what="bytes per shard at most, e.g. 500MB",
     )
     p.add_argument(
         "--resize",
@@ -454,13 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="re-encode as JPEG with the shorter side N px (smaller images are kept as they are)",
     )
-    p.add_argument(
-        "--quality",
-        type=positive_int,
-        default=95,
-        metavar="Q",
-        help="JPEG quality with --resize (default: 95)",
-    )
+    _add_limit(p, "--quality", parse=positive_int, default=95, metavar="Q", what="JPEG quality with --resize")
     p.add_argument("--caption-ext", default="txt", metavar="EXT", help="caption extension (default: txt)")
     p.add_argument(
         "--no-require-caption",

@@ -17,6 +17,7 @@ import numpy as np
 
 from shardstream import _core
 from shardstream._system import default_loader_threads, torchrun_rank_world
+from shardstream.config import Crop, LoaderConfig, OnError
 from shardstream.errors import from_core_fault
 from shardstream.urls import source_config
 
@@ -69,38 +70,56 @@ class ShardLoader:
         urls: str | list[str] | None = None,
         *,
         batch_size: int,
-        image_size: int = 224,
-        seed: int = 0,
-        shuffle_buffer: int = 1000,
-        threads: int | None = None,
+        image_size: int = LoaderConfig.image_size,
+        seed: int = LoaderConfig.seed,
+        shuffle_buffer: int = LoaderConfig.shuffle_buffer,
+        threads: int | None = LoaderConfig.threads,
         rank: int | None = None,
         world_size: int | None = None,
         index: Any = None,
-        drop_last: bool = True,
-        on_error: str = "skip",
-        caption_key: str = "txt",
-        image_keys: list[str] | None = None,
-        crop: str = "center",
-        random_crop_scale: tuple[float, float] = (0.9, 1.0),
-        samples_per_epoch: int | None = None,
-        read_ahead: int = 2,
-        prefetch: int = 2,
-        max_pixels: int = 64_000_000,
-        max_member_bytes: int = 256 << 20,
-        pin_memory: bool | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 30.0,
-        max_retries: int = 8,
-        tokenizer: str | None = None,
+        drop_last: bool = LoaderConfig.drop_last,
+        on_error: OnError = LoaderConfig.on_error,
+        caption_key: str = LoaderConfig.caption_key,
+        image_keys: list[str] | None = LoaderConfig.image_keys,
+        crop: Crop = LoaderConfig.crop,
+        random_crop_scale: tuple[float, float] = LoaderConfig.random_crop_scale,
+        samples_per_epoch: int | None = LoaderConfig.samples_per_epoch,
+        read_ahead: int = LoaderConfig.read_ahead,
+        prefetch: int = LoaderConfig.prefetch,
+        max_pixels: int = LoaderConfig.max_pixels,
+        max_member_bytes: int = LoaderConfig.max_member_bytes,
+        pin_memory: bool | None = LoaderConfig.pin_memory,
+        connect_timeout: float = LoaderConfig.connect_timeout,
+        read_timeout: float = LoaderConfig.read_timeout,
+        max_retries: int = LoaderConfig.max_retries,
+        tokenizer: str | None = LoaderConfig.tokenizer,
         sources: list[Any] | None = None,
         **source_options: Any,
     ) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if on_error not in ("skip", "raise"):
-            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-        if crop not in ("center", "random"):
-            raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
+        # The keyword arguments are the fields of LoaderConfig, which checks them.
+        self.config = LoaderConfig(
+            batch_size=batch_size,
+            image_size=image_size,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            threads=threads,
+            drop_last=drop_last,
+            on_error=on_error,
+            caption_key=caption_key,
+            image_keys=tuple(image_keys) if image_keys is not None else None,
+            crop=crop,
+            random_crop_scale=random_crop_scale,
+            samples_per_epoch=samples_per_epoch,
+            read_ahead=read_ahead,
+            prefetch=prefetch,
+            max_pixels=max_pixels,
+            max_member_bytes=max_member_bytes,
+            pin_memory=pin_memory,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_retries=max_retries,
+            tokenizer=tokenizer,
+        )
         from shardstream.urls import expand_urls
 
         if sources is not None and (urls is not None or index is not None):
@@ -126,22 +145,8 @@ class ShardLoader:
         self._pin = (
             pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
         )
-        self._config: dict[str, Any] = {
-            "batch_size": batch_size,
-            "image_size": image_size,
-            "caption_key": caption_key,
-            "image_keys": image_keys,
-            "crop": crop,
-            "random_crop_scale": tuple(random_crop_scale),
-            "read_ahead": read_ahead,
-            "drop_last": drop_last,
-            "on_error": on_error,
-            "max_pixels": max_pixels,
-            "max_member_bytes": max_member_bytes,
-            "connect_timeout": connect_timeout,
-            "read_timeout": read_timeout,
-            "max_retries": max_retries,
-        }
+        # What the Rust pipeline of every reader is started with (_core.Loader's config).
+        self._config: dict[str, Any] = self.config.core_config()
         from shardstream.text import resolve_tokenizer
 
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardstream import _core
+from shardstream.config import DEFAULTS, OnError
 from shardstream.errors import from_core_fault
 from shardstream.urls import expand_urls, source_config
 
@@ -13,8 +14,8 @@ from shardstream.urls import expand_urls, source_config
 def read_samples(
     urls: str | list[str],
     *,
-    on_error: str = "raise",
-    max_member_bytes: int = 256 << 20,
+    on_error: OnError = DEFAULTS.read_samples_on_error,
+    max_member_bytes: int = DEFAULTS.max_member_bytes,
     **source_options: Any,
 ) -> Iterator[dict[str, Any]]:
     """Yields one dict per sample: ``__key__``, ``__url__`` and one ``bytes`` value per member

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::decode::Decoder;
+use crate::defaults;
 use crate::error::Fault;
 use crate::index::Index;
 use crate::pipeline::{
@@ -37,6 +38,32 @@ fn fault_to_py(f: Fault) -> PyErr {
     CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail, f.kind.as_str()))
 }
 
+/// `_core.DEFAULTS`: the core's defaults (`defaults.rs`) by the names of the loader's options,
+/// durations in seconds. `shardstream.config` reads them into its typed view.
+fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    use defaults::*;
+    let d = PyDict::new(py);
+    d.set_item("image_size", IMAGE_SIZE)?;
+    d.set_item("caption_key", CAPTION_KEY)?;
+    d.set_item("image_keys", IMAGE_KEYS.to_vec())?;
+    d.set_item("max_pixels", MAX_PIXELS)?;
+    d.set_item("max_member_bytes", MAX_MEMBER_BYTES)?;
+    d.set_item("crop", CROP)?;
+    d.set_item("random_crop_scale", RANDOM_CROP_SCALE)?;
+    d.set_item("loader_on_error", LOADER_ON_ERROR)?;
+    d.set_item("read_samples_on_error", READ_SAMPLES_ON_ERROR)?;
+    d.set_item("shuffle_buffer", SHUFFLE_BUFFER)?;
+    d.set_item("read_ahead", READ_AHEAD)?;
+    d.set_item("prefetch", PREFETCH)?;
+    d.set_item("connect_timeout", CONNECT_TIMEOUT.as_secs_f64())?;
+    d.set_item("read_timeout", READ_TIMEOUT.as_secs_f64())?;
+    d.set_item("max_retries", MAX_RETRIES)?;
+    d.set_item("backoff_initial", BACKOFF_INITIAL.as_secs_f64())?;
+    d.set_item("backoff_max", BACKOFF_MAX.as_secs_f64())?;
+    d.set_item("cache_max_bytes", CACHE_MAX_BYTES)?;
+    Ok(d)
+}
+
 fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
     let text = serde_json::to_string(value).map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
@@ -57,7 +84,7 @@ fn crop_mode(crop: &str, scale: (f64, f64)) -> PyResult<CropMode> {
         "center" => Ok(CropMode::Center),
         "random" => Ok(CropMode::RandomResized {
             scale,
-            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            ratio: defaults::RANDOM_CROP_RATIO,
         }),
         other => Err(PyValueError::new_err(format!(
             "crop must be 'center' or 'random', not {other:?}"
@@ -83,7 +110,7 @@ fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
     }
     let scale: (f64, f64) = match config.get_item("random_crop_scale")? {
         Some(v) => v.extract()?,
-        None => (0.9, 1.0),
+        None => defaults::RANDOM_CROP_SCALE,
     };
     if let Some(v) = config.get_item("crop")? {
         spec.crop = crop_mode(&v.extract::<String>()?, scale)?;
@@ -91,8 +118,12 @@ fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
     Ok(spec)
 }
 
-fn source_options(config: &Bound<'_, PyDict>) -> PyResult<SourceOptions> {
+/// Reader options from a config dict (any of its keys may be absent); none: the defaults.
+fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<SourceOptions> {
     let mut opts = SourceOptions::default();
+    let Some(config) = config else {
+        return Ok(opts);
+    };
     if let Some(v) = config.get_item("connect_timeout")? {
         opts.connect_timeout = std::time::Duration::from_secs_f64(v.extract()?);
     }
@@ -111,7 +142,7 @@ fn source_options(config: &Bound<'_, PyDict>) -> PyResult<SourceOptions> {
     if let Some(dir) = config.get_item("cache_dir")?.filter(|v| !v.is_none()) {
         let max_bytes = match config.get_item("cache_max_bytes")?.filter(|v| !v.is_none()) {
             Some(v) => v.extract()?,
-            None => 64 << 30,
+            None => defaults::CACHE_MAX_BYTES,
         };
         opts.cache = Some(crate::source::CacheOptions {
             dir: dir.extract::<std::path::PathBuf>()?,
@@ -152,7 +183,8 @@ pub struct SampleIter {
 #[pymethods]
 impl SampleIter {
     #[new]
-    #[pyo3(signature = (urls, display_urls, on_error = "raise", max_member_bytes = 256 << 20, config = None))]
+    #[pyo3(signature = (urls, display_urls, on_error = defaults::READ_SAMPLES_ON_ERROR,
+                        max_member_bytes = defaults::MAX_MEMBER_BYTES, config = None))]
     fn new(
         urls: Vec<String>,
         display_urls: Vec<String>,
@@ -160,10 +192,7 @@ impl SampleIter {
         max_member_bytes: u64,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let source = match config {
-            Some(c) => source_options(c)?,
-            None => SourceOptions::default(),
-        };
+        let source = source_options(config)?;
         let inner = ShardSamples::new(
             urls,
             display_urls,
@@ -204,9 +233,10 @@ impl SampleIter {
 
 /// Validates one shard (structure, grouping, and with `decode` the loader's decode path).
 #[pyfunction]
-#[pyo3(signature = (url, *, decode = true, caption_key = "txt", image_keys = None, require_caption = true,
-                    max_pixels = 64_000_000, max_member_bytes = 256 << 20, image_size = 224, config = None,
-                    capture = None))]
+#[pyo3(signature = (url, *, decode = true, caption_key = defaults::CAPTION_KEY, image_keys = None,
+                    require_caption = true, max_pixels = defaults::MAX_PIXELS,
+                    max_member_bytes = defaults::MAX_MEMBER_BYTES, image_size = defaults::IMAGE_SIZE,
+                    config = None, capture = None))]
 #[allow(clippy::too_many_arguments)]
 fn scan_shard(
     py: Python<'_>,
@@ -235,10 +265,7 @@ fn scan_shard(
         require_caption,
         max_member_bytes,
         spec,
-        source: match config {
-            Some(c) => source_options(c)?,
-            None => SourceOptions::default(),
-        },
+        source: source_options(config)?,
         capture,
     };
     let report = py.detach(|| scan(url, &opts));
@@ -261,8 +288,9 @@ fn probe_image(data: &[u8]) -> PyResult<(String, u32, u32)> {
 /// validation does.
 #[pyfunction]
 #[pyo3(signature = (
-    data, size = 224, max_pixels = 64_000_000, *,
-    crop = "center", random_crop_scale = (0.9, 1.0), crop_seed = 0, whole = false,
+    data, size = defaults::IMAGE_SIZE, max_pixels = defaults::MAX_PIXELS, *,
+    crop = defaults::CROP, random_crop_scale = defaults::RANDOM_CROP_SCALE, crop_seed = 0,
+    whole = false,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn decode_image(
@@ -402,10 +430,7 @@ impl DatasetIndex {
         selections: Vec<Vec<u64>>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let opts = match config {
-            Some(c) => source_options(c)?,
-            None => SourceOptions::default(),
-        };
+        let opts = source_options(config)?;
         let subset = py
             .detach(|| {
                 crate::subset::with_selections(
@@ -431,10 +456,7 @@ impl DatasetIndex {
         shard: u32,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<(Vec<u64>, Option<Vec<String>>)> {
-        let opts = match config {
-            Some(c) => source_options(c)?,
-            None => SourceOptions::default(),
-        };
+        let opts = source_options(config)?;
         py.detach(|| {
             crate::subset::shard_samples(&self.index, self.location.as_deref(), shard, &opts)
         })
@@ -816,10 +838,7 @@ impl EpochPlanView {
         py: Python<'_>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Vec<String>> {
-        let opts = match config {
-            Some(c) => source_options(c)?,
-            None => SourceOptions::default(),
-        };
+        let opts = source_options(config)?;
         let runs = self.plan.remainder();
         py.detach(|| self.shards.keys(&runs, &opts))
             .map_err(|e: String| PyValueError::new_err(e))
@@ -878,6 +897,54 @@ type BatchTuple = (usize, Py<PyList>, Py<PyList>, Py<PyList>, u64);
 /// (shard ids in reading order, (stride, offset), batches, shuffle base seed).
 type ShardAssignmentTuple = (Vec<u32>, (u64, u64), u64, u64);
 
+/// A `Loader`'s config dict as a `PipelineConfig`: keys that are absent or None keep the core's
+/// defaults.
+fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineConfig> {
+    let get = |k: &str| config.get_item(k).map(|v| v.filter(|v| !v.is_none()));
+    let mut cfg = PipelineConfig {
+        spec: sample_spec(config)?,
+        source: source_options(Some(config))?,
+        ..PipelineConfig::default()
+    };
+    macro_rules! take {
+        ($($field:ident),*) => {$(
+            if let Some(v) = get(stringify!($field))? {
+                cfg.$field = v.extract()?;
+            }
+        )*};
+    }
+    take!(
+        batch_size,
+        threads,
+        read_ahead,
+        span_queue,
+        block_size,
+        shuffle_seed,
+        first_block,
+        crop_seed,
+        skip_emitted,
+        planned,
+        cycle,
+        drop_last,
+        max_member_bytes,
+        num_batches,
+        last_batch_size
+    );
+    if let Some(v) = get("on_error")? {
+        cfg.on_error = on_error(&v.extract::<String>()?)?;
+    }
+    if let Some(v) = get("sources")? {
+        cfg.sources = cfg.source_specs(v.extract()?);
+    }
+    if let Some(v) = get("tokenizer")? {
+        let (kind, path, ctx): (String, String, usize) = v.extract()?;
+        let tok = crate::text::shared(&kind, &path, ctx)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        cfg.tokenizer = Some(tok);
+    }
+    Ok(cfg)
+}
+
 /// The running pipeline of one reader. Python lends output buffers (`submit`) and takes back
 /// finished batches (`next_batch`) in the same order.
 #[pyclass(module = "shardstream._core")]
@@ -908,75 +975,9 @@ impl Loader {
         config: &Bound<'_, PyDict>,
         display_urls: Vec<String>,
     ) -> PyResult<Self> {
-        let get = |k: &str| config.get_item(k);
-        let mut cfg = PipelineConfig {
-            spec: sample_spec(config)?,
-            source: source_options(config)?,
-            ..PipelineConfig::default()
-        };
-        macro_rules! take {
-            ($field:ident) => {
-                if let Some(v) = get(stringify!($field))? {
-                    if !v.is_none() {
-                        cfg.$field = v.extract()?;
-                    }
-                }
-            };
-        }
-        take!(batch_size);
-        take!(threads);
-        take!(read_ahead);
-        take!(span_queue);
-        take!(block_size);
-        take!(shuffle_seed);
-        take!(first_block);
-        take!(crop_seed);
-        take!(skip_emitted);
-        take!(planned);
-        take!(cycle);
-        take!(drop_last);
-        take!(max_member_bytes);
-        if let Some(v) = get("num_batches")? {
-            cfg.num_batches = v.extract()?;
-        }
-        if let Some(v) = get("last_batch_size")? {
-            cfg.last_batch_size = v.extract()?;
-        }
-        if let Some(v) = get("on_error")? {
-            cfg.on_error = on_error(&v.extract::<String>()?)?;
-        }
-        if cfg.batch_size == 0 {
-            return Err(PyValueError::new_err("batch_size must be positive"));
-        }
-        if let Some(v) = get("sources")? {
-            if !v.is_none() {
-                let sources: Vec<(u32, Option<String>)> = v.extract()?;
-                cfg.sources = sources
-                    .into_iter()
-                    .map(|(first, caption)| {
-                        let mut spec = cfg.spec.clone();
-                        if let Some(key) = caption {
-                            spec.caption = CaptionSource::parse(&key);
-                        }
-                        (first, spec)
-                    })
-                    .collect();
-            }
-        }
-        if let Some(v) = get("tokenizer")? {
-            if !v.is_none() {
-                let (kind, path, ctx): (String, String, usize) = v.extract()?;
-                let tok = crate::text::shared(&kind, &path, ctx)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                cfg.tokenizer = Some(tok);
-            }
-        }
-        let token_len = cfg
-            .tokenizer
-            .as_ref()
-            .map_or(0, |t| cfg.batch_size * t.context_length);
-        let batch_bytes =
-            cfg.batch_size * 3 * cfg.spec.image_size as usize * cfg.spec.image_size as usize;
+        let cfg = pipeline_config(config)?;
+        cfg.validate().map_err(PyValueError::new_err)?;
+        let (batch_bytes, token_len) = (cfg.batch_bytes(), cfg.token_len());
         let (main, reserve) = match spans_list {
             SpanInput::Planned(p) => (p.main(), p.reserve.clone()),
             SpanInput::Tuples(t) => (MainSpans::Spans(spans(t, &display_urls)), Vec::new()),
@@ -1198,6 +1199,7 @@ impl PyClipTokenizer {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
+    m.add("DEFAULTS", defaults_dict(m.py())?)?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Loader>()?;
     m.add_class::<DatasetIndex>()?;

@@ -5,6 +5,7 @@
 
 pub mod convolve;
 pub mod decode;
+pub mod defaults;
 pub mod error;
 #[cfg(test)]
 mod fuzz;

@@ -28,10 +28,11 @@ use std::time::Instant;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 
+use crate::defaults;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::group::{is_gzip_name, open_shard, RawSample, SampleReader, ShardFault};
 use crate::plan;
-use crate::sample::{prepare, Rejection, SampleSpec, Worker};
+use crate::sample::{prepare, CaptionSource, Rejection, SampleSpec, Worker};
 use crate::seek::DetailSource;
 use crate::source::{redact_url, Expected, SourceOptions, SourceStats};
 
@@ -240,6 +241,42 @@ pub struct PipelineConfig {
 }
 
 impl PipelineConfig {
+    /// What the pipeline cannot run with.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.batch_size == 0 {
+            return Err("batch_size must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Bytes of one batch's images: `[batch_size, 3, image_size, image_size]` uint8.
+    pub fn batch_bytes(&self) -> usize {
+        let side = self.spec.image_size as usize;
+        self.batch_size * 3 * side * side
+    }
+
+    /// int64 elements of one batch's tokens (0 without a tokenizer).
+    pub fn token_len(&self) -> usize {
+        self.tokenizer
+            .as_ref()
+            .map_or(0, |t| self.batch_size * t.context_length)
+    }
+
+    /// A mixture's sources, (first shard, caption key or None), as `sources` specs: each the
+    /// loader's `spec` with its own caption where it names one.
+    pub fn source_specs(&self, sources: Vec<(u32, Option<String>)>) -> Vec<(u32, SampleSpec)> {
+        sources
+            .into_iter()
+            .map(|(first, caption)| {
+                let mut spec = self.spec.clone();
+                if let Some(key) = caption {
+                    spec.caption = CaptionSource::parse(&key);
+                }
+                (first, spec)
+            })
+            .collect()
+    }
+
     /// The mixture source `shard` belongs to (`None` for one dataset).
     fn source_of(&self, shard: u32) -> Option<usize> {
         match self.sources.partition_point(|&(first, _)| first <= shard) {
@@ -293,7 +330,7 @@ impl Default for PipelineConfig {
             spec: SampleSpec::default(),
             batch_size: 32,
             threads: 1,
-            read_ahead: 2,
+            read_ahead: defaults::READ_AHEAD,
             span_queue: 64,
             block_size: 1,
             shuffle_seed: 0,
@@ -306,7 +343,7 @@ impl Default for PipelineConfig {
             cycle: false,
             drop_last: true,
             on_error: OnError::Skip,
-            max_member_bytes: 256 << 20,
+            max_member_bytes: defaults::MAX_MEMBER_BYTES,
             source: SourceOptions::default(),
             display_urls: Arc::new(HashMap::new()),
             sources: Vec::new(),

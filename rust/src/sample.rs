@@ -2,6 +2,7 @@
 //! shared by the loader and by `validate`, so both accept and reject exactly the same samples.
 
 use crate::decode::Decoder;
+use crate::defaults;
 use crate::error::Reason;
 use crate::group::RawSample;
 use crate::resize::{crop_box, CropMode, Transformer};
@@ -48,14 +49,11 @@ pub struct SampleSpec {
 impl Default for SampleSpec {
     fn default() -> Self {
         Self {
-            image_keys: ["jpg", "jpeg", "png", "webp"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            caption: CaptionSource::Member("txt".into()),
-            image_size: 224,
+            image_keys: defaults::image_keys(),
+            caption: CaptionSource::parse(defaults::CAPTION_KEY),
+            image_size: defaults::IMAGE_SIZE,
             crop: CropMode::Center,
-            max_pixels: 64_000_000,
+            max_pixels: defaults::MAX_PIXELS,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod http;
 #[cfg(test)]
 mod testserver;
 
+use crate::defaults;
 use crate::error::SourceKind;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -69,11 +70,11 @@ impl std::fmt::Debug for Signer {
 impl Default for SourceOptions {
     fn default() -> Self {
         Self {
-            connect_timeout: Duration::from_secs(10),
-            read_timeout: Duration::from_secs(30),
-            max_retries: 8,
-            backoff_initial: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(10),
+            connect_timeout: defaults::CONNECT_TIMEOUT,
+            read_timeout: defaults::READ_TIMEOUT,
+            max_retries: defaults::MAX_RETRIES,
+            backoff_initial: defaults::BACKOFF_INITIAL,
+            backoff_max: defaults::BACKOFF_MAX,
             cache: None,
             ca_bundle: None,
             signer: None,
