@@ -22,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shardstream import _core
+from shardstream import _core, validation
 from shardstream._files import atomic_write
-from shardstream._system import available_cores
 from shardstream.errors import CredentialsError, NotFoundError, ShardError
 from shardstream.identity import ShardIdentity, probe_identities
 from shardstream.urls import Shard, expand_urls, redact, scheme_of, source_config
@@ -144,16 +143,27 @@ def scan_shards(
     source_options: dict[str, Any] | None = None,
     **scan_options: Any,
 ) -> list[dict[str, Any]]:
-    """``_core.scan_shard`` over shards in parallel (the scan releases the GIL), with the reader
-    options among ``source_options`` (timeouts, retries, ``ca_bundle``, cache)."""
-    shards = list(urls)
-    workers = threads or available_cores()
+    """The scan reports an index is built from: the one scan (``shardstream.validation``, with
+    its defaults; ``scan_options`` are :class:`~shardstream.validation.ScanOptions` fields), per-
+    sample offsets and keys kept, reader options among ``source_options``. A shard that cannot
+    be read raises ShardError: an index without it would silently drop its samples."""
+    shards = [url if isinstance(url, Shard) else Shard(str(url)) for url in urls]
+    return validation.scan_shards(
+        shards,
+        validation.ScanOptions(**scan_options),
+        threads=threads,
+        on_unreadable="raise",
+        source_options=source_options,
+        keep_offsets=True,
+    )
 
-    def scan(shard: Any) -> dict[str, Any]:
-        return _core.scan_shard(str(shard), config=source_config([shard], source_options), **scan_options)
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(scan, shards))
+def _scan_for_index(shards: Sequence[Shard], **scan_options: Any) -> list[dict[str, Any]]:
+    """:func:`scan_shards`, its error saying that no index came of it."""
+    try:
+        return scan_shards(shards, **scan_options)
+    except ShardError as e:
+        raise type(e)(e.reason, e.url, e.key, f"{e.detail}: no index written") from None
 
 
 def index_from_reports(
@@ -169,11 +179,14 @@ def build_index(
     spec: Any, *, decode: bool = True, threads: int | None = None, with_keys: bool = True, **options: Any
 ) -> DatasetIndex:
     """Scans every shard of ``spec`` (validating samples unless ``decode=False``) and indexes them,
-    recording each shard's content identity (see ``shardstream.identity``)."""
+    recording each shard's content identity (see ``shardstream.identity``). Raises ShardError
+    when a shard cannot be read."""
     source_options = options.pop("source_options", {})
     shards = expand_urls(spec, **source_options)
     identities = probe_identities(shards, source_options=source_options)
-    reports = scan_shards(shards, threads=threads, decode=decode, source_options=source_options, **options)
+    reports = _scan_for_index(
+        shards, threads=threads, decode=decode, source_options=source_options, **options
+    )
     with_identities(reports, identities)
     return index_from_reports(reports, [s.display for s in shards], with_keys=with_keys)
 
@@ -293,17 +306,9 @@ def update_index(
     identities = probe_identities(shards, source_options=source_options)
     plan = plan_update(old, urls, identities)
     to_scan = [shards[i] for i in plan.scan]
-    reports = scan_shards(to_scan, threads=threads, decode=decode, source_options=source_options, **options)
-    unreadable = [r for r in reports if r["fatal"] and r["fatal"]["reason"] == "unreadable"]
-    if unreadable:
-        first = unreadable[0]
-        raise ShardError(
-            "unreadable",
-            first["url"],
-            "",
-            f"{first['fatal']['detail']} ({len(unreadable)} of {len(reports)} shards to scan unreadable: "
-            "no index written)",
-        )
+    reports = _scan_for_index(
+        to_scan, threads=threads, decode=decode, source_options=source_options, **options
+    )
     with_identities(reports, [identities[i] for i in plan.scan])
     index = assemble_update(plan, old, urls, reports, with_keys=with_keys)
     write_index(index, folder)

@@ -1,18 +1,24 @@
-"""Validating many shards: a thread pool over ``_core.scan_shard`` (which releases the GIL), and
-the merged report that ``shardstream validate`` prints and writes as JSON.
+"""Scanning many shards, and the report of what the scan found.
 
-The report depends only on the inputs, never on thread timing: results are kept in input order
-and invalid samples are listed by (shard position, ordinal).
+The one scan of shardstream: ``shardstream validate``, ``shardstream index`` and the library's
+``build_index``/``update_index`` all go through :func:`scan_shards`, a thread pool over
+``_core.scan_shard`` (which releases the GIL), with one set of defaults (:class:`ScanOptions`).
+The one thing each entry point chooses is ``on_unreadable``, what a shard that cannot be read
+at all does: the CLI records it (and reports it, exit status 2), the library raises.
+
+The report depends only on the inputs, never on thread timing: results are kept in input order,
+invalid samples are listed by (shard position, ordinal), and the shard an error names is the
+first unreadable one in input order.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from shardstream._system import available_cores
 
@@ -20,7 +26,27 @@ from .progress import human_bytes
 from .urls import Shard, source_config
 
 REPORT_FORMAT = "shardstream-validate/1"
+
+# -- the scan's defaults: the one place they are written on the Python side ----------------------
+# They are the core's own (rust/src/sample.rs SampleSpec, _core.scan_shard). When the core exports
+# its defaults (shardstream.config.DEFAULTS), these four become its values.
+DEFAULT_CAPTION_KEY = "txt"
 DEFAULT_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+DEFAULT_MAX_PIXELS = 64_000_000
+DEFAULT_MAX_MEMBER_BYTES = 256 << 20
+# The decode target of a scan: not the loader's 224 px, for speed. Validation decodes every image
+# whole (no stop after the crop's last row, every block entropy-decoded), and the target only
+# picks the DCT scale and the resize's output size, neither of which can fail on its own: the
+# verdict is the same at any size (rust/src/scan.rs tests it on corrupted JPEGs). 32 px takes the
+# 1/8 scale, skipping most of the inverse DCT and resize: 1.5x the samples/s of 224 px on
+# 256-512 px photos.
+SCAN_IMAGE_SIZE = 32
+
+OnUnreadable = Literal["raise", "record"]
+"""What a scan does with a shard it cannot read at all (it cannot be opened, signed or fetched):
+``"record"`` makes it the shard's fatal ``unreadable`` fault in the results, next to the others;
+``"raise"`` raises ShardError once every shard was scanned, naming the first such shard and how
+many there were."""
 
 
 @dataclass(frozen=True)
@@ -28,20 +54,31 @@ class ScanOptions:
     """What counts as a valid sample; passed through to ``_core.scan_shard``."""
 
     decode: bool = True
-    caption_key: str = "txt"
+    caption_key: str = DEFAULT_CAPTION_KEY
     image_keys: tuple[str, ...] = DEFAULT_IMAGE_KEYS
     require_caption: bool = True
-    max_pixels: int = 64_000_000
-    max_member_bytes: int = 256 << 20
-    # Images are decoded to this size. Every byte of a JPEG's entropy-coded data is parsed at
-    # any DCT scale, so a small target finds the same corrupt files as the loader's 224 px
-    # decode at about twice the speed (the 1/8 scale skips most of the inverse DCT and resize).
-    image_size: int = 32
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+    image_size: int = SCAN_IMAGE_SIZE
+
+    def __post_init__(self) -> None:
+        # Library callers pass a list (``build_index(spec, image_keys=[...])``).
+        object.__setattr__(self, "image_keys", tuple(self.image_keys))
 
     def scan_kwargs(self) -> dict[str, Any]:
         kwargs = asdict(self)
         kwargs["image_keys"] = list(self.image_keys)
         return kwargs
+
+
+@dataclass(frozen=True)
+class ShardScan:
+    """What scanning one shard takes besides the shard: what a valid sample is, the reader
+    options (timeouts, retries, ``ca_bundle``, cache) and what an unreadable shard does."""
+
+    options: ScanOptions
+    source_options: Mapping[str, Any]
+    on_unreadable: OnUnreadable
 
 
 def default_threads(shards: Sequence[Shard]) -> int:
@@ -52,15 +89,20 @@ def default_threads(shards: Sequence[Shard]) -> int:
     return min(32, 4 * cores) if remote else cores
 
 
-def scan_one(shard: Shard, options: ScanOptions) -> dict[str, Any]:
-    """Scans one shard (``shard.url`` is opened, ``shard.display`` is reported); a failure outside
-    the scanner becomes the shard's fatal ``unreadable`` fault instead of aborting the run."""
+def scan_one(shard: Shard, scan: ShardScan) -> dict[str, Any]:
+    """Scans one shard (``shard.url`` is opened, ``shard.display`` is reported). The scanner
+    reports a shard it cannot open as its fatal ``unreadable`` fault; a failure before it opens
+    (signing the URL, the reader options) is recorded the same way, or raised as it is when
+    ``scan.on_unreadable`` is ``"raise"``."""
     from . import _core
     from .errors import ShardError
 
     try:
-        result = _core.scan_shard(shard.url, config=source_config([shard]), **options.scan_kwargs())
+        config = source_config([shard], dict(scan.source_options))
+        result = _core.scan_shard(shard.url, config=config, **scan.options.scan_kwargs())
     except (ShardError, OSError, ValueError) as e:
+        if scan.on_unreadable == "raise":
+            raise
         return unreadable_result(shard.display, str(e))
     result["url"] = shard.display
     return result
@@ -79,34 +121,69 @@ def unreadable_result(display: str, detail: str) -> dict[str, Any]:
     }
 
 
+def is_unreadable(result: dict[str, Any]) -> bool:
+    """Whether the shard of ``result`` could not be read at all (as opposed to read up to a
+    corrupt or truncated part)."""
+    return bool(result["fatal"]) and result["fatal"]["reason"] == "unreadable"
+
+
 def scan_shards(
     shards: Sequence[Shard],
     options: ScanOptions,
     *,
-    threads: int,
+    threads: int | None = None,
+    on_unreadable: OnUnreadable = "record",
+    source_options: Mapping[str, Any] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     keep_offsets: bool = False,
 ) -> list[dict[str, Any]]:
-    """Scans ``shards`` on ``threads`` threads; returns the results in the order of ``shards``.
-    Per-sample offsets and keys are dropped unless ``keep_offsets`` (the index needs them;
-    validation of a large dataset would otherwise hold every key in memory)."""
+    """Scans ``shards`` on ``threads`` threads (default: :func:`default_threads`); returns the
+    results in the order of ``shards``. ``on_unreadable``: see :data:`OnUnreadable` (the default
+    is the CLI's). Per-sample offsets and keys are dropped unless ``keep_offsets`` (the index
+    needs them; validation of a large dataset would otherwise hold every key in memory)."""
+    scan = ShardScan(options, source_options or {}, on_unreadable)
     results: list[dict[str, Any] | None] = [None] * len(shards)
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardstream-scan") as pool:
-        futures = {pool.submit(scan_one, shard, options): i for i, shard in enumerate(shards)}
+    workers = threads or default_threads(shards)
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="shardstream-scan") as pool:
+        futures = [pool.submit(scan_one, shard, scan) for shard in shards]
+        position = {future: i for i, future in enumerate(futures)}
         # Completion order only drives the progress line; the results keep input order.
         for future in as_completed(futures):
+            if future.exception() is not None:
+                continue  # raised below, in input order
             result = future.result()
             if not keep_offsets:
                 result["offsets"], result["keys"] = [], []
-            results[futures[future]] = result
+            results[position[future]] = result
             if on_result is not None:
                 on_result(result)
-    return [r for r in results if r is not None]
+    for future in futures:
+        if (error := future.exception()) is not None:
+            raise error
+    done = [r for r in results if r is not None]
+    if on_unreadable == "raise":
+        raise_unreadable(done)
+    return done
+
+
+def raise_unreadable(results: Sequence[dict[str, Any]]) -> None:
+    """Raises ShardError for the first shard among ``results`` that could not be read."""
+    from .errors import ShardError
+
+    unreadable = [r for r in results if is_unreadable(r)]
+    if unreadable:
+        first = unreadable[0]
+        raise ShardError(
+            "unreadable",
+            first["url"],
+            "",
+            f"{first['fatal']['detail']} ({len(unreadable)} of {len(results)} shards unreadable)",
+        )
 
 
 def exit_status(results: Sequence[dict[str, Any]]) -> int:
     """0 all valid, 1 invalid samples or corrupt shards, 2 a shard could not be read at all."""
-    if any(r["fatal"] and r["fatal"]["reason"] == "unreadable" for r in results):
+    if any(is_unreadable(r) for r in results):
         return 2
     if any(r["invalid"] or r["fatal"] for r in results):
         return 1
@@ -155,10 +232,8 @@ def build_report(
         "totals": {
             "shards": len(results),
             "shards_with_errors": sum(1 for r in results if r["invalid"] or r["fatal"]),
-            "unreadable_shards": sum(
-                1 for r in results if r["fatal"] and r["fatal"]["reason"] == "unreadable"
-            ),
-            "corrupt_shards": sum(1 for r in results if r["fatal"] and r["fatal"]["reason"] != "unreadable"),
+            "unreadable_shards": sum(1 for r in results if is_unreadable(r)),
+            "corrupt_shards": sum(1 for r in results if r["fatal"] and not is_unreadable(r)),
             "samples": samples,
             "valid_samples": samples - len(invalid),
             "invalid_samples": len(invalid),
@@ -234,10 +309,19 @@ def timed_scan(
     shards: Sequence[Shard],
     options: ScanOptions,
     *,
-    threads: int,
+    threads: int | None = None,
+    on_unreadable: OnUnreadable = "record",
     on_result: Callable[[dict[str, Any]], None] | None = None,
     keep_offsets: bool = False,
 ) -> tuple[list[dict[str, Any]], float]:
+    """:func:`scan_shards`, and the seconds it took."""
     start = time.perf_counter()
-    results = scan_shards(shards, options, threads=threads, on_result=on_result, keep_offsets=keep_offsets)
+    results = scan_shards(
+        shards,
+        options,
+        threads=threads,
+        on_unreadable=on_unreadable,
+        on_result=on_result,
+        keep_offsets=keep_offsets,
+    )
     return results, time.perf_counter() - start

@@ -292,6 +292,65 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_s_verdict_does_not_depend_on_the_size_it_is_decoded_to() {
+        // The CLI and the index scan decode at 32 px, not at the loader's 224, on the strength
+        // of this: validation decodes every image whole, and the target only picks the DCT
+        // scale (here 1/8, 1/2 and 1/1 of 480 px) and the size of the resize's output.
+        let dir = scratch_dir("scan-sizes");
+        let colour = jpeg(640, 480);
+        let gray = crate::jpeg::fixtures::solid(480, 640, [90, 90, 90], turbojpeg::Subsamp::Gray);
+        let full = crate::jpeg::fixtures::solid(640, 480, [9, 99, 199], turbojpeg::Subsamp::None);
+        let mut rng = crate::rng::SplitMix64::new(7);
+        let mut images = Vec::new();
+        for i in 0..90 {
+            let mut data = [&colour, &gray, &full][i % 3].clone();
+            match i % 5 {
+                0 => data.truncate(2 + rng.below(data.len() as u64 - 2) as usize),
+                1 | 2 => {
+                    for _ in 0..1 + rng.below(8) {
+                        let at = rng.below(data.len() as u64) as usize;
+                        data[at] = rng.below(256) as u8;
+                    }
+                }
+                3 => {
+                    let at = rng.below(data.len().min(600) as u64) as usize;
+                    data[at] = rng.below(256) as u8;
+                }
+                _ => {}
+            }
+            images.push(data);
+        }
+        let names: Vec<(String, String)> = (0..images.len())
+            .map(|i| (format!("{i:03}.jpg"), format!("{i:03}.txt")))
+            .collect();
+        let mut members: Vec<(&str, &[u8])> = Vec::new();
+        for ((image, caption), data) in names.iter().zip(&images) {
+            members.push((image, data));
+            members.push((caption, b"a caption"));
+        }
+        let path = dir.join("s.tar");
+        std::fs::write(&path, tar_of(&members)).unwrap();
+        let verdicts = |size: u32| {
+            let mut opts = options(true, true);
+            opts.spec.image_size = size;
+            let report = scan_shard(&path.display().to_string(), &opts);
+            assert!(report.fatal.is_none(), "{:?}", report.fatal);
+            assert_eq!(report.samples, 90);
+            invalid(&report)
+                .into_iter()
+                .map(|(ordinal, _, reason)| (ordinal, reason))
+                .collect::<Vec<_>>()
+        };
+        let at_224 = verdicts(224);
+        // The mutations have teeth, and spare some images.
+        assert!((20..72).contains(&at_224.len()), "{at_224:?}");
+        for size in [8, 32, 640] {
+            assert_eq!(verdicts(size), at_224, "{size} px");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_captured_member_comes_back_as_text_per_sample() {
         let dir = scratch_dir("scan-capture");
         let path = dir.join("s.tar");
