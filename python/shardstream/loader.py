@@ -531,9 +531,54 @@ def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def stats_delta(current: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """What changed in a reader's stats since the ones recorded in ``sent``, which is updated to
+    ``current``: counters as increments, lists (faults, remainder keys: they only grow) as their
+    new items, anything else (seconds) as its new value; what did not change is left out. A
+    DataLoader worker sends this with each batch instead of its whole stats, whose fault list
+    alone may hold a thousand entries."""
+    delta: dict[str, Any] = {}
+    for key, value in current.items():
+        new = key not in sent  # sent whole the first time, so that every key reaches the totals
+        if isinstance(value, dict):
+            change: Any = stats_delta(value, sent.setdefault(key, {}))
+            if change or new:
+                delta[key] = change
+        elif isinstance(value, list):
+            if len(value) > sent.get(key, 0) or new:
+                delta[key] = value[sent.get(key, 0) :]
+            sent[key] = len(value)
+        elif _is_count(value):
+            if value != sent.get(key, 0) or new:
+                delta[key] = value - sent.get(key, 0)
+            sent[key] = value
+        else:
+            if new or sent[key] != value:
+                delta[key] = value
+            sent[key] = value
+    return delta
+
+
+def add_stats_delta(total: dict[str, Any], delta: dict[str, Any]) -> None:
+    """Applies a :func:`stats_delta` to the totals it was taken against (the inverse)."""
+    for key, change in delta.items():
+        if isinstance(change, dict):
+            add_stats_delta(total.setdefault(key, {}), change)
+        elif isinstance(change, list):
+            total.setdefault(key, []).extend(change)
+        elif _is_count(change):
+            total[key] = total.get(key, 0) + change
+        else:
+            total[key] = change
+
+
 class _CountingIterable:
     """A DataLoader over the dataset view that counts batches for ``state_dict`` and merges the
-    workers' stats (each worker sends its counters with every batch)."""
+    workers' stats (each worker sends what changed in its stats with every batch)."""
 
     def __init__(self, owner: ShardLoader, inner: Any) -> None:
         self.owner, self.inner = owner, inner
@@ -543,11 +588,12 @@ class _CountingIterable:
 
     def __iter__(self) -> Iterator[Batch]:
         self.owner._reset_progress()
+        # Each worker's stats, rebuilt from its deltas: what it would have sent whole.
         per_worker: dict[int, dict[str, Any]] = {}
-        for batch, worker, stats, mark in self.inner:
+        for batch, worker, delta, mark in self.inner:
             self.owner._batches_done += 1
             self.owner._reserve_marks.append(mark)
-            per_worker[worker] = stats
+            add_stats_delta(per_worker.setdefault(worker, {}), delta)
             self.owner._last_stats = merge_stats(list(per_worker.values()))
             yield batch
 
@@ -566,8 +612,10 @@ if torch is not None:
 
         def _with_stats(self) -> Iterator[tuple[Batch, int, dict[str, Any], tuple[int, int]]]:
             worker = _worker()[0]
+            sent: dict[str, Any] = {}
             for batch in self.loader:
-                yield batch, worker, self.loader._last_stats, self.loader._reserve_marks[-1]
+                delta = stats_delta(self.loader._last_stats, sent)
+                yield batch, worker, delta, self.loader._reserve_marks[-1]
 
         def __len__(self) -> int:
             return len(self.loader)
