@@ -13,29 +13,9 @@ from typing import Any, Literal, NotRequired, TypedDict, final
 
 __version__: str
 
-class CoreDefaults(TypedDict):
-    """``DEFAULTS``: rust/src/defaults.rs by option name (durations in seconds)."""
-
-    image_size: int
-    caption_key: str
-    image_keys: list[str]
-    max_pixels: int
-    max_member_bytes: int
-    crop: Literal["center", "random"]
-    random_crop_scale: tuple[float, float]
-    loader_on_error: Literal["skip", "raise"]
-    read_samples_on_error: Literal["skip", "raise"]
-    shuffle_buffer: int
-    read_ahead: int
-    prefetch: int
-    connect_timeout: float
-    read_timeout: float
-    max_retries: int
-    backoff_initial: float
-    backoff_max: float
-    cache_max_bytes: int
-
-DEFAULTS: CoreDefaults
+# rust/src/defaults.rs by option name, durations in seconds; its keys and types are those of
+# shardstream.config.CoreDefaults, the typed view the package reads.
+DEFAULTS: dict[str, Any]
 
 OnError = Literal["skip", "raise"]
 
