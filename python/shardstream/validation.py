@@ -22,19 +22,14 @@ from typing import Any, Literal
 
 from shardstream._system import available_cores
 
+from .config import DEFAULTS
 from .progress import human_bytes
 from .urls import Shard, source_config
 
 REPORT_FORMAT = "shardstream-validate/1"
 
-# -- the scan's defaults: the one place they are written on the Python side ----------------------
-# They are the core's own (rust/src/sample.rs SampleSpec, _core.scan_shard). When the core exports
-# its defaults (shardstream.config.DEFAULTS), these four become its values.
-DEFAULT_CAPTION_KEY = "txt"
-DEFAULT_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
-DEFAULT_MAX_PIXELS = 64_000_000
-DEFAULT_MAX_MEMBER_BYTES = 256 << 20
-# The decode target of a scan: not the loader's 224 px, for speed. Validation decodes every image
+# The scan's defaults are the core's (rust/src/defaults.rs, here shardstream.config.DEFAULTS) but
+# one: a scan decodes to 32 px, not the loader's 224, for speed. Validation decodes every image
 # whole (no stop after the crop's last row, every block entropy-decoded), and the target only
 # picks the DCT scale and the resize's output size, neither of which can fail on its own: the
 # verdict is the same at any size (rust/src/scan.rs tests it on corrupted JPEGs). 32 px takes the
@@ -54,11 +49,11 @@ class ScanOptions:
     """What counts as a valid sample; passed through to ``_core.scan_shard``."""
 
     decode: bool = True
-    caption_key: str = DEFAULT_CAPTION_KEY
-    image_keys: tuple[str, ...] = DEFAULT_IMAGE_KEYS
+    caption_key: str = DEFAULTS.caption_key
+    image_keys: tuple[str, ...] = DEFAULTS.image_keys
     require_caption: bool = True
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+    max_pixels: int = DEFAULTS.max_pixels
+    max_member_bytes: int = DEFAULTS.max_member_bytes
     image_size: int = SCAN_IMAGE_SIZE
 
     def __post_init__(self) -> None:
