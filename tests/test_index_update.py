@@ -207,6 +207,19 @@ def test_update_index_library_function(tmp_path):
     assert load_index(folder).urls == shards[1:]
 
 
+def test_build_index_refuses_a_shard_it_cannot_read_instead_of_indexing_it_as_empty(tmp_path):
+    # Regression: build_index used to return an index holding an unreadable shard with 0
+    # samples, so every epoch silently lost that shard's data.
+    shards = make_shards(tmp_path / "data", 0, 2)
+    missing = str(tmp_path / "data" / "shard-000009.tar")
+    with pytest.raises(shardstream.ShardError, match="no index written") as raised:
+        build_index([shards[0], missing, shards[1]], decode=False)
+    assert raised.value.url == missing
+    assert "1 of 3 shards unreadable" in str(raised.value)
+    # Readable shards index as before.
+    assert build_index(shards, decode=False).urls == shards
+
+
 def test_index_progress_on_a_terminal_and_not_in_a_pipe(tmp_path):
     shards = make_shards(tmp_path / "data", 0, 3)
     out = str(tmp_path / "data.index")
