@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shardstream._core import __version__
+from shardstream.config import DEFAULTS, LoaderConfig
 from shardstream.errors import ShardError
 from shardstream.mixture import Source
 from shardstream.samples import read_samples
@@ -12,7 +13,16 @@ from shardstream.samples import read_samples
 if TYPE_CHECKING:
     from shardstream.loader import Batch, ShardLoader
 
-__all__ = ["Batch", "ShardError", "ShardLoader", "Source", "__version__", "read_samples"]
+__all__ = [
+    "DEFAULTS",
+    "Batch",
+    "LoaderConfig",
+    "ShardError",
+    "ShardLoader",
+    "Source",
+    "__version__",
+    "read_samples",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -569,7 +569,15 @@ def _scan_with_progress(
         def on_result(result: dict[str, Any]) -> None:
             progress.advance(samples=result["samples"], nbytes=result["bytes"])
 
-        return timed_scan(shards, options, threads=threads, on_result=on_result, keep_offsets=keep_offsets)
+        # The CLI reports every unreadable shard (exit status 2) rather than stopping at the first.
+        return timed_scan(
+            shards,
+            options,
+            threads=threads,
+            on_unreadable="record",
+            on_result=on_result,
+            keep_offsets=keep_offsets,
+        )
 
 
 def _finish_validate(
@@ -727,10 +735,11 @@ def _finish_index(
     elapsed: float,
 ) -> int:
     from .index import assemble_update, with_identities, write_index
+    from .validation import is_unreadable
 
     reports_at = {i: report for part in scanned for i, report in part}
     results = [reports_at[i] for i in plan.scan]
-    unreadable = [r for r in results if r["fatal"] and r["fatal"]["reason"] == "unreadable"]
+    unreadable = [r for r in results if is_unreadable(r)]
     if unreadable:
         for r in unreadable:
             print_err("index", f"cannot read {r['url']}: {r['fatal']['detail']}")

@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from shardstream.config import DEFAULTS
 from shardstream.errors import ShardError
 from shardstream.urls import Shard, parse_s3_url, scheme_of, source_config
 
 # Probes in flight at once (latency-bound, like the img2dataset stats reads).
 IDENTITY_PROBES = 32
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = DEFAULTS.read_timeout
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from shardstream.config import DEFAULTS
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the field (``section.name``)."""
@@ -84,7 +86,7 @@ class DataConfig:
     crop: Literal["center", "random"] = _f("center", "crop to a square after resizing the shorter side")
     shuffle_buffer: int = _f(2048, "samples held by each rank's shuffle buffer (memory vs randomness)")
     threads: int = _f(0, "decode threads per rank; 0: the loader's default")
-    caption_key: str = _f("txt", "the sample member holding the caption")
+    caption_key: str = _f(DEFAULTS.caption_key, "the sample member holding the caption")
     tokenize_in_loader: bool = _f(
         True,
         "tokenize captions in the loader's Rust threads (open_clip's CLIP BPE, token-identical); "
