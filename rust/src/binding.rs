@@ -650,7 +650,7 @@ impl DatasetIndex {
         drop_last: bool,
         state: Option<&str>,
     ) -> PyResult<EpochPlanView> {
-        let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
+        let config = PhaseConfig::new(world_size, workers, batch_size, block_size, drop_last);
         let shards = Arc::new(PlannedShards::new(vec![self.part()]));
         plan_view(py, shards, state, |state| {
             let input = self.plan_input();
@@ -756,7 +756,7 @@ impl MixturePlan {
         drop_last: bool,
         state: Option<&str>,
     ) -> PyResult<EpochPlanView> {
-        let config = phase_config(world_size, workers, batch_size, block_size, drop_last);
+        let config = PhaseConfig::new(world_size, workers, batch_size, block_size, drop_last);
         plan_view(py, self.shards.clone(), state, |state| match state {
             None => EpochPlan::mixture(&self.mixture, seed, epoch, config),
             Some(st) => EpochPlan::resume_mixture(&self.mixture, &st, config),
@@ -1078,22 +1078,6 @@ impl Loader {
     }
 }
 
-fn phase_config(
-    world_size: u32,
-    workers: u32,
-    batch_size: u64,
-    block_size: u64,
-    drop_last: bool,
-) -> PhaseConfig {
-    PhaseConfig {
-        world_size,
-        workers,
-        batch_size,
-        block_size,
-        drop_last,
-    }
-}
-
 fn plan_err(e: crate::plan::PlanError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
@@ -1121,7 +1105,7 @@ fn assign_shards(
     rank: u32,
     worker: u32,
 ) -> PyResult<ShardAssignmentTuple> {
-    let config = phase_config(world_size, workers, batch_size, block_size, true);
+    let config = PhaseConfig::new(world_size, workers, batch_size, block_size, true);
     let a = plan::assign_shards(
         num_shards,
         seed,

@@ -22,6 +22,24 @@ pub struct PhaseConfig {
 }
 
 impl PhaseConfig {
+    /// A configuration as given; [`PhaseConfig::validate`] is where bad values are refused, so
+    /// that a plan reports them instead of silently planning something else.
+    pub fn new(
+        world_size: u32,
+        workers: u32,
+        batch_size: u64,
+        block_size: u64,
+        drop_last: bool,
+    ) -> Self {
+        Self {
+            world_size,
+            workers,
+            batch_size,
+            block_size,
+            drop_last,
+        }
+    }
+
     /// Readers per rank: the workers, or 1 for the main process.
     pub fn readers_per_rank(&self) -> u32 {
         self.workers.max(1)

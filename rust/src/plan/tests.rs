@@ -6,22 +6,6 @@ use std::collections::{HashMap, HashSet};
 
 type Sample = (u32, u64);
 
-fn config(
-    world_size: u32,
-    workers: u32,
-    batch_size: u64,
-    block_size: u64,
-    drop_last: bool,
-) -> PhaseConfig {
-    PhaseConfig {
-        world_size,
-        workers,
-        batch_size,
-        block_size,
-        drop_last,
-    }
-}
-
 /// Uneven shards: a 1-sample shard, an empty one, invalid samples (one shard all invalid).
 fn uneven_input() -> PlanInput {
     let shape: [(u64, &[u64]); 8] = [
@@ -106,7 +90,7 @@ fn configs() -> Vec<PhaseConfig> {
         for k in [0, 2] {
             for (b, c) in [(1, 1), (3, 5), (4, 64), (5, 2)] {
                 for drop_last in [true, false] {
-                    out.push(config(w, k, b, c, drop_last));
+                    out.push(PhaseConfig::new(w, k, b, c, drop_last));
                 }
             }
         }
@@ -188,14 +172,14 @@ fn without_drop_last_every_sample_appears_and_short_batches_match_across_ranks()
 #[test]
 fn same_inputs_give_the_same_order_and_epochs_and_seeds_differ() {
     let input = uneven_input();
-    let cfg = config(2, 2, 3, 5, true);
+    let cfg = PhaseConfig::new(2, 2, 3, 5, true);
     let a = all_batches(&EpochPlan::new(&input, 9, 4, cfg).unwrap());
     assert_eq!(a, all_batches(&EpochPlan::new(&input, 9, 4, cfg).unwrap()));
     assert_ne!(a, all_batches(&EpochPlan::new(&input, 9, 5, cfg).unwrap()));
     assert_ne!(a, all_batches(&EpochPlan::new(&input, 10, 4, cfg).unwrap()));
     // Within-shard order changes too, not only the shard order.
     let big = PlanInput::from_counts(&[1000]);
-    let one = config(1, 0, 10, 1, true);
+    let one = PhaseConfig::new(1, 0, 10, 1, true);
     let e0: Vec<_> = rank_batches(&EpochPlan::new(&big, 0, 0, one).unwrap(), 0);
     let e1: Vec<_> = rank_batches(&EpochPlan::new(&big, 0, 1, one).unwrap(), 0);
     assert_ne!(e0[0][0], e1[0][0]);
@@ -206,7 +190,7 @@ fn reading_stays_sequential() {
     // 200 shards of 500 samples, 6 readers, blocks of 64: each reader's runs are a handful
     // per shard it touches (the rotation splits a shard in two).
     let input = PlanInput::from_counts(&[500; 200]);
-    let plan = EpochPlan::new(&input, 1, 0, config(3, 2, 32, 64, true)).unwrap();
+    let plan = EpochPlan::new(&input, 1, 0, PhaseConfig::new(3, 2, 32, 64, true)).unwrap();
     for r in 0..3 {
         for w in 0..2 {
             let reader = plan.reader(r, w).unwrap();
@@ -337,16 +321,16 @@ fn elastic_resume_chains_are_exactly_once() {
                 (100, 2, 1),
             ] {
                 let chain = [
-                    (config(3, 2, b, c, true), stops.0),
-                    (config(2, 0, b, c, true), stops.1),
-                    (config(3, 2, b, c, true), stops.2),
+                    (PhaseConfig::new(3, 2, b, c, true), stops.0),
+                    (PhaseConfig::new(2, 0, b, c, true), stops.1),
+                    (PhaseConfig::new(3, 2, b, c, true), stops.2),
                 ];
                 run_chain(input, &chain, 11);
                 // Batch and block sizes may change between phases as well.
                 let chain = [
-                    (config(3, 2, b, c, true), stops.0),
-                    (config(1, 3, b + 1, c + 2, true), stops.1),
-                    (config(2, 2, b, 1, true), stops.2),
+                    (PhaseConfig::new(3, 2, b, c, true), stops.0),
+                    (PhaseConfig::new(1, 3, b + 1, c + 2, true), stops.1),
+                    (PhaseConfig::new(2, 2, b, 1, true), stops.2),
                 ];
                 run_chain(input, &chain, 12);
             }
@@ -358,11 +342,15 @@ fn elastic_resume_chains_are_exactly_once() {
 fn elastic_resume_after_drop_last_false_short_batches() {
     let input = PlanInput::from_counts(&[10, 3, 8]);
     // 21 samples, W=2, B=4: 2 full batches per rank, then one short batch of 3 (1 repeat).
-    let first = config(2, 2, 4, 3, false);
+    let first = PhaseConfig::new(2, 2, 4, 3, false);
     let plan = EpochPlan::new(&input, 0, 0, first).unwrap();
     assert_eq!((plan.num_batches(), plan.padding()), (3, 1));
     for n in 0..=2 {
-        run_chain(&input, &[(first, n), (config(3, 0, 2, 5, true), 1)], 0);
+        run_chain(
+            &input,
+            &[(first, n), (PhaseConfig::new(3, 0, 2, 5, true), 1)],
+            0,
+        );
     }
 }
 
@@ -370,7 +358,7 @@ fn elastic_resume_after_drop_last_false_short_batches() {
 fn used_reserve_samples_are_not_planned_again() {
     // 47 samples, W=3, B=4: 3 batches per rank, tail of 11 as reserve.
     let input = PlanInput::from_counts(&[20, 27]);
-    let cfg = config(3, 2, 4, 5, true);
+    let cfg = PhaseConfig::new(3, 2, 4, 5, true);
     let plan = EpochPlan::new(&input, 2, 0, cfg).unwrap();
     assert_eq!(plan.remainder_len(), 11);
     // Rank 1's DataLoader worker 0 hit a corrupt sample in its first batch and replaced it.
@@ -396,7 +384,7 @@ fn used_reserve_samples_are_not_planned_again() {
     assert_eq!(again.reader, reader.reader);
     assert!(!expand(again.reserve()).contains(&replacement));
     // Another configuration: neither the failed sample nor the replacement comes back.
-    let other = EpochPlan::resume(&input, &state, config(2, 0, 3, 4, true)).unwrap();
+    let other = EpochPlan::resume(&input, &state, PhaseConfig::new(2, 0, 3, 4, true)).unwrap();
     for batches in all_batches(&other) {
         for &s in batches.iter().flatten() {
             assert!(s != failed && s != replacement);
@@ -411,7 +399,7 @@ fn used_reserve_samples_are_not_planned_again() {
 #[test]
 fn resumed_readers_start_inside_a_block() {
     let input = PlanInput::from_counts(&[100]);
-    let cfg = config(1, 0, 3, 10, true);
+    let cfg = PhaseConfig::new(1, 0, 3, 10, true);
     let plan = EpochPlan::new(&input, 0, 0, cfg).unwrap();
     let resumed = EpochPlan::resume(&input, &plan.state(4, &[]).unwrap(), cfg).unwrap();
     let reader = resumed.reader(0, 0).unwrap();
@@ -429,11 +417,11 @@ fn resumed_readers_start_inside_a_block() {
 #[test]
 fn state_is_small_and_round_trips() {
     let input = uneven_input();
-    let plan = EpochPlan::new(&input, 1, 2, config(3, 2, 2, 4, true)).unwrap();
+    let plan = EpochPlan::new(&input, 1, 2, PhaseConfig::new(3, 2, 2, 4, true)).unwrap();
     let mid = EpochPlan::resume(
         &input,
         &plan.state(3, &[]).unwrap(),
-        config(2, 4, 2, 4, true),
+        PhaseConfig::new(2, 4, 2, 4, true),
     )
     .unwrap();
     let readers = (0..2).flat_map(|r| (0..4).map(move |w| (r, w)));
@@ -460,7 +448,7 @@ fn state_is_small_and_round_trips() {
 #[test]
 fn bad_states_and_configurations_are_refused() {
     let input = uneven_input();
-    let cfg = config(2, 0, 3, 4, true);
+    let cfg = PhaseConfig::new(2, 0, 3, 4, true);
     let plan = EpochPlan::new(&input, 0, 0, cfg).unwrap();
     let state = plan.state(1, &[]).unwrap();
     let other = PlanInput::from_counts(&[5, 5]);
@@ -497,9 +485,9 @@ fn bad_states_and_configurations_are_refused() {
         .contains("version 99"));
     assert!(EpochState::from_json(b"{}").is_err());
     for bad in [
-        config(0, 0, 1, 1, true),
-        config(1, 0, 0, 1, true),
-        config(1, 0, 1, 0, true),
+        PhaseConfig::new(0, 0, 1, 1, true),
+        PhaseConfig::new(1, 0, 0, 1, true),
+        PhaseConfig::new(1, 0, 1, 0, true),
     ] {
         assert!(matches!(
             EpochPlan::new(&input, 0, 0, bad),
@@ -526,7 +514,7 @@ fn the_phase_sequence_keeps_two_runs_per_shard_however_many_samples_are_invalid(
         })
         .collect();
     let input = PlanInput::new(shards, 1).unwrap();
-    let plan = EpochPlan::new(&input, 3, 0, config(4, 2, 16, 100, true)).unwrap();
+    let plan = EpochPlan::new(&input, 3, 0, PhaseConfig::new(4, 2, 16, 100, true)).unwrap();
     assert!(
         plan.sequence.plain_runs() <= 2 * 1000,
         "{}",
@@ -549,7 +537,7 @@ fn the_phase_sequence_keeps_two_runs_per_shard_however_many_samples_are_invalid(
     assert_eq!(seen.len() as u64 + plan.remainder_len(), 990_000);
     // An elastic re-plan from the middle keeps the property too.
     let state = plan.state(plan.num_batches() / 2, &[]).unwrap();
-    let resumed = EpochPlan::resume(&input, &state, config(3, 2, 16, 100, true)).unwrap();
+    let resumed = EpochPlan::resume(&input, &state, PhaseConfig::new(3, 2, 16, 100, true)).unwrap();
     assert!(
         resumed.sequence.plain_runs() < 2 * 1000 + 8 * 100,
         "{}",
@@ -570,7 +558,7 @@ fn an_empty_dataset_plans_nothing() {
 #[test]
 fn block_permutations_cover_each_block() {
     let input = PlanInput::from_counts(&[37]);
-    let plan = EpochPlan::new(&input, 0, 0, config(1, 0, 37, 10, true)).unwrap();
+    let plan = EpochPlan::new(&input, 0, 0, PhaseConfig::new(1, 0, 37, 10, true)).unwrap();
     let reader = plan.reader(0, 0).unwrap();
     assert_eq!(
         reader.block_lengths().collect::<Vec<_>>(),
@@ -594,7 +582,7 @@ fn shard_assignment_without_index_covers_every_shard() {
         (7, 1, 0),
         (6, 3, 2),
     ] {
-        let cfg = config(w, k, 4, 8, true);
+        let cfg = PhaseConfig::new(w, k, 4, 8, true);
         let mut covered: HashMap<(u32, u64), u32> = HashMap::new();
         let mut per_rank = vec![0u64; w as usize];
         for rank in 0..w {
@@ -624,7 +612,7 @@ fn shard_assignment_without_index_covers_every_shard() {
         let distinct: HashSet<u32> = covered.keys().map(|(s, _)| *s).collect();
         assert_eq!(distinct.len(), shards);
     }
-    let cfg = config(2, 2, 4, 8, true);
+    let cfg = PhaseConfig::new(2, 2, 4, 8, true);
     assert_ne!(
         assign_shards(100, 0, 0, cfg, 800, 0, 0).unwrap().shards,
         assign_shards(100, 0, 1, cfg, 800, 0, 0).unwrap().shards
@@ -649,7 +637,7 @@ fn many_random_datasets_and_chains() {
             .collect();
         let input = PlanInput::new(shards, trial).unwrap();
         let mut random_config = |drop_last: bool| {
-            config(
+            PhaseConfig::new(
                 1 + rng.below(4) as u32,
                 rng.below(4) as u32,
                 1 + rng.below(5),
@@ -741,7 +729,7 @@ fn every_block_holds_each_source_in_proportion() {
     let shares = [Share::Weight(0.6), Share::Weight(0.3), Share::Weight(0.1)];
     let mixture = Mixture::new(&parts, &shares, None).unwrap();
     let weights = [0.6, 0.3, 0.1];
-    let cfg = config(2, 2, 32, 256, true);
+    let cfg = PhaseConfig::new(2, 2, 32, 256, true);
     let plan = EpochPlan::mixture(&mixture, 1, 0, cfg).unwrap();
     let ranks = all_batches(&plan);
     let mut total = [0u64; 3];
@@ -856,18 +844,20 @@ fn mixture_resume_continues_exactly_and_elastic_resume_loses_nothing() {
         for stops in [(0, 0), (1, 1), (2, 3), (3, 0), (100, 2)] {
             for used in [0, 1, 2] {
                 let chain = [
-                    (config(2, 2, b, c, true), stops.0),
-                    (config(3, 2, b, c, true), stops.1),
-                    (config(1, 0, b + 1, c + 2, true), 0),
+                    (PhaseConfig::new(2, 2, b, c, true), stops.0),
+                    (PhaseConfig::new(3, 2, b, c, true), stops.1),
+                    (PhaseConfig::new(1, 0, b + 1, c + 2, true), 0),
                 ];
                 run_mixture_chain(&mixture, &chain, 11, used);
             }
         }
     }
     // A state of a mixture is refused by another mixture and by a single dataset.
-    let plan = EpochPlan::mixture(&mixture, 2, 3, config(2, 0, 3, 4, true)).unwrap();
+    let plan = EpochPlan::mixture(&mixture, 2, 3, PhaseConfig::new(2, 0, 3, 4, true)).unwrap();
     let state = plan.state(1, &[]).unwrap();
     let other = three_sources(Some(91));
-    assert!(EpochPlan::resume_mixture(&other, &state, config(2, 0, 3, 4, true)).is_err());
-    assert!(EpochPlan::resume(mixture.input(), &state, config(2, 0, 3, 4, true)).is_err());
+    assert!(EpochPlan::resume_mixture(&other, &state, PhaseConfig::new(2, 0, 3, 4, true)).is_err());
+    assert!(
+        EpochPlan::resume(mixture.input(), &state, PhaseConfig::new(2, 0, 3, 4, true)).is_err()
+    );
 }
