@@ -83,17 +83,17 @@ def measure(kind: str, paths: list[str]) -> dict:
         plannable = _core.MixturePlan(indexes, [("weight", w) for w in WEIGHTS], None)
     else:
         plannable = load_index(paths[0])
-    plan = plannable.plan(**params)
+    plan = plannable.plan(_core.PlanRequest(**params))
     readers(plan)
     load_plan = time.perf_counter() - start
     rss = (rss_kb("VmHWM") - base) / 1024
     state = plan.state(plan.num_batches // 2)
     start = time.perf_counter()
-    elastic = plannable.plan(**{**params, "world_size": W_ELASTIC}, state=state)
+    elastic = plannable.plan(_core.PlanRequest(**{**params, "world_size": W_ELASTIC}, state=state))
     readers(elastic)
     elastic_s = time.perf_counter() - start
     start = time.perf_counter()
-    readers(plannable.plan(**params, state=state))
+    readers(plannable.plan(_core.PlanRequest(**params, state=state)))
     resume_s = time.perf_counter() - start
     later = elastic.state(elastic.num_batches // 2)
     return {

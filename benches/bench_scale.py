@@ -170,6 +170,7 @@ def reset_peak() -> bool:
 
 
 def measure(path: str) -> dict:
+    from shardstream._core import PlanRequest
     from shardstream.index import load_index
 
     base_kb = proc_kb("VmHWM")
@@ -186,7 +187,7 @@ def measure(path: str) -> dict:
     load_s = time.perf_counter() - start
     load_mb = (proc_kb("VmHWM") - base_kb) / 1024
     start = time.perf_counter()
-    plan = index.plan(world_size=W, **settings)
+    plan = index.plan(PlanRequest(world_size=W, **settings))
     rs = readers(plan)
     plan_s = time.perf_counter() - start
     rss_mb = (proc_kb("VmHWM") - base_kb) / 1024
@@ -200,7 +201,7 @@ def measure(path: str) -> dict:
 
     peak_reset = reset_peak()
     start = time.perf_counter()
-    elastic = index.plan(world_size=W_ELASTIC, state=state, **settings)
+    elastic = index.plan(PlanRequest(world_size=W_ELASTIC, state=state, **settings))
     rs = readers(elastic)
     elastic_s = time.perf_counter() - start
     elastic_peak_mb = (proc_kb("VmHWM") - base_kb) / 1024
@@ -210,7 +211,7 @@ def measure(path: str) -> dict:
     del rs, elastic
 
     start = time.perf_counter()
-    resumed = index.plan(world_size=W, state=state, **settings)
+    resumed = index.plan(PlanRequest(world_size=W, state=state, **settings))
     rs = readers(resumed)
     resume_s = time.perf_counter() - start
     resumed_batches = resumed.num_batches

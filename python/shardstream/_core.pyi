@@ -157,18 +157,7 @@ class MixturePlan:
     def num_samples(self) -> int: ...
     @property
     def fingerprint(self) -> int: ...
-    def plan(
-        self,
-        *,
-        seed: int,
-        epoch: int,
-        world_size: int,
-        workers: int,
-        batch_size: int,
-        block_size: int,
-        drop_last: bool,
-        state: str | None = None,
-    ) -> EpochPlanView:
+    def plan(self, request: PlanRequest) -> EpochPlanView:
         """As ``DatasetIndex.plan``, over the mixture."""
 
 class DatasetIndex:
@@ -232,8 +221,16 @@ class DatasetIndex:
     @property
     def fingerprint(self) -> int: ...
     def __len__(self) -> int: ...
-    def plan(
-        self,
+    def plan(self, request: PlanRequest) -> EpochPlanView:
+        """The epoch plan ``request`` asks for."""
+
+@final
+class PlanRequest:
+    """What ``DatasetIndex.plan`` and ``MixturePlan.plan`` are asked for: the phase's settings,
+    and where the epoch starts."""
+
+    def __new__(
+        cls,
         *,
         seed: int,
         epoch: int,
@@ -243,8 +240,8 @@ class DatasetIndex:
         block_size: int,
         drop_last: bool,
         state: str | None = None,
-    ) -> EpochPlanView:
-        """The epoch plan for these settings; with ``state`` (a ``state_dict`` JSON), the rest of
+    ) -> PlanRequest:
+        """A fresh epoch ``epoch`` of ``seed``; with ``state`` (a ``state_dict`` JSON), the rest of
         the epoch it describes, re-planned onto these settings if they differ."""
 
 @final

@@ -104,7 +104,7 @@ class EpochPlanner:
         key = _plan_key(params, state)
         if key not in self._cache:
             self._cache.clear()
-            self._cache[key] = self.index.plan(**params, state=json.dumps(state) if state else None)
+            self._cache[key] = self.index.plan(plan_request(params, state))
         return self._cache[key]
 
     def reader(
@@ -134,6 +134,12 @@ class EpochPlanner:
         """The state after ``batches`` more batches per rank; ``reserve_used`` = (rank, phase
         reader, reserve positions) used since ``state``, gathered from every rank."""
         return json.loads(self.plan(params, state).state(batches, list(reserve_used)))
+
+
+def plan_request(params: dict[str, Any], state: dict[str, Any] | None) -> Any:
+    """The core's request for the plan of ``params`` (the loader's plan settings: seed, epoch,
+    world_size, workers, batch_size, block_size, drop_last), resumed from ``state`` if given."""
+    return _core.PlanRequest(**params, state=json.dumps(state) if state else None)
 
 
 def _plan_key(params: dict[str, Any], state: dict[str, Any] | None) -> tuple:

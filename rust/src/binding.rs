@@ -634,30 +634,13 @@ impl DatasetIndex {
         self.index.len()
     }
 
-    /// The epoch plan for these settings; with `state` (a `state_dict` JSON), the rest of the
-    /// epoch it describes, re-planned onto these settings if they differ.
-    #[pyo3(signature = (*, seed, epoch, world_size, workers, batch_size, block_size, drop_last, state = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn plan(
-        &self,
-        py: Python<'_>,
-        seed: u64,
-        epoch: u64,
-        world_size: u32,
-        workers: u32,
-        batch_size: u64,
-        block_size: u64,
-        drop_last: bool,
-        state: Option<&str>,
-    ) -> PyResult<EpochPlanView> {
-        let config = PhaseConfig::new(world_size, workers, batch_size, block_size, drop_last);
+    /// The epoch plan `request` asks for (see `PlanRequest`).
+    fn plan(&self, py: Python<'_>, request: &PlanRequest) -> PyResult<EpochPlanView> {
+        let input = self.plan_input();
         let shards = Arc::new(PlannedShards::new(vec![self.part()]));
-        plan_view(py, shards, state, |state| {
-            let input = self.plan_input();
-            match state {
-                None => EpochPlan::new(input, seed, epoch, config),
-                Some(st) => EpochPlan::resume(input, &st, config),
-            }
+        request.plan_view(py, shards, |state| match state {
+            None => EpochPlan::new(input, request.seed, request.epoch, request.config),
+            Some(st) => EpochPlan::resume(input, &st, request.config),
         })
     }
 }
@@ -742,11 +725,33 @@ impl MixturePlan {
     }
 
     /// As `DatasetIndex.plan`, over the mixture.
+    fn plan(&self, py: Python<'_>, request: &PlanRequest) -> PyResult<EpochPlanView> {
+        let mixture = &self.mixture;
+        request.plan_view(py, self.shards.clone(), |state| match state {
+            None => EpochPlan::mixture(mixture, request.seed, request.epoch, request.config),
+            Some(st) => EpochPlan::resume_mixture(mixture, &st, request.config),
+        })
+    }
+}
+
+/// What `DatasetIndex.plan` and `MixturePlan.plan` are asked for, declared once: the phase's
+/// configuration, and where the epoch starts (fresh at (seed, epoch), or from `state`).
+#[pyclass(module = "shardstream._core", frozen)]
+pub struct PlanRequest {
+    seed: u64,
+    epoch: u64,
+    config: PhaseConfig,
+    /// A `state_dict` JSON: the rest of the epoch it describes, re-planned onto `config` if
+    /// that differs from the state's.
+    state: Option<String>,
+}
+
+#[pymethods]
+impl PlanRequest {
+    #[new]
     #[pyo3(signature = (*, seed, epoch, world_size, workers, batch_size, block_size, drop_last, state = None))]
     #[allow(clippy::too_many_arguments)]
-    fn plan(
-        &self,
-        py: Python<'_>,
+    fn new(
         seed: u64,
         epoch: u64,
         world_size: u32,
@@ -754,32 +759,38 @@ impl MixturePlan {
         batch_size: u64,
         block_size: u64,
         drop_last: bool,
-        state: Option<&str>,
-    ) -> PyResult<EpochPlanView> {
+        state: Option<String>,
+    ) -> Self {
         let config = PhaseConfig::new(world_size, workers, batch_size, block_size, drop_last);
-        plan_view(py, self.shards.clone(), state, |state| match state {
-            None => EpochPlan::mixture(&self.mixture, seed, epoch, config),
-            Some(st) => EpochPlan::resume_mixture(&self.mixture, &st, config),
-        })
+        Self {
+            seed,
+            epoch,
+            config,
+            state,
+        }
     }
 }
 
-/// The plan `make` gives for the parsed `state` (None: a fresh epoch), without the GIL.
-fn plan_view(
-    py: Python<'_>,
-    shards: Arc<PlannedShards>,
-    state: Option<&str>,
-    make: impl FnOnce(Option<EpochState>) -> Result<EpochPlan, plan::PlanError> + Send,
-) -> PyResult<EpochPlanView> {
-    let plan = py
-        .detach(|| {
-            let state = state
-                .map(|json| EpochState::from_json(json.as_bytes()))
-                .transpose()?;
-            make(state)
-        })
-        .map_err(plan_err)?;
-    Ok(EpochPlanView { plan, shards })
+impl PlanRequest {
+    /// The plan `make` gives for the parsed `state` (None: a fresh epoch), without the GIL.
+    fn plan_view(
+        &self,
+        py: Python<'_>,
+        shards: Arc<PlannedShards>,
+        make: impl FnOnce(Option<EpochState>) -> Result<EpochPlan, plan::PlanError> + Send,
+    ) -> PyResult<EpochPlanView> {
+        let plan = py
+            .detach(|| {
+                let state = self
+                    .state
+                    .as_deref()
+                    .map(|json| EpochState::from_json(json.as_bytes()))
+                    .transpose()?;
+                make(state)
+            })
+            .map_err(plan_err)?;
+        Ok(EpochPlanView { plan, shards })
+    }
 }
 
 /// The spans one planned reader opens (built in Rust, handed to `Loader` as they are).
@@ -1187,6 +1198,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SampleIter>()?;
     m.add_class::<Loader>()?;
     m.add_class::<DatasetIndex>()?;
+    m.add_class::<PlanRequest>()?;
     m.add_class::<EpochPlanView>()?;
     m.add_class::<MixturePlan>()?;
     m.add_class::<PlannedSpans>()?;
