@@ -19,7 +19,7 @@ use crate::pipeline::{
 use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
 use crate::resize::CropMode;
 use crate::rng;
-use crate::sample::{prepare_image, CaptionSource, SampleSpec, Worker};
+use crate::sample::{decode_standalone_image, CaptionSource, SampleSpec};
 use crate::scan::ShardReport;
 use crate::scan::{scan_shard as scan, ScanOptions};
 use crate::shard_samples::ShardSamples;
@@ -309,16 +309,10 @@ fn decode_image(
         crop: crop_mode(crop, random_crop_scale)?,
         ..SampleSpec::default()
     };
-    let mut worker = if whole {
-        Worker::validating()
-    } else {
-        Worker::default()
-    };
-    let mut out = vec![0u8; 3 * size as usize * size as usize];
-    // Random crops are seeded as for a sample keyed "image".
-    py.detach(|| prepare_image(data, "image", &spec, crop_seed, &mut worker, &mut out))
+    let pixels = py
+        .detach(|| decode_standalone_image(data, &spec, crop_seed, whole))
         .map_err(|(reason, detail)| PyValueError::new_err(format!("{reason}: {detail}")))?;
-    Ok(PyBytes::new(py, &out).unbind())
+    Ok(PyBytes::new(py, &pixels).unbind())
 }
 
 #[pyfunction]

@@ -186,6 +186,39 @@ pub fn prepare_image(
         .map_err(|e| (e.reason, e.detail))
 }
 
+/// The key an image decoded on its own (`decode_image`) is cropped as. Random crops are seeded by
+/// (seed, sample key) so that they do not depend on threading; an image outside a shard has no
+/// key, so it takes this fixed one: the same image and seed always give the same crop, the crop
+/// a sample keyed "image" would get from the loader.
+pub const STANDALONE_CROP_KEY: &str = "image";
+
+/// Decodes one image that belongs to no sample into [3, S, S] pixels as the loader would (see
+/// [`prepare_image`], cropped as key [`STANDALONE_CROP_KEY`]). `whole`: decode every row, as
+/// validation does, so that corruption anywhere in the image is found.
+pub fn decode_standalone_image(
+    bytes: &[u8],
+    spec: &SampleSpec,
+    crop_seed: u64,
+    whole: bool,
+) -> Result<Vec<u8>, Rejection> {
+    let mut worker = if whole {
+        Worker::validating()
+    } else {
+        Worker::default()
+    };
+    let side = spec.image_size as usize;
+    let mut pixels = vec![0u8; 3 * side * side];
+    prepare_image(
+        bytes,
+        STANDALONE_CROP_KEY,
+        spec,
+        crop_seed,
+        &mut worker,
+        &mut pixels,
+    )?;
+    Ok(pixels)
+}
+
 /// Real inputs for the crate's unit tests: JPEGs encoded here, tar shards written the way
 /// webdataset writers write them, and a scratch directory per test.
 #[cfg(test)]
@@ -418,5 +451,40 @@ mod tests {
             slot
         };
         assert_eq!(center("a", 1), center("z", 2));
+    }
+
+    #[test]
+    fn a_standalone_image_is_decoded_as_the_sample_keyed_image_would_be() {
+        let image = jpeg(64, 48);
+        let random = SampleSpec {
+            crop: CropMode::RandomResized {
+                scale: (0.1, 0.3),
+                ratio: (0.75, 1.333),
+            },
+            ..spec(16)
+        };
+        let mut as_sample = vec![0u8; 3 * 16 * 16];
+        prepare_image(
+            &image,
+            "image",
+            &random,
+            5,
+            &mut Worker::default(),
+            &mut as_sample,
+        )
+        .unwrap();
+        assert_eq!(
+            decode_standalone_image(&image, &random, 5, false).unwrap(),
+            as_sample
+        );
+        assert_eq!(
+            decode_standalone_image(&image, &random, 5, true).unwrap(),
+            as_sample
+        );
+        let truncated = &image[..image.len() / 3];
+        assert_eq!(
+            reason(decode_standalone_image(truncated, &spec(16), 0, true)),
+            Reason::CorruptImage
+        );
     }
 }
