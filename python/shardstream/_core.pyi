@@ -43,6 +43,7 @@ class InvalidSample(TypedDict):
 
 class ShardFatal(TypedDict):
     reason: str
+    kind: str  # the source failure of an unreadable shard: not_found, credentials, bad_url, other
     detail: str
 
 class ScanReport(TypedDict):

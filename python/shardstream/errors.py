@@ -70,13 +70,19 @@ _SOURCE_CLASSES: dict[str, type[ShardError]] = {
 }
 
 
+def source_error_class(kind: str) -> type[ShardError]:
+    """The class raised for a shard that could not be read, by the core's kind of source failure
+    (an unknown kind is a plain :class:`SourceError`)."""
+    return _SOURCE_CLASSES.get(kind, SourceError)
+
+
 def from_core_fault(fault: BaseException) -> ShardError:
     """Turns the extension's ``CoreFault`` (args: reason, url, key, detail, source kind) into our
     hierarchy."""
     args = tuple(getattr(fault, "args", ())) + ("", "", "", "", "")
     reason, url, key, detail, kind = (str(a) for a in args[:5])
     if reason == "unreadable":
-        return _SOURCE_CLASSES.get(kind, SourceError)(reason, url, key, detail)
+        return source_error_class(kind)(reason, url, key, detail)
     if key:
         return SampleError(reason, url, key, detail)
     return ShardError(reason, url, key, detail)

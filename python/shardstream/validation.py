@@ -111,7 +111,7 @@ def unreadable_result(display: str, detail: str) -> dict[str, Any]:
         "offsets": [],
         "keys": [],
         "invalid": [],
-        "fatal": {"reason": "unreadable", "detail": detail},
+        "fatal": {"reason": "unreadable", "kind": "other", "detail": detail},
         "compressed": False,
     }
 
@@ -162,13 +162,14 @@ def scan_shards(
 
 
 def raise_unreadable(results: Sequence[dict[str, Any]]) -> None:
-    """Raises ShardError for the first shard among ``results`` that could not be read."""
-    from .errors import ShardError
+    """Raises for the first shard among ``results`` that could not be read, the class the one
+    table (``shardstream.errors``) gives its kind of source failure, as the loader would."""
+    from .errors import source_error_class
 
     unreadable = [r for r in results if is_unreadable(r)]
     if unreadable:
         first = unreadable[0]
-        raise ShardError(
+        raise source_error_class(first["fatal"].get("kind", "other"))(
             "unreadable",
             first["url"],
             "",
@@ -215,7 +216,7 @@ def build_report(
                 "bytes": r["bytes"],
                 "samples": r["samples"],
                 "invalid": len(r["invalid"]),
-                "fatal": r["fatal"],
+                "fatal": _reported_fatal(r["fatal"]),
                 "compressed": r["compressed"],
             }
         )
@@ -235,7 +236,7 @@ def build_report(
             "bytes": sum(r["bytes"] for r in results),
         },
         "by_reason": dict(sorted(by_reason.items())),
-        "shard_errors": [{"shard": r["url"], **r["fatal"]} for r in results if r["fatal"]],
+        "shard_errors": [{"shard": r["url"], **_reported_fatal(r["fatal"])} for r in results if r["fatal"]],
         "shards": shards,
         "invalid": invalid,
         "exit_status": exit_status(results),
@@ -243,6 +244,12 @@ def build_report(
     if elapsed is not None:
         report["elapsed_s"] = round(elapsed, 3)
     return report
+
+
+def _reported_fatal(fatal: dict[str, Any] | None) -> dict[str, Any] | None:
+    # The report format (shardstream-validate/1) predates the source kind: it keeps the reason
+    # and detail only, so that reports stay what their readers expect.
+    return None if fatal is None else {"reason": fatal["reason"], "detail": fatal["detail"]}
 
 
 def format_summary(report: dict[str, Any], *, worst: int = 10, show: int = 10) -> str:

@@ -6,16 +6,32 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Reason;
-use crate::group::open_shard;
+use crate::error::{Reason, SourceKind};
+use crate::group::{open_shard, ShardFault};
 use crate::index::{InvalidSample, ShardEntry};
 use crate::sample::{caption, image_bytes, prepare, CaptionSource, SampleSpec, Worker};
 use crate::source::{redact_url, SourceOptions, SourceStats};
 
+/// What ended the scan of a shard before its end.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShardFatal {
     pub reason: Reason,
+    /// For an `unreadable` shard, the kind of source failure: it picks the exception class a
+    /// caller that raises on it uses (`shardstream.errors`' table), as the loader's faults do.
+    /// Reports written before it existed read as `Other`.
+    #[serde(default)]
+    pub kind: SourceKind,
     pub detail: String,
+}
+
+impl From<ShardFault> for ShardFatal {
+    fn from(f: ShardFault) -> Self {
+        ShardFatal {
+            reason: f.reason,
+            kind: f.kind,
+            detail: f.detail,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -76,10 +92,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
     ) {
         Ok(r) => r,
         Err(f) => {
-            report.fatal = Some(ShardFatal {
-                reason: f.reason,
-                detail: f.detail,
-            });
+            report.fatal = Some(f.into());
             return report;
         }
     };
@@ -99,10 +112,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         let raw = match item {
             Ok(raw) => raw,
             Err(f) => {
-                report.fatal = Some(ShardFatal {
-                    reason: f.reason,
-                    detail: f.detail,
-                });
+                report.fatal = Some(f.into());
                 break;
             }
         };
@@ -159,6 +169,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         // followed it (more samples, perhaps) was not read, so the shard is not sound.
         report.fatal = Some(ShardFatal {
             reason: Reason::CorruptTar,
+            kind: SourceKind::Other,
             detail: format!(
                 "the bytes at {} are not a tar header: the rest of the shard was not read",
                 reader.data_end()
@@ -381,6 +392,8 @@ mod tests {
         );
         let fatal = missing.fatal.expect("fatal");
         assert_eq!((fatal.reason, missing.samples), (Reason::Unreadable, 0));
+        // The kind travels with it, so that a caller raises NotFoundError, as the loader does.
+        assert_eq!(fatal.kind, SourceKind::NotFound);
         // A sample, then bytes that are not a tar header: the rest was not read.
         let mut tar = tar_of(&[("a.txt", b"x")]);
         tar.truncate(1024);
@@ -390,8 +403,8 @@ mod tests {
         std::fs::write(&path, &tar).unwrap();
         let report = scan_shard(&path.display().to_string(), &options(false, false));
         assert_eq!(
-            report.fatal.as_ref().map(|f| f.reason),
-            Some(Reason::CorruptTar)
+            report.fatal.as_ref().map(|f| (f.reason, f.kind)),
+            Some((Reason::CorruptTar, SourceKind::Other))
         );
         assert_eq!((report.samples, report.offsets.clone()), (1, vec![0]));
         assert_eq!(report.to_index_entry("g.tar", false).offsets, None);
