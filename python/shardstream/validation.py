@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from shardstream import _core
 from shardstream._system import available_cores
 
 from .config import DEFAULTS
@@ -28,14 +29,10 @@ from .urls import Shard, source_config
 
 REPORT_FORMAT = "shardstream-validate/1"
 
-# The scan's defaults are the core's (rust/src/defaults.rs, here shardstream.config.DEFAULTS) but
-# one: a scan decodes to 32 px, not the loader's 224, for speed. Validation decodes every image
-# whole (no stop after the crop's last row, every block entropy-decoded), and the target only
-# picks the DCT scale and the resize's output size, neither of which can fail on its own: the
-# verdict is the same at any size (rust/src/scan.rs tests it on corrupted JPEGs). 32 px takes the
-# 1/8 scale, skipping most of the inverse DCT and resize: 1.5x the samples/s of 224 px on
-# 256-512 px photos.
-SCAN_IMAGE_SIZE = 32
+# The scan's defaults are the core's (rust/src/defaults.rs, here shardstream.config.DEFAULTS),
+# its decode size included, which is smaller than the loader's for speed (defaults.rs says why)
+# and read beside DEFAULTS until shardstream.config types it.
+SCAN_IMAGE_SIZE: int = _core.SCAN_IMAGE_SIZE
 
 OnUnreadable = Literal["raise", "record"]
 """What a scan does with a shard it cannot read at all (it cannot be opened, signed or fetched):
@@ -89,7 +86,6 @@ def scan_one(shard: Shard, scan: ShardScan) -> dict[str, Any]:
     reports a shard it cannot open as its fatal ``unreadable`` fault; a failure before it opens
     (signing the URL, the reader options) is recorded the same way, or raised as it is when
     ``scan.on_unreadable`` is ``"raise"``."""
-    from . import _core
     from .errors import ShardError
 
     try:

@@ -235,7 +235,7 @@ impl SampleIter {
 #[pyfunction]
 #[pyo3(signature = (url, *, decode = true, caption_key = defaults::CAPTION_KEY, image_keys = None,
                     require_caption = true, max_pixels = defaults::MAX_PIXELS,
-                    max_member_bytes = defaults::MAX_MEMBER_BYTES, image_size = defaults::IMAGE_SIZE,
+                    max_member_bytes = defaults::MAX_MEMBER_BYTES, image_size = defaults::SCAN_IMAGE_SIZE,
                     config = None, capture = None))]
 #[allow(clippy::too_many_arguments)]
 fn scan_shard(
@@ -1189,6 +1189,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
     m.add("DEFAULTS", defaults_dict(m.py())?)?;
+    // Beside DEFAULTS until shardstream.config's CoreDefaults has a field for it.
+    m.add("SCAN_IMAGE_SIZE", defaults::SCAN_IMAGE_SIZE)?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Loader>()?;
     m.add_class::<DatasetIndex>()?;
