@@ -16,9 +16,6 @@ __version__: str
 # rust/src/defaults.rs by option name, durations in seconds; its keys and types are those of
 # shardstream.config.CoreDefaults, the typed view the package reads.
 DEFAULTS: dict[str, Any]
-# rust/src/defaults.rs SCAN_IMAGE_SIZE: what ``scan_shard`` decodes to unless told (the reason is
-# written there).
-SCAN_IMAGE_SIZE: int
 
 OnError = Literal["skip", "raise"]
 

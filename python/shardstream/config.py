@@ -22,6 +22,8 @@ class CoreDefaults:
     """The core's defaults (``_core.DEFAULTS``), by the names of the options they are for."""
 
     image_size: int
+    # What validation and indexing decode to (smaller than the loader's; defaults.rs says why).
+    scan_image_size: int
     caption_key: str
     image_keys: tuple[str, ...]
     max_pixels: int

@@ -30,9 +30,8 @@ from .urls import Shard, source_config
 REPORT_FORMAT = "shardstream-validate/1"
 
 # The scan's defaults are the core's (rust/src/defaults.rs, here shardstream.config.DEFAULTS),
-# its decode size included, which is smaller than the loader's for speed (defaults.rs says why)
-# and read beside DEFAULTS until shardstream.config types it.
-SCAN_IMAGE_SIZE: int = _core.SCAN_IMAGE_SIZE
+# its decode size included, which is smaller than the loader's for speed (defaults.rs says why).
+SCAN_IMAGE_SIZE: int = DEFAULTS.scan_image_size
 
 OnUnreadable = Literal["raise", "record"]
 """What a scan does with a shard it cannot read at all (it cannot be opened, signed or fetched):

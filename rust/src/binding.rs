@@ -44,6 +44,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     use defaults::*;
     let d = PyDict::new(py);
     d.set_item("image_size", IMAGE_SIZE)?;
+    d.set_item("scan_image_size", SCAN_IMAGE_SIZE)?;
     d.set_item("caption_key", CAPTION_KEY)?;
     d.set_item("image_keys", IMAGE_KEYS.to_vec())?;
     d.set_item("max_pixels", MAX_PIXELS)?;
@@ -1189,8 +1190,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
     m.add("DEFAULTS", defaults_dict(m.py())?)?;
-    // Beside DEFAULTS until shardstream.config's CoreDefaults has a field for it.
-    m.add("SCAN_IMAGE_SIZE", defaults::SCAN_IMAGE_SIZE)?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Loader>()?;
     m.add_class::<DatasetIndex>()?;
