@@ -57,10 +57,14 @@ run_target() {
   runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")"
   per_s="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")"
   peak="$(sed -n 's/^stat::peak_rss_mb: *//p' "$log")"
-  local cov
-  cov="$(grep -Eo 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 || true)"
-  printf '[fuzz] %-6s %s s: %s runs, %s exec/s, corpus %s inputs, %s, peak RSS %s MB, exit %s\n' \
-    "$t" "$SECONDS_PER_TARGET" "${runs:-?}" "${per_s:-?}" "$(find "$corpus" -type f | wc -l)" \
+  # The last status line's coverage and corpus (corp: inputs/bytes, after libFuzzer's own
+  # reduction; the directory also keeps inputs that were later superseded).
+  local status cov corp
+  status="$(grep -E 'cov: [0-9]+ ft: [0-9]+ corp: ' "$log" | tail -1 || true)"
+  cov="$(grep -Eo 'cov: [0-9]+ ft: [0-9]+' <<<"$status" || true)"
+  corp="$(grep -Eo 'corp: [0-9]+/[0-9]+[a-zA-Z]*' <<<"$status" | cut -d' ' -f2 || true)"
+  printf '[fuzz] %-6s %s s: %s runs, %s exec/s, corpus %s inputs (%s in %s), %s, peak RSS %s MB, exit %s\n' \
+    "$t" "$SECONDS_PER_TARGET" "${runs:-?}" "${per_s:-?}" "${corp%%/*}" "${corp#*/}" "target/fuzz/corpus/$t" \
     "${cov:-cov ?}" "${peak:-?}" "$rc"
   if [ "$rc" -ne 0 ]; then
     echo "[fuzz] $t FAILED; its log ($log) ends:" >&2
