@@ -1,10 +1,11 @@
 //! Property fuzzing over mutated real inputs (issue 15, "Fuzzing").
 //!
-//! Coverage-guided fuzzing (cargo-fuzz / libFuzzer) needs nightly sanitizer flags, which this
-//! stable-only toolchain does not have, so these are proptest property tests: each case takes a
-//! real, valid input built here (a tar shard, a JPEG / PNG / WebP image, a version-2 manifest and
-//! detail block, version-1 JSON), applies a few structure-blind mutations (bit flips, byte
-//! inserts and deletes, truncation, splices, huge length fields) and checks that the parser
+//! The structure-aware driver, beside the coverage-guided libFuzzer targets in `fuzz/` (both
+//! use the seeds and checks of `crate::fuzzing`). It runs inside `cargo test`, so every CI run
+//! fuzzes without an instrumented build: each case takes a real, valid input (a tar shard, a
+//! JPEG / PNG / WebP image, a version-2 manifest and detail block, version-1 JSON), applies a
+//! few mutations aimed at the formats' fields (bit flips, byte inserts and deletes, truncation
+//! at block edges, splices, huge length fields, tar header fields) and checks that the parser
 //!
 //! - never panics (each call runs under `catch_unwind`);
 //! - returns an error, not a crash, and does so quickly (a hostile length field must not make
