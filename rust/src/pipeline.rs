@@ -1530,7 +1530,7 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::fixtures::{jpeg, scratch_dir, tar_of};
+    use crate::sample::fixtures::{jpeg, raw, scratch_dir, tar_of};
     use std::path::Path;
 
     /// 8 x 8 output images: 192 bytes a slot.
@@ -1658,19 +1658,6 @@ mod tests {
             text: format!("caption of {key}"),
             origin,
         })
-    }
-
-    fn raw(key: &str, members: &[(&str, &[u8])]) -> RawSample {
-        RawSample {
-            key: key.into(),
-            members: members
-                .iter()
-                .map(|(e, d)| (e.to_string(), d.to_vec()))
-                .collect(),
-            offset: 0,
-            ordinal: 0,
-            defect: None,
-        }
     }
 
     #[test]

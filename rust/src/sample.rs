@@ -225,6 +225,22 @@ pub fn decode_standalone_image(
 pub(crate) mod fixtures {
     use std::path::PathBuf;
 
+    use crate::group::RawSample;
+
+    /// A sample as grouping yields it, keyed `key`, holding `members` (extension, bytes).
+    pub fn raw(key: &str, members: &[(&str, &[u8])]) -> RawSample {
+        RawSample {
+            key: key.into(),
+            members: members
+                .iter()
+                .map(|(e, d)| (e.to_string(), d.to_vec()))
+                .collect(),
+            offset: 0,
+            ordinal: 0,
+            defect: None,
+        }
+    }
+
     /// A `w` x `h` baseline JPEG of a colour gradient, encoded by the `image` crate.
     pub fn jpeg(w: u32, h: u32) -> Vec<u8> {
         let img = image::RgbImage::from_fn(w, h, |x, y| {
@@ -277,15 +293,17 @@ mod tests {
     use super::*;
 
     fn raw(members: &[(&str, &[u8])]) -> RawSample {
-        RawSample {
-            key: "000042".into(),
-            members: members
-                .iter()
-                .map(|(e, d)| (e.to_string(), d.to_vec()))
-                .collect(),
-            offset: 0,
-            ordinal: 0,
-            defect: None,
+        super::fixtures::raw("000042", members)
+    }
+
+    /// A random-resized crop to `size`, small enough a part of the image that where it falls shows.
+    fn random_crop(size: u32) -> SampleSpec {
+        SampleSpec {
+            crop: CropMode::RandomResized {
+                scale: (0.1, 0.3),
+                ratio: (0.75, 1.333),
+            },
+            ..spec(size)
         }
     }
 
@@ -416,13 +434,7 @@ mod tests {
     #[test]
     fn a_random_crop_is_a_function_of_the_seed_and_the_key_only() {
         let image = jpeg(64, 48);
-        let random = SampleSpec {
-            crop: CropMode::RandomResized {
-                scale: (0.1, 0.3),
-                ratio: (0.75, 1.333),
-            },
-            ..spec(16)
-        };
+        let random = random_crop(16);
         let pixels = |key: &str, seed: u64, worker: &mut Worker| {
             let mut slot = vec![0u8; 3 * 16 * 16];
             prepare_image(&image, key, &random, seed, worker, &mut slot).unwrap();
@@ -456,13 +468,7 @@ mod tests {
     #[test]
     fn a_standalone_image_is_decoded_as_the_sample_keyed_image_would_be() {
         let image = jpeg(64, 48);
-        let random = SampleSpec {
-            crop: CropMode::RandomResized {
-                scale: (0.1, 0.3),
-                ratio: (0.75, 1.333),
-            },
-            ..spec(16)
-        };
+        let random = random_crop(16);
         let mut as_sample = vec![0u8; 3 * 16 * 16];
         prepare_image(
             &image,
