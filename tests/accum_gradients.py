@@ -1,4 +1,4 @@
-"""The gradients that the accumulation tests compare: the tiny CLIP model on a fixed batch, its
+"""The gradients that the accumulation tests compare: the tiny models on a fixed batch, their
 gradient as the trainer accumulates it over micro-batches, and the distance between two
 gradients. Shared by the tests and the DDP worker script they start under torchrun."""
 
@@ -16,6 +16,10 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 def global_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     diff = sum(float((a[n] - b[n]).double().pow(2).sum()) for n in b)
     return (diff / sum(float(b[n].double().pow(2).sum()) for n in b)) ** 0.5
+
+
+def max_abs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[n] - b[n]).abs().max()) for n in b)
 
 
 def error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], precision: str) -> float:
@@ -57,3 +61,20 @@ def gradients(
 def split(x: torch.Tensor, t: torch.Tensor, k: int):
     m = x.shape[0] // k
     return [(x[i * m : (i + 1) * m], t[i * m : (i + 1) * m]) for i in range(k)]
+
+
+def model_batch(name: str, n: int = 16):
+    """A model of ``name`` (seeded) and a fixed batch for it, with captions of unequal lengths.
+
+    A SigLIP model's bias is set to 0: at its initial -10 the positive pairs dominate the loss so
+    much that the negatives, the only terms that couple samples, hardly reach the gradient, and
+    a check of the coupling would have no teeth."""
+    torch.manual_seed(0)
+    bundle = create_model(name, pretrained="", device=torch.device("cpu"))
+    if getattr(bundle.model, "logit_bias", None) is not None:
+        with torch.no_grad():
+            bundle.model.logit_bias.fill_(0.0)
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (n, 3, 64, 64), dtype=torch.uint8, generator=generator)
+    captions = [f"a photo of thing number {i} with {'many ' * (i % 5)}words" for i in range(n)]
+    return bundle, bundle.normalise(images, torch.device("cpu")), bundle.tokenizer(captions)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from accum_gradients import global_error, gradients, relative_error, setup, split
-from shardstream.train.loss import make_clip_loss
+from shardstream.train.loss import make_loss
 from train_support import torchrun
 
 TOLERANCE = 1e-4
@@ -38,7 +38,7 @@ def tolerance(precision: str) -> float:
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_k_micro_batches_give_the_gradient_of_one_big_batch(k: int) -> None:
     bundle, x, t = setup()
-    loss_fn = make_clip_loss(0, 1)
+    loss_fn = make_loss("clip", 0, 1)
     full_loss, full = gradients(bundle.model, loss_fn, [(x, t)])
     accum_loss, accum = gradients(bundle.model, loss_fn, split(x, t, k))
     assert accum_loss == pytest.approx(full_loss, rel=1e-5)
@@ -50,7 +50,7 @@ def test_k_micro_batches_give_the_gradient_of_one_big_batch(k: int) -> None:
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_accumulation_is_exact_under_autocast(precision: str) -> None:
     bundle, x, t = setup()
-    loss_fn = make_clip_loss(0, 1)
+    loss_fn = make_loss("clip", 0, 1)
     _, reference = gradients(bundle.model, loss_fn, [(x, t)])  # fp32
     full_loss, full = gradients(bundle.model, loss_fn, [(x, t)], precision)
     accum_loss, accum = gradients(bundle.model, loss_fn, split(x, t, 4), precision)
@@ -64,12 +64,11 @@ def test_accumulation_is_exact_under_autocast(precision: str) -> None:
 def test_averaging_small_batch_losses_would_not_be_exact() -> None:
     """The check above has teeth: the naive alternative differs far beyond the tolerance."""
     bundle, x, t = setup()
-    loss_fn = make_clip_loss(0, 1)
+    loss_fn = make_loss("clip", 0, 1)
     _, full = gradients(bundle.model, loss_fn, [(x, t)])
     bundle.model.zero_grad(set_to_none=True)
     for xi, ti in split(x, t, 4):
-        out = bundle.model(xi, ti)
-        (loss_fn(out["image_features"], out["text_features"], out["logit_scale"]) / 4).backward()
+        (loss_fn(bundle.model(xi, ti)) / 4).backward()
     naive = {n: p.grad.clone() for n, p in bundle.model.named_parameters() if p.requires_grad}
     assert relative_error(naive, full) > 100 * TOLERANCE
 
@@ -82,7 +81,7 @@ WORKER = textwrap.dedent(
     import torch.distributed as dist
     sys.path.insert(0, {tests!r})
     from accum_gradients import error, gradients, setup, split
-    from shardstream.train.loss import make_clip_loss
+    from shardstream.train.loss import make_loss
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -90,11 +89,11 @@ WORKER = textwrap.dedent(
     bundle, x, t = setup(16)
     ddp = torch.nn.parallel.DistributedDataParallel(bundle.model, forward_sync_buffers=False)
     local_x, local_t = x[rank * 8 : (rank + 1) * 8], t[rank * 8 : (rank + 1) * 8]
-    loss_fn = make_clip_loss(rank, world)
+    loss_fn = make_loss("clip", rank, world)
     errors = {{}}
     for precision in ("fp32", "bf16", "fp16"):
         # reference: the whole global batch of 16 in one process, no DDP, same precision
-        _, reference = gradients(bundle.model, make_clip_loss(0, 1), [(x, t)], precision)
+        _, reference = gradients(bundle.model, make_loss("clip", 0, 1), [(x, t)], precision)
         unaccumulated = None
         for k in (1, 2, 4):
             _, grads = gradients(ddp, loss_fn, split(local_x, local_t, k), precision)

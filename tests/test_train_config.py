@@ -91,7 +91,10 @@ def test_yaml_scientific_notation_is_a_float(tmp_path: Path) -> None:
         (["--trian.batch_size", "3"], "unknown config field 'trian.batch_size'"),
         (["--train.batch_size", "many"], "train.batch_size: expected int, got 'many'"),
         (["--train.batch_size", "0"], "train.batch_size: must be >= 1, got 0"),
-        (["--model.precision", "fp8"], "model.precision: expected one of 'bf16', 'fp16', 'fp32', got 'fp8'"),
+        (
+            ["--model.precision", "fp8"],
+            "model.precision: expected one of 'bf16', 'fp16', 'fp32', 'pure_bf16', got 'fp8'",
+        ),
         (["--optim.betas", "[0.9]"], "optim.betas: must be two numbers in [0, 1)"),
         (["--optim.base_lr", "-1"], "optim.base_lr: must be > 0"),
         (["--log.tensorboard", "maybe"], "log.tensorboard: expected bool"),

@@ -80,6 +80,9 @@ class LoaderConfig:
     read_timeout: float = DEFAULTS.read_timeout
     max_retries: int = DEFAULTS.max_retries
     tokenizer: str | None = None
+    context_length: int | None = (
+        None  # tokens per caption; None: the tokenizer's own (77 for a tokenizer.json)
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -88,6 +91,8 @@ class LoaderConfig:
             raise ValueError(f"on_error must be 'skip' or 'raise', got {self.on_error!r}")
         if self.crop not in ("center", "random"):
             raise ValueError(f"crop must be 'center' or 'random', got {self.crop!r}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be at least 2, got {self.context_length}")
         # Sequences are kept as tuples, so that the configuration stays immutable.
         if self.image_keys is not None:
             object.__setattr__(self, "image_keys", tuple(self.image_keys))
@@ -105,6 +110,7 @@ class LoaderConfig:
             "prefetch",
             "pin_memory",
             "tokenizer",
+            "context_length",
         )
         config = asdict(self)
         for key in handled_by_loader:

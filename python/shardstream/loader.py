@@ -93,6 +93,7 @@ class ShardLoader:
         read_timeout: float = LoaderConfig.read_timeout,
         max_retries: int = LoaderConfig.max_retries,
         tokenizer: str | None = LoaderConfig.tokenizer,
+        context_length: int | None = LoaderConfig.context_length,
         sources: list[Any] | None = None,
         **source_options: Any,
     ) -> None:
@@ -119,6 +120,7 @@ class ShardLoader:
             read_timeout=read_timeout,
             max_retries=max_retries,
             tokenizer=tokenizer,
+            context_length=context_length,
         )
         from shardstream.urls import expand_urls
 
@@ -150,7 +152,7 @@ class ShardLoader:
         from shardstream.text import resolve_tokenizer
 
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
-        self._tokenizer = resolve_tokenizer(tokenizer) if tokenizer is not None else None
+        self._tokenizer = resolve_tokenizer(tokenizer, context_length) if tokenizer is not None else None
         self._config["tokenizer"] = self._tokenizer
         from shardstream.urls import READER_OPTIONS
 

@@ -17,12 +17,13 @@ from typing import Any
 DEFAULT_CONTEXT_LENGTH = 77
 
 
-def resolve_tokenizer(tokenizer: str) -> tuple[str, str, int]:
-    """(kind, path, context_length) for the Rust tokenizer: kind "bpe" or "json"."""
+def resolve_tokenizer(tokenizer: str, context_length: int | None = None) -> tuple[str, str, int]:
+    """(kind, path, context_length) for the Rust tokenizer: kind "bpe" or "json".
+    ``context_length``: tokens per caption; None: the open_clip model's, or 77 for a file."""
     if tokenizer.endswith(".json") or os.path.isfile(tokenizer):
         if not os.path.isfile(tokenizer):
             raise FileNotFoundError(f"tokenizer file {tokenizer!r} does not exist")
-        resolved = ("json", tokenizer, DEFAULT_CONTEXT_LENGTH)
+        resolved = ("json", tokenizer, context_length or DEFAULT_CONTEXT_LENGTH)
         # Loaded once here so that a file that is not a tokenizer.json fails when the loader is
         # made, naming the file, rather than at its first batch.
         rust_tokenizer_of(resolved)
@@ -38,7 +39,8 @@ def resolve_tokenizer(tokenizer: str) -> tuple[str, str, int]:
         raise FileNotFoundError(
             f"tokenizer file {tokenizer!r} does not exist (nor is it an open_clip model name)"
         )
-    return _resolve_open_clip(tokenizer)
+    kind, path, own_length = _resolve_open_clip(tokenizer)
+    return kind, path, context_length or own_length
 
 
 @functools.cache

@@ -60,6 +60,13 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
     if args.print_config:
         print(config_to_yaml(cfg), end="")
         return 0
+    from shardstream.train.slurm import SlurmLaunchError, torch_environment
+
+    try:
+        os.environ.update(torch_environment(os.environ))
+    except SlurmLaunchError as e:
+        print(f"train_clip.py: error: {e}", file=sys.stderr, flush=True)
+        return 2
     # Every rank, before any process group, model or data: one line per missing package.
     from shardstream.train.deps import problems
 

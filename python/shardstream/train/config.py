@@ -39,13 +39,44 @@ class ModelConfig:
         "'shardstream-tiny' (a 64 px ViT for the CPU demo)",
     )
     pretrained: str = _f("", "open_clip pretrained tag or local weights file; empty: random initialisation")
-    precision: Literal["bf16", "fp16", "fp32"] = _f(
+    precision: Literal["bf16", "fp16", "fp32", "pure_bf16"] = _f(
         "bf16",
         "bf16: autocast to bfloat16 (weights and optimizer stay fp32); fp16: autocast to float16 with "
         "dynamic loss scaling (GradScaler; overflowing steps are skipped and counted in the log); "
-        "fp32: no autocast",
+        "fp32: no autocast; pure_bf16: weights, gradients and optimizer state in bfloat16 (half the "
+        "memory; open_clip's pure_bf16), initialised in fp32 first so the weights match the other modes'",
     )
     grad_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    loss: Literal["auto", "clip", "siglip", "coca"] = _f(
+        "auto",
+        "auto: from the model (a CoCa model: coca; a logit bias, i.e. init_logit_bias in its config: "
+        "siglip; else clip); a choice that leaves parameters untrained is refused at start",
+    )
+    siglip_exchange: Literal["neighbour", "gather"] = _f(
+        "neighbour",
+        "SigLIP across ranks: neighbour passes text features around the ring (W-1 exchanges, one "
+        "neighbour's block held at a time; open_clip's bidir); gather all-gathers them once",
+    )
+    coca_contrastive_weight: float = _f(
+        1.0, "CoCa: weight of the contrastive term (open_clip_train's default)"
+    )
+    coca_caption_weight: float = _f(2.0, "CoCa: weight of the caption term (open_clip_train's default)")
+    lock_image: bool = _f(
+        False, "freeze the image tower (LiT: a pretrained image tower, a text tower trained to it)"
+    )
+    lock_image_unlocked_groups: int = _f(0, "with lock_image: leave this many last layer groups trainable")
+    lock_image_freeze_bn_stats: bool = _f(
+        False, "with lock_image: also freeze BatchNorm statistics (timm towers)"
+    )
+    lock_text: bool = _f(False, "freeze the text tower")
+    lock_text_unlocked_layers: int = _f(0, "with lock_text: leave this many last layers trainable")
+    lock_text_freeze_layer_norm: bool = _f(True, "with lock_text: also freeze its LayerNorms")
+    tokenizer: str = _f(
+        "",
+        "a tokenizer.json file or a Hugging Face tokenizer folder holding one, run by the loader's "
+        "Rust tokenizers path and for evaluation (context length: the model's); empty: the model's "
+        "own (open_clip's CLIP BPE in the loader; a Hugging Face one needs transformers and its files)",
+    )
 
 
 @dataclass
@@ -83,7 +114,15 @@ class DataConfig:
     heldout_index: str = _f("", "index of the held-out shards; built automatically for 'demo'")
     demo_dir: str = _f("data/demo", "where the demo dataset is generated (relative to the working directory)")
     image_size: int = _f(0, "decoded image side in pixels; 0: the model's own input size")
-    crop: Literal["center", "random"] = _f("center", "crop to a square after resizing the shorter side")
+    crop: Literal["center", "random"] = _f(
+        "center",
+        "center: resize the shorter side, crop the middle square; random: a random-resized crop whose "
+        "area is a fraction in data.crop_scale of the image (open_clip's training transform)",
+    )
+    crop_scale: list[float] = _f(
+        list(DEFAULTS.random_crop_scale),
+        "with crop random: the range of the crop's area as a fraction of the image (open_clip's)",
+    )
     shuffle_buffer: int = _f(2048, "samples held by each rank's shuffle buffer (memory vs randomness)")
     threads: int = _f(0, "decode threads per rank; 0: the loader's default")
     caption_key: str = _f(DEFAULTS.caption_key, "the sample member holding the caption")
@@ -120,7 +159,17 @@ class TrainConfig:
     stop_at_step: int = _f(
         0, "end this run after this step, with a checkpoint, leaving the schedule unchanged (job time limits)"
     )
-    seed: int = _f(0, "seed of the model initialisation and the data order")
+    seed: int = _f(
+        0,
+        "seed of the model initialisation (the same on every rank) and the data order; dropout, "
+        "patch dropout and other random draws use a stream per rank derived from it",
+    )
+    compile: bool = _f(
+        False,
+        "torch.compile the model (inductor; the first steps pay the compilation, a C/C++ compiler "
+        "is needed on the CPU); checkpoints hold the plain model's weights, so resume is exact",
+    )
+    tf32: bool = _f(True, "on CUDA, TF32 matmuls and convolutions (Ampere and later); no effect on the CPU")
     grad_clip_norm: float = _f(1.0, "clip the gradient norm to this value; 0: no clipping")
     torch_threads: int = _f(0, "torch intra-op threads per process; 0: cores / local processes")
     resume: str = _f("", "'latest' (the newest checkpoint in output_dir), a checkpoint file, or empty")
@@ -141,14 +190,25 @@ class OptimConfig:
         "lr = base_lr * scale(global_batch / base_batch); auto: sqrt for adamw, linear for sgd",
     )
     weight_decay: float = _f(
-        0.1, "decoupled weight decay; never applied to gains, biases and the logit scale"
+        0.1,
+        "decoupled weight decay; never applied to gains, biases, the logit scale and bias, the "
+        "tensors the model's no_weight_decay() names (positional and class embeddings), and optim.no_decay",
+    )
+    no_decay: list[str] = _f(
+        [], "more parameters without weight decay: fnmatch patterns of their names, e.g. '*.cls_emb'"
     )
     betas: list[float] = _f([0.9, 0.98], "AdamW betas")
     eps: float = _f(1e-6, "AdamW epsilon")
     momentum: float = _f(0.9, "SGD momentum")
     warmup_steps: int = _f(50, "linear warmup from 0 to the peak learning rate")
-    schedule: Literal["cosine", "constant"] = _f("cosine", "after warmup: cosine decay, or constant")
-    min_lr_ratio: float = _f(0.0, "cosine floor, as a fraction of the peak learning rate")
+    schedule: Literal["cosine", "constant", "const-cooldown"] = _f(
+        "cosine",
+        "after warmup: cosine decay; constant; or const-cooldown (constant, then a decay over the last "
+        "optim.cooldown_steps steps to min_lr_ratio, open_clip's const-cooldown)",
+    )
+    min_lr_ratio: float = _f(0.0, "floor of the decay (cosine, cooldown), as a fraction of the peak rate")
+    cooldown_steps: int = _f(0, "const-cooldown: steps of the final decay")
+    cooldown_power: float = _f(1.0, "const-cooldown: shape of the decay (1: linear, as open_clip's default)")
 
 
 @dataclass
@@ -362,6 +422,20 @@ def validate(cfg: Config) -> Config:
     require(cfg.optim.eps > 0, "optim.eps", "must be > 0")
     require(0 <= cfg.optim.momentum < 1, "optim.momentum", "must be in [0, 1)")
     require(cfg.optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+    require(
+        len(cfg.data.crop_scale) == 2 and 0 < cfg.data.crop_scale[0] <= cfg.data.crop_scale[1] <= 1,
+        "data.crop_scale",
+        "must be two fractions 0 < low <= high <= 1",
+    )
+    require(cfg.optim.cooldown_steps >= 0, "optim.cooldown_steps", "must be >= 0")
+    require(cfg.optim.cooldown_power > 0, "optim.cooldown_power", "must be > 0")
+    require(
+        cfg.optim.schedule != "const-cooldown" or cfg.optim.cooldown_steps > 0,
+        "optim.cooldown_steps",
+        "must be > 0 with optim.schedule const-cooldown",
+    )
+    require(cfg.model.lock_image_unlocked_groups >= 0, "model.lock_image_unlocked_groups", "must be >= 0")
+    require(cfg.model.lock_text_unlocked_layers >= 0, "model.lock_text_unlocked_layers", "must be >= 0")
     require(0 <= cfg.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
     require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0")
     require(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
@@ -372,6 +446,8 @@ def validate(cfg: Config) -> Config:
     )
     require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
     require(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0")
+    require(cfg.model.coca_contrastive_weight >= 0, "model.coca_contrastive_weight", "must be >= 0")
+    require(cfg.model.coca_caption_weight > 0, "model.coca_caption_weight", "must be > 0")
     require(cfg.log.every_steps >= 1, "log.every_steps", "must be >= 1")
     require(cfg.dist.timeout_s >= 1, "dist.timeout_s", "must be >= 1")
     require(cfg.dist.join_timeout_s >= 1, "dist.join_timeout_s", "must be >= 1")

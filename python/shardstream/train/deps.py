@@ -29,6 +29,7 @@ class Requirement:
     package: str  # what pip installs
     needed_for: str
     off_switch: str = ""  # the setting that does without it ("" : nothing does)
+    instead: str = ""  # a setting that provides it another way ("": none)
 
 
 def installed(module: str) -> bool:
@@ -46,11 +47,36 @@ def requirements(cfg: Config | None) -> list[Requirement]:
         Requirement("open_clip", "open_clip_torch", "the CLIP models and loss"),
         Requirement("yaml", "pyyaml", "config files"),
     ]
+    if (
+        cfg is not None
+        and not cfg.model.tokenizer
+        and installed("open_clip")
+        and not installed("transformers")
+    ):
+        hf_name = _hf_tokenizer(cfg.model.name)
+        if hf_name:
+            needed.append(
+                Requirement(
+                    "transformers",
+                    "transformers",
+                    f"model.name {cfg.model.name} (its Hugging Face tokenizer {hf_name!r})",
+                    instead="--model.tokenizer PATH (a local tokenizer.json or tokenizer folder)",
+                )
+            )
     if cfg is not None and cfg.log.tensorboard:
         needed.append(Requirement("tensorboard", "tensorboard", "log.tensorboard", "--log.tensorboard false"))
     if cfg is not None and cfg.log.progress == "on":
         needed.append(Requirement("tqdm", "tqdm", "log.progress on", "--log.progress auto"))
     return needed
+
+
+def _hf_tokenizer(model_name: str) -> str | None:
+    from shardstream.train.model import hf_tokenizer_name
+
+    try:
+        return hf_tokenizer_name(model_name)
+    except Exception:  # an unknown model: create_model names it, with the known ones
+        return None
 
 
 def problems(cfg: Config | None) -> list[str]:
@@ -62,6 +88,8 @@ def problems(cfg: Config | None) -> list[str]:
         fix = f"pip install '{EXTRA}' (or {req.package})"
         if req.off_switch:
             fix += f", or turn it off: {req.off_switch}"
+        if req.instead:
+            fix += f", or set {req.instead}"
         lines.append(f"{req.needed_for} needs the {req.package} package, which is not installed: {fix}")
     return lines
 

@@ -97,7 +97,9 @@ def mixture_sources(cfg: Config) -> list[object]:
     return out
 
 
-def train_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistContext) -> object:
+def train_loader(
+    cfg: Config, sources: DataSources, image_size: int, ctx: DistContext, context_length: int | None = None
+) -> object:
     mixture = mixture_sources(cfg)
     return _opening("data.sources" if mixture else "data.train")(
         None if mixture else sources.train,
@@ -114,22 +116,32 @@ def train_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistCo
         on_error=cfg.data.on_error,
         caption_key=cfg.data.caption_key,
         crop=cfg.data.crop,
+        random_crop_scale=(cfg.data.crop_scale[0], cfg.data.crop_scale[1]),
         samples_per_epoch=cfg.data.samples_per_epoch or None,
-        tokenizer=loader_tokenizer(cfg.model.name) if cfg.data.tokenize_in_loader else None,
+        **(loader_tokenizer(cfg, context_length) if cfg.data.tokenize_in_loader else {}),
     )
 
 
-def loader_tokenizer(model_name: str) -> str | None:
-    """The model's tokenizer for the loader's Rust threads (``batch.tokens``), so the training
-    step never tokenizes in Python; None for a model whose tokenizer the Rust pipeline does not
-    reproduce (not open_clip's CLIP BPE): the step then tokenizes ``batch.texts`` itself."""
+def loader_tokenizer(cfg: Config, context_length: int | None) -> dict[str, object]:
+    """The loader's tokenizer arguments, so that captions are tokenized in its Rust threads
+    (``batch.tokens``) and the training step never tokenizes in Python: ``model.tokenizer`` (a
+    tokenizer.json) at the model's context length, or the model's own name when the Rust pipeline
+    reproduces its tokenizer (open_clip's CLIP BPE). Empty for any other: the step then tokenizes
+    ``batch.texts`` itself with the model's tokenizer."""
     from shardstream.text import resolve_tokenizer
 
+    if cfg.model.tokenizer:
+        from shardstream.train.model import tokenizer_json_path
+
+        args: dict[str, object] = {"tokenizer": tokenizer_json_path(cfg.model.tokenizer)}
+        if context_length:
+            args["context_length"] = context_length
+        return args
     try:
-        resolve_tokenizer(model_name)
+        resolve_tokenizer(cfg.model.name)
     except (ValueError, RuntimeError):
-        return None
-    return model_name
+        return {}
+    return {"tokenizer": cfg.model.name}
 
 
 def heldout_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistContext) -> object:

@@ -42,12 +42,30 @@ from shardstream.train.evaluate import evaluate as run_evaluation
 from shardstream.train.evaluate import load_classes
 from shardstream.train.inputs import InputPipeline
 from shardstream.train.loaders import DataSources, heldout_loader, resolve_sources, train_loader
-from shardstream.train.loss import contrastive_backward, make_clip_loss
+from shardstream.train.loss import contrastive_backward, make_loss, resolve_loss_kind
 from shardstream.train.metrics import StepMetrics
-from shardstream.train.model import autocast_factory, create_model, grad_scaler, param_groups, unwrap
+from shardstream.train.model import (
+    autocast_factory,
+    create_model,
+    grad_scaler,
+    lock_towers,
+    param_groups,
+    unwrap,
+)
 from shardstream.train.schedule import WarmupCosine, global_batch_size, resolve_rule, scale_lr
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP clamps the temperature so logits stay below 100x
+
+
+def rank_seed(seed: int, rank: int, *more: int) -> int:
+    """A seed of its own for each rank (and resume step), derived from the run's seed."""
+    return int(np.random.SeedSequence([seed, rank, *more]).generate_state(1)[0])
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 class Trainer:
@@ -93,6 +111,7 @@ class Trainer:
             "total_steps": self.total_steps,
             "start_step": self.step,
             "model": self.cfg.model.name,
+            "loss": self.loss_kind,
             "precision": self.cfg.model.precision,
             "config": self.cfg.to_dict(),
         }
@@ -106,10 +125,11 @@ class Trainer:
             )
         elif cfg.train.torch_threads:
             torch.set_num_threads(cfg.train.torch_threads)
+        if ctx.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
+            torch.backends.cudnn.allow_tf32 = cfg.train.tf32
         # Same seed on every rank: identical initial weights (DDP also broadcasts rank 0's).
-        torch.manual_seed(cfg.train.seed)
-        random.seed(cfg.train.seed)
-        np.random.seed(cfg.train.seed)
+        seed_everything(cfg.train.seed)
 
         self.output_dir = Path(cfg.train.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
@@ -124,7 +144,15 @@ class Trainer:
             device=ctx.device,
             grad_checkpointing=cfg.model.grad_checkpointing,
             image_size=cfg.data.image_size or None,
+            tokenizer=cfg.model.tokenizer,
+            precision=cfg.model.precision,
         )
+        # before any data: a loss the model cannot train is a config error naming both
+        self.loss_kind = resolve_loss_kind(cfg.model.loss, self.bundle.model, cfg.model.name)
+        lock_towers(self.bundle.model, cfg.model)
+        # From here on each rank draws its own random numbers (dropout, patch dropout masks):
+        # the same stream on every rank would drop the same units of every rank's samples.
+        seed_everything(rank_seed(cfg.train.seed, ctx.rank))
         self.sources: DataSources = resolve_sources(cfg, ctx, self.log)
         self.classes = load_classes(self.sources.zeroshot_classes) if self.sources.zeroshot_classes else None
         model = self.bundle.model
@@ -135,16 +163,27 @@ class Trainer:
                 device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                 forward_sync_buffers=False,
             )
+        if cfg.train.compile:
+            # Over the DDP wrapper: its graph breaks at the gradient buckets, so the all-reduce of
+            # one bucket overlaps the backward of the next, as without compile.
+            model = torch.compile(model)
         self.model = model
         self.autocast = autocast_factory(cfg.model.precision, ctx.device)
         self.scaler = grad_scaler(cfg.model.precision, ctx.device)
         # fp16 steps skipped for overflowing gradients, counted on the device (read when logged)
         self._skipped = torch.zeros((), dtype=torch.int64, device=ctx.device) if self.scaler else None
-        self.loss_fn = make_clip_loss(ctx.rank, ctx.world_size)
+        self.loss_fn = make_loss(
+            self.loss_kind,
+            ctx.rank,
+            ctx.world_size,
+            siglip_exchange=cfg.model.siglip_exchange,
+            coca_contrastive_weight=cfg.model.coca_contrastive_weight,
+            coca_caption_weight=cfg.model.coca_caption_weight,
+        )
         self.metrics = StepMetrics(ctx)
 
         self.image_size = self.bundle.image_size
-        self.loader: Any = train_loader(cfg, self.sources, self.image_size, ctx)
+        self.loader: Any = train_loader(cfg, self.sources, self.image_size, ctx, self.bundle.context_length)
         if self.sources.heldout is not None:
             heldout_loader(cfg, self.sources, self.image_size, ctx)  # fail now, not after training
         try:
@@ -176,7 +215,7 @@ class Trainer:
 
         rule = resolve_rule(cfg.optim.lr_scaling, cfg.optim.optimizer)
         self.lr_scaling = scale_lr(cfg.optim.base_lr, cfg.optim.base_batch, self.global_batch, rule)
-        groups = param_groups(self.bundle.model, cfg.optim.weight_decay)
+        groups = param_groups(self.bundle.model, cfg.optim.weight_decay, cfg.optim.no_decay)
         if cfg.optim.optimizer == "adamw":
             self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
                 groups,
@@ -197,6 +236,8 @@ class Trainer:
             warmup_steps=cfg.optim.warmup_steps,
             schedule=cfg.optim.schedule,
             min_ratio=cfg.optim.min_lr_ratio,
+            cooldown_steps=cfg.optim.cooldown_steps,
+            cooldown_power=cfg.optim.cooldown_power,
         )
 
         builtins: list[Callback] = [JsonlLogger(self.output_dir / "log.jsonl")]
@@ -253,9 +294,7 @@ class Trainer:
             ckpt.set_rng_state(payload["rng"][ctx.rank])
         else:
             # Other ranks, other streams: derive fresh ones from (seed, rank, step).
-            torch.manual_seed(
-                int(np.random.SeedSequence([cfg.train.seed, ctx.rank, self.step]).generate_state(1)[0])
-            )
+            seed_everything(rank_seed(cfg.train.seed, ctx.rank, self.step))
             self.log(
                 f"resume: checkpoint from {saved_world} ranks onto {ctx.world_size}: the rest of epoch "
                 f"{self.epoch} is re-planned; RNG streams re-seeded"
@@ -313,7 +352,7 @@ class Trainer:
         precision = cfg.model.precision + (" with dynamic loss scaling" if self.scaler else "")
         self.log(
             f"shardstream CLIP training: {cfg.model.name} ({params / 1e6:.1f} M parameters, "
-            f"{precision}) on {ctx.world_size} x {ctx.device.type} ({backend})"
+            f"{precision}, {self.loss_kind} loss) on {ctx.world_size} x {ctx.device.type} ({backend})"
         )
         self.log(
             f"global batch {self.global_batch} = {cfg.train.batch_size} per device x {ctx.world_size} "
@@ -430,6 +469,7 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         logit_scale = unwrap(self.model).logit_scale
+        logit_bias = getattr(unwrap(self.model), "logit_bias", None)
         with torch.no_grad():
             logit_scale.clamp_(0.0, LOGIT_SCALE_MAX)
         model_end = time.perf_counter()
@@ -463,6 +503,7 @@ class Trainer:
             loss,
             grad_norm=grad_norm,
             logit_scale=logit_scale.detach().exp(),
+            logit_bias=logit_bias.detach().clone() if logit_bias is not None else None,
             loss_scale=loss_scale,
             skipped_steps=self._skipped.clone() if self._skipped is not None else None,
         )

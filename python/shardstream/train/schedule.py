@@ -1,4 +1,5 @@
-"""Learning rate: scaled from a base rate by the global batch size, then warmup + cosine decay."""
+"""Learning rate: scaled from a base rate by the global batch size, then warmup + cosine decay
+(or constant, or constant with a final cooldown)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,31 @@ def scale_lr(base_lr: float, base_batch: int, global_batch: int, rule: str) -> L
     return LrScaling(base_lr, base_batch, global_batch, rule, base_lr * factor)
 
 
-def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:
+def lr_factor(
+    step: int,
+    *,
+    total_steps: int,
+    warmup_steps: int,
+    schedule: str,
+    min_ratio: float,
+    cooldown_steps: int = 0,
+    cooldown_power: float = 1.0,
+) -> float:
     """Multiplier of the peak rate for the update made at ``step`` (0-based): linear warmup over
     the first ``warmup_steps`` updates (never 0, so the first step moves), then cosine from 1 down to
-    ``min_ratio`` at the last step, or constant."""
+    ``min_ratio`` at the last step; or constant; or const-cooldown: constant until the last
+    ``cooldown_steps`` steps, then ``(1 - progress) ** cooldown_power`` down to ``min_ratio`` (the
+    shape of open_clip's ``const_lr_cooldown``)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
+    if schedule == "const-cooldown":
+        start = total_steps - cooldown_steps
+        if step < start:
+            return 1.0
+        progress = min(1.0, (step - start) / max(1, cooldown_steps))
+        return min_ratio + (1.0 - min_ratio) * (1.0 - progress) ** cooldown_power
     decay_steps = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -80,6 +98,8 @@ class WarmupCosine:
         warmup_steps: int,
         schedule: str = "cosine",
         min_ratio: float = 0.0,
+        cooldown_steps: int = 0,
+        cooldown_power: float = 1.0,
     ) -> None:
         self.optimizer = optimizer
         self.peak_lr = peak_lr
@@ -87,6 +107,8 @@ class WarmupCosine:
         self.warmup_steps = warmup_steps
         self.schedule = schedule
         self.min_ratio = min_ratio
+        self.cooldown_steps = cooldown_steps
+        self.cooldown_power = cooldown_power
         self.step_count = 0
         self.apply()
 
@@ -97,6 +119,8 @@ class WarmupCosine:
             warmup_steps=self.warmup_steps,
             schedule=self.schedule,
             min_ratio=self.min_ratio,
+            cooldown_steps=self.cooldown_steps,
+            cooldown_power=self.cooldown_power,
         )
 
     @property
@@ -120,6 +144,8 @@ class WarmupCosine:
             "warmup_steps": self.warmup_steps,
             "schedule": self.schedule,
             "min_ratio": self.min_ratio,
+            "cooldown_steps": self.cooldown_steps,
+            "cooldown_power": self.cooldown_power,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
