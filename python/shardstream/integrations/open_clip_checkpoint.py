@@ -4,8 +4,9 @@ open_clip_train saves ``{"epoch", "name", "state_dict", "optimizer", "scaler"}``
 only. With ``--save-every-n-steps N`` the adapter saves the same dict every N optimizer steps of
 an epoch, plus ``"shardstream": {"epoch", "batches", "loader"}`` (the loader's ``state_dict``),
 as ``epoch_{E}_step_{B}.pt`` in the run's checkpoint folder (and ``epoch_latest.pt`` with
-``--save-most-recent``). ``"epoch"`` is E, the epoch in progress, so open_clip_train's own
-``--resume`` starts that epoch again, and the adapter makes it continue after batch B:
+``--save-most-recent``); B counts batches (``--accum-freq`` of them per step). ``"epoch"`` is E,
+the epoch in progress, so open_clip_train's own ``--resume`` starts that epoch again, and the
+adapter makes it continue after batch B:
 
 * open_clip_train's ``pt_load`` is wrapped to keep the checkpoint's ``"shardstream"`` entry (the
   file is read once); ``get_data`` hands it to the loader, which resumes at the exact next batch
@@ -66,9 +67,10 @@ class MidEpochSaver:
     _previous: str | None = None
 
     def __call__(self, batches: int) -> None:
+        # Every `every` optimizer steps (of --accum-freq batches each), not at the epoch's end
+        # (open_clip_train saves that).
         accum = max(1, int(self.args.accum_freq))
-        # Only between optimizer steps, and not at the epoch's end (open_clip_train saves that).
-        if self.every <= 0 or batches % self.every or batches % accum or batches >= self.num_batches:
+        if self.every <= 0 or batches % (self.every * accum) or batches >= self.num_batches:
             return
         state = self.loader.state_dict(gather=True)  # a collective: every rank is here
         if not self.args.save_logs:

@@ -358,10 +358,11 @@ def get_data(
             random_crop_scale=spec.scale or DEFAULTS.random_crop_scale,
             tokenizer=tokens_in_loader,
         )
+        # A whole epoch's batches on this world size (what open_clip_train's schedule counts),
+        # before the checkpoint's position is applied: len() after it counts only what is left.
+        loader.set_epoch(epoch)
+        num_batches = len(loader)
         position = LoaderEpoch(loader, epoch, resume)
-        # The epoch's batch count: the resume offset is part of it (len() after a resume counts
-        # only what is left).
-        num_batches = position.resume_offset(epoch) + len(loader)
         batches = OpenClipBatches(
             loader, device, spec, tokenizer, num_batches, num_batches * args.batch_size * args.world_size,
             epoch=position, keys_log=options.sample_keys_log, rank=args.rank,
