@@ -23,6 +23,7 @@ CPU the adapter wraps without ``device_ids``, as DDP requires there. Nothing els
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import types
 from typing import Any
@@ -120,25 +121,27 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         adapter_parser().print_help()
         print()
-    try:
-        import open_clip_train.main  # noqa: F401 - its presence is what is checked
-    except ImportError as e:
-        print(f"{PROG}: needs open_clip_train (pip install open_clip_torch): {e}", file=sys.stderr)
+    if importlib.util.find_spec("open_clip_train") is None:
+        print(f"{PROG}: needs open_clip_train: pip install open_clip_torch pandas", file=sys.stderr)
         return 2
-    from shardstream.train.model import register_model_configs
-
     try:
         options, rest = split_argv(argv)
         if "-h" not in rest and "--help" not in rest:
+            # Refused before torch and the model load, with one line.
             from open_clip_train.params import parse_args
 
             from shardstream.integrations.open_clip_data import check_flags
 
             check_flags(parse_args(list(rest)), options)
+        try:
+            from open_clip_train.main import main as open_clip_main
+        except ImportError as e:  # open_clip_train.data imports pandas, which open_clip_torch lacks
+            print(f"{PROG}: open_clip_train cannot start: {e} (pip install pandas?)", file=sys.stderr)
+            return 2
+        from shardstream.train.model import register_model_configs
+
         register_model_configs()  # shardstream-tiny and the other small configs, for --model
         install(options)
-        from open_clip_train.main import main as open_clip_main
-
         result = open_clip_main(rest)
     except OpenClipUsageError as e:
         print(f"{PROG}: {e}", file=sys.stderr)

@@ -32,11 +32,13 @@ import math
 import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from shardstream.errors import ShardError
+
+if TYPE_CHECKING:
+    import torch
+# torch is imported where it is used: the flags are checked, and refused, before it loads.
 
 log = logging.getLogger("shardstream.integrations.open_clip")
 
@@ -104,7 +106,7 @@ class TrainSelection:
 
 
 def split_parts(value: str | None) -> list[str]:
-    return [p for p in value.split("::")] if value else []
+    return value.split("::") if value else []
 
 
 def train_selection(args: Any, train_index: str | None) -> TrainSelection:
@@ -134,13 +136,19 @@ def train_selection(args: Any, train_index: str | None) -> TrainSelection:
         return TrainSelection(
             args.train_data, None, None, args.train_num_samples, "no index: shard-level streaming, not exact"
         )
-    if len(indexes) == 1 and not resampled:
+    if len(indexes) == 1:
+        if factors_arg is not None and len(split_parts(factors_arg)) > 1:
+            raise OpenClipUsageError(
+                "--train-data-upsampling-factors weighs sources: give one index per '::' part of "
+                "--train-data (--train-index 'IA::IB')"
+            )
+        how = "--dataset-resampled: exact epochs" if resampled else "exact epochs"
         if args.train_num_samples is None:
-            return TrainSelection(args.train_data, indexes[0], None, None, "exact epochs over the index")
+            return TrainSelection(args.train_data, indexes[0], None, None, f"{how} over the index")
         sources = [Source(index=indexes[0], urls=args.train_data, name="train")]
         return TrainSelection(
             None, None, sources, args.train_num_samples,
-            f"--train-num-samples {args.train_num_samples}: exact epochs of that many samples",
+            f"{how} of --train-num-samples {args.train_num_samples} samples",
         )  # fmt: skip
     if len(indexes) != len(parts):
         raise OpenClipUsageError(
@@ -242,6 +250,8 @@ class OpenClipBatches:
     def normalise(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, 3, S, S] -> float32 on the device, (x / 255 - mean) / std as ToTensor and
         Normalize compute it; the division happens there, so only uint8 crosses PCIe."""
+        import torch
+
         if self._mean is None:
             self._mean = torch.tensor(self.spec.mean, device=self.device).view(1, 3, 1, 1)
             self._std = torch.tensor(self.spec.std, device=self.device).view(1, 3, 1, 1)
@@ -327,6 +337,7 @@ def get_data(
 ) -> dict[str, Any]:
     """open_clip_train.data.get_data with shardstream in place of webdataset for "train" and
     "val"; ImageNet zero-shot sets (``--imagenet-val``/``--imagenet-v2``) stay open_clip's own."""
+    import torch
     from open_clip_train.data import DataInfo, get_imagenet
 
     from shardstream import DEFAULTS
@@ -391,6 +402,8 @@ def _val_batches(
 ) -> OpenClipBatches:
     """open_clip_train evaluates on rank 0 alone: one reader of every held-out sample once, in
     order, center-cropped, the last batch partial."""
+    import torch
+
     from shardstream.index import load_index
 
     spec = image_spec(preprocess, which="val")
