@@ -29,6 +29,7 @@ from train_support import (
     SmallDataset,
     build_small_dataset,
     kill_tree,
+    run_bounded,
     started,
     torchrun,
     torchrun_command,
@@ -163,6 +164,26 @@ def test_resume_latest_after_a_kill_continues_with_the_uninterrupted_keys(
     assert ours["state_dict"].keys() == theirs["state_dict"].keys()
     for name, value in theirs["state_dict"].items():
         assert torch.equal(ours["state_dict"][name], value), name
+
+
+@pytest.mark.slow
+def test_resume_on_one_rank_reads_the_rest_of_the_epoch_once(
+    uninterrupted: Path, dataset: SmallDataset, tmp_path: Path
+) -> None:
+    """The 2-rank run's mid-epoch checkpoint, resumed by one process: the loader re-plans the
+    rest of the epoch onto one rank, so it reads exactly the samples the two ranks had not."""
+    checkpoint = uninterrupted / "logs" / "whole" / "checkpoints" / "epoch_0_step_4.pt"
+    argv = open_clip_args(dataset, tmp_path / "logs", "one", tmp_path / "keys", "--resume", str(checkpoint))
+    argv[argv.index("--epochs") + 1] = "1"
+    run = run_bounded([sys.executable, "-m", MODULE, *argv[1:]], timeout=RUN_TIMEOUT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    whole = [r for rank in (0, 1) for r in key_records(uninterrupted / "keys", rank) if r["epoch"] == 0]
+    trained = {k for r in whole if r["batch"] < 4 for k in r["keys"]}
+    rest = {k for r in whole if r["batch"] >= 4 for k in r["keys"]}
+    resumed = key_records(tmp_path / "keys", 0)
+    keys = [k for r in resumed for k in r["keys"]]
+    assert [r["batch"] for r in resumed] == list(range(4, 12))  # 64 samples left, 8 batches of 8
+    assert len(keys) == len(set(keys)) == 64 and set(keys) == rest and not set(keys) & trained
 
 
 def open_clip_namespace(*argv: str) -> object:
