@@ -1,0 +1,1 @@
+"""Thin adapters that put shardstream's loader inside the training loops people already use."""
