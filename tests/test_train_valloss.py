@@ -84,3 +84,22 @@ def test_the_rank_local_copy_leaves_the_trainers_loss_alone() -> None:
     assert float(loss) == pytest.approx(float(expected))
     assert trainer_loss.world_size == 2 and trainer_loss.rank == 1
     assert torch.equal(trainer_loss.labels[torch.device("cpu")], cached) and cached.tolist() == [4, 5, 6, 7]
+
+
+def test_the_rank_local_copy_of_a_siglip_loss_is_its_single_rank_loss() -> None:
+    """Any open_clip loss: SigLIP's (pairwise sigmoid, with a bias) exchanges features with its
+    neighbour ranks when world_size > 1; its copy computes the one-rank loss of the batch."""
+    from open_clip.loss import SigLipLoss
+    from shardstream.train.evaluate import rank_local_loss
+
+    local = rank_local_loss(SigLipLoss(rank=1, world_size=2), world_size=2)
+    assert local is not None
+    generator = torch.Generator().manual_seed(1)
+    image = torch.nn.functional.normalize(torch.randn(5, 8, generator=generator), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(5, 8, generator=generator), dim=-1)
+    outputs = {
+        "image_features": image, "text_features": text,
+        "logit_scale": torch.tensor(10.0), "logit_bias": torch.tensor(-10.0),
+    }  # fmt: skip
+    expected = SigLipLoss()(image, text, torch.tensor(10.0), torch.tensor(-10.0))
+    assert float(local(outputs)) == pytest.approx(float(expected))

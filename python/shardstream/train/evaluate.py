@@ -49,6 +49,8 @@ def rank_local_loss(loss_fn: torch.nn.Module, world_size: int) -> BatchLoss | No
     local = copy.deepcopy(loss_fn)  # deep: the labels it caches must not leak into the trainer's
     if getattr(local, "world_size", 1) != 1:
         local.world_size, local.rank = 1, 0
+        if isinstance(getattr(local, "labels", None), dict):
+            local.labels = {}  # ClipLoss's cache holds this rank's offset labels, the copy's are others
     elif world_size > 1 and not hasattr(local, "world_size"):
         return None
 
