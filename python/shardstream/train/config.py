@@ -171,7 +171,8 @@ class EvalConfig:
     zeroshot_split: str = _f("test", "the labelled set's split folder")
     zeroshot_index: str = _f(
         "",
-        "index of the labelled set's shards (shardstream index) for an exact split across ranks; "
+        "index of the labelled set's shards (shardstream index SPLIT/{0..N}.tar --caption-key cls -o "
+        "INDEX) for an exact split across ranks; "
         "empty: rank 0 classifies all of it; 'demo' has its own",
     )
     recall_k: list[int] = _f([1, 5], "k values of image-to-text and text-to-image recall@k")
