@@ -161,4 +161,5 @@ def heldout_loader(cfg: Config, sources: DataSources, image_size: int, ctx: Dist
         on_error=cfg.data.on_error,
         caption_key=cfg.data.caption_key,
         crop="center",
+        tokenizer=loader_tokenizer(cfg.model.name) if cfg.data.tokenize_in_loader else None,
     )
