@@ -46,7 +46,7 @@ def rank_local_loss(loss_fn: torch.nn.Module, world_size: int) -> BatchLoss | No
     losses gather features across ranks when their ``world_size`` is above 1, which the ranks'
     unequal held-out shares would hang on: the copy has that off. None for a loss without that
     switch on several ranks (no validation loss rather than a hang)."""
-    local = copy.deepcopy(loss_fn)  # deep: the labels it caches must not leak into the trainer's
+    local = copy.deepcopy(loss_fn)  # deep: nothing the copy caches or changes is the trainer's
     if getattr(local, "world_size", 1) != 1:
         local.world_size, local.rank = 1, 0
         if isinstance(getattr(local, "labels", None), dict):
