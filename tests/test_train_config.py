@@ -160,7 +160,7 @@ def test_cli_prints_the_resolved_config() -> None:
 def test_problems_found_at_start_name_the_field(tmp_path: Path, overrides: list[str], message: str) -> None:
     from shardstream.train import train
 
-    no_eval = ["--data.heldout", "", "--eval.zeroshot_classes", ""]
+    no_eval = ["--data.heldout", "", "--eval.zeroshot", ""]
     cfg = load_config(None, [*overrides, *no_eval, "--train.output_dir", str(tmp_path)])
     with pytest.raises(ConfigError, match=re.escape(message)):
         train(cfg)

@@ -33,7 +33,7 @@ from train_support import (
 HERE = Path(__file__).resolve().parent
 # 128 samples, 2 ranks x 8: 8 steps per epoch, 16 in all; a checkpoint every 4 steps
 COMMON = [
-    "--data.heldout", "", "--eval.zeroshot_classes", "", "--train.epochs", "2",
+    "--data.heldout", "", "--eval.zeroshot", "", "--train.epochs", "2",
     "--log.log_keys", "true", "--checkpoint.every_steps", "4",
 ]  # fmt: skip
 STEPS = 16

@@ -20,7 +20,7 @@ def steps(records: list[dict]) -> dict[int, dict]:
 def test_resumed_run_matches_uninterrupted_run(tmp_path: Path) -> None:
     data = build_small_dataset(tmp_path / "data")  # 128 training samples
     common = [
-        "--data.heldout", "", "--eval.zeroshot_classes", "",
+        "--data.heldout", "", "--eval.zeroshot", "",
         "--train.accum_steps", "2", "--train.epochs", "3",  # 128 / (8 x 2 ranks x 2) = 4 steps per epoch
         "--log.log_keys", "true", "--checkpoint.every_steps", "0",
     ]  # fmt: skip

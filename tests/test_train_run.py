@@ -4,7 +4,6 @@ config, and the demo dataset itself."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -86,7 +85,7 @@ def test_demo_run_generates_data_trains_evaluates_and_logs(tmp_path: Path) -> No
 
     assert sorted(os.listdir(out / "checkpoints")) == ["latest", "step-00000002.pt", "step-00000003.pt"]
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "tensorboard"))
-    assert (tmp_path / "demo" / "classes.json").is_file()
+    assert (tmp_path / "demo" / "zeroshot" / "classnames.txt").is_file()
 
     # callbacks: every hook on every rank. The built-ins run first (the checkpoint of step 2 is
     # announced before the user's on_step_end of step 2), and the final evaluation and checkpoint
@@ -120,14 +119,27 @@ def test_streaming_without_index_and_fp32(tmp_path: Path) -> None:
 
 def test_demo_dataset_is_deterministic_and_labelled(tmp_path: Path) -> None:
     from shardstream import read_samples
-    from shardstream.train.data import DemoSpec, demo_classes, ensure_demo_data
+    from shardstream.train.data import DemoSpec, demo_classes, demo_templates, ensure_demo_data
 
     spec = DemoSpec(train_per_class=2, heldout_per_class=1, samples_per_shard=25)
     a = ensure_demo_data(tmp_path / "a", spec, log=lambda _: None)
     b = ensure_demo_data(tmp_path / "b", spec, log=lambda _: None)
     classes = demo_classes()
     assert len(classes) == 32  # 4 colours x 3 shapes x 2 sides + 8 photo classes
-    assert json.loads(Path(a.classes).read_text()) == classes
+    # the labelled set (CLIP_benchmark's layout) holds the held-out images with their class index
+    labelled = Path(a.zeroshot)
+    assert (labelled / "classnames.txt").read_text().splitlines() == list(classes)
+    templates = (labelled / "zeroshot_classification_templates.txt").read_text().splitlines()
+    assert templates == demo_templates()
+    for name, prompts in classes.items():  # every caption of a class is one of its zero-shot prompts
+        assert set(prompts) <= {t.format(c=name) for t in templates}
+    captioned = list(read_samples(a.heldout_shards))
+    count = int((labelled / "test" / "nshards.txt").read_text())
+    labelled_samples = list(read_samples([str(labelled / "test" / f"{i}.tar") for i in range(count)]))
+    assert [s["__key__"] for s in labelled_samples] == [s["__key__"] for s in captioned]
+    names = list(classes)
+    for c, s in zip(captioned, labelled_samples, strict=True):
+        assert c["jpg"] == s["jpg"] and c["txt"].decode() in classes[names[int(s["cls"])]]
     for x, y in zip(a.train_shards + a.heldout_shards, b.train_shards + b.heldout_shards, strict=True):
         assert Path(x).read_bytes() == Path(y).read_bytes()
     prompts = {p for ps in classes.values() for p in ps}

@@ -32,7 +32,7 @@ def step_records(output_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in read_log(output_dir) if r["type"] == "step"}
 
 
-QUIET = ["--data.heldout", "", "--eval.zeroshot_classes", "", "--checkpoint.every_steps", "0"]
+QUIET = ["--data.heldout", "", "--eval.zeroshot", "", "--checkpoint.every_steps", "0"]
 
 
 @pytest.mark.slow

@@ -152,27 +152,28 @@ class SmallDataset:
     train_index: str
     heldout: str
     heldout_index: str
-    classes: str
+    zeroshot: str  # the labelled set (CLIP_benchmark's layout) of the held-out images
+    zeroshot_index: str
     train_samples: int
 
 
 def build_small_dataset(root: Path, *, train_per_class: int = 4, heldout_per_class: int = 1) -> SmallDataset:
-    """The demo generator at a small size: shards, indexes and classes.json under ``root``."""
+    """The demo generator at a small size: shards, indexes and the labelled set under ``root``."""
     from shardstream.train.data import DemoSpec, ensure_demo_data
 
     spec = DemoSpec(
         train_per_class=train_per_class, heldout_per_class=heldout_per_class, samples_per_shard=40
     )
     paths = ensure_demo_data(root, spec, log=lambda _: None)
-    assert paths.train_index and paths.heldout_index
-    with open(paths.classes, encoding="utf-8") as f:
-        classes = len(json.load(f))
+    assert paths.train_index and paths.heldout_index and paths.zeroshot_index
+    classes = len((Path(paths.zeroshot) / "classnames.txt").read_text(encoding="utf-8").splitlines())
     return SmallDataset(
         train="::".join(paths.train_shards),
         train_index=paths.train_index,
         heldout="::".join(paths.heldout_shards),
         heldout_index=paths.heldout_index,
-        classes=paths.classes,
+        zeroshot=paths.zeroshot,
+        zeroshot_index=paths.zeroshot_index,
         train_samples=classes * train_per_class,
     )
 
@@ -182,7 +183,7 @@ def small_config_args(data: SmallDataset, output_dir: Path, *extra: str) -> list
     return [
         "--data.train", data.train, "--data.train_index", data.train_index,
         "--data.heldout", data.heldout, "--data.heldout_index", data.heldout_index,
-        "--eval.zeroshot_classes", data.classes,
+        "--eval.zeroshot", data.zeroshot, "--eval.zeroshot_index", data.zeroshot_index,
         "--data.threads", "1", "--data.shuffle_buffer", "16",
         "--train.output_dir", str(output_dir), "--train.batch_size", "8", "--train.torch_threads", "1",
         "--model.precision", "fp32", "--log.tensorboard", "false", "--log.progress", "off",

@@ -1,4 +1,5 @@
-"""``train_clip.py`` / ``python -m shardstream.train``: parse the command line and train."""
+"""``train_clip.py`` / ``python -m shardstream.train``: parse the command line and train, or with
+``export`` first, write a checkpoint's weights for open_clip (``shardstream.train.export``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ examples:
   torchrun --nproc_per_node=2 train_clip.py                       # CPU demo (generates data/demo)
   torchrun --nproc_per_node=8 train_clip.py --config configs/vit_b32.yaml
   torchrun --nproc_per_node=2 train_clip.py --resume latest       # continue where it stopped
+  python -m shardstream.train export runs/demo/checkpoints/step-00000500.pt -o model.pt
+                                                                  # weights open_clip loads
 """
 
 
@@ -45,6 +48,11 @@ def build_parser(default_config: Path | None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, *, default_config: Path | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["export"]:
+        from shardstream.train.export import main as export_main
+
+        return export_main(argv[1:])
     parser = build_parser(default_config)
     args, rest = parser.parse_known_args(argv)
     if args.help_config:

@@ -213,15 +213,27 @@ class OptimConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation: retrieval recall@k and zero-shot accuracy, computed across ranks."""
+    """Evaluation across ranks, each sample once: retrieval recall@k and validation loss on the
+    held-out shards, zero-shot classification on a labelled set."""
 
     every_steps: int = _f(0, "evaluate every this many steps; 0: only at the end")
     at_end: bool = _f(True, "evaluate when training ends")
-    batch_size: int = _f(128, "samples per device per evaluation batch")
-    zeroshot_classes: str = _f(
+    batch_size: int = _f(
+        128, "samples per device per evaluation batch (the validation loss is that of such batches)"
+    )
+    zeroshot: str = _f(
         "demo",
-        "JSON file {class name: [prompts]}: an image whose caption is one of a class's prompts is "
-        "labelled with that class; 'demo': the demo's classes.json; empty: no zero-shot accuracy",
+        "labelled set for zero-shot top-1/top-5, in CLIP_benchmark's webdataset layout: a folder or "
+        "http(s)/s3 URL with classnames.txt, zeroshot_classification_templates.txt ({c} for the "
+        "class name) and SPLIT/nshards.txt, SPLIT/0.tar ... (image + cls member); without either "
+        "text file OpenAI's ImageNet class names / 80 templates; 'demo': the demo's; empty: none",
+    )
+    zeroshot_split: str = _f("test", "the labelled set's split folder")
+    zeroshot_index: str = _f(
+        "",
+        "index of the labelled set's shards (shardstream index SPLIT/{0..N}.tar --caption-key cls -o "
+        "INDEX) for an exact split across ranks; "
+        "empty: rank 0 classifies all of it; 'demo' has its own",
     )
     recall_k: list[int] = _f([1, 5], "k values of image-to-text and text-to-image recall@k")
 
@@ -454,11 +466,11 @@ def validate(cfg: Config) -> Config:
     for i, spec in enumerate(cfg.train.callbacks):
         if spec.count(":") != 1 or not all(spec.split(":")):
             raise ConfigError(f"train.callbacks[{i}]: expected 'package.module:ClassName', got {spec!r}")
-    if cfg.eval.zeroshot_classes == "demo" and cfg.data.heldout != "demo" and cfg.data.heldout:
-        raise ConfigError(
-            "eval.zeroshot_classes: 'demo' classes only fit the demo held-out set, but data.heldout is "
-            f"{cfg.data.heldout!r}; give a classes JSON file or leave it empty"
-        )
+    require(
+        bool(cfg.eval.zeroshot_split) and "/" not in cfg.eval.zeroshot_split,
+        "eval.zeroshot_split",
+        "must name one split folder",
+    )
     for i, source in enumerate(cfg.data.sources):
         if not source.index:
             raise ConfigError(f"data.sources[{i}].index: every source of a mixture needs its index")

@@ -8,9 +8,11 @@ Two families of samples, mixed in random order:
 * random crops of real photographs shipped inside the scikit-image and scikit-learn wheels
   ("a photo of a cat"): 8 classes. They are skipped, with a note, if those packages are absent.
 
-Every class has a few caption templates. ``classes.json`` maps each class to all of its prompts;
-the held-out split is generated from a different seed (new renders, new crops), and zero-shot
-evaluation classifies held-out images against those prompts.
+Every class has a few caption templates. The held-out split is generated from a different seed
+(new renders, new crops). Its images, labelled with their class, are also written as a labelled
+set in CLIP_benchmark's webdataset layout (``zeroshot/``: classnames.txt, the templates of both
+families in zeroshot_classification_templates.txt, ``test/{0..n-1}.tar`` with ``jpg`` + ``cls``), so
+the demo's zero-shot accuracy is computed by the standard path (``shardstream.train.zeroshot``).
 
 Generation is deterministic (fixed seeds, fixed encoder settings), so several processes that race
 to create the same folder (one per node on a shared filesystem) produce identical files; the
@@ -19,6 +21,7 @@ folder is built under a temporary name and renamed into place, and the loser dis
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
@@ -33,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 # Bump when anything below changes the generated files: an old folder is then regenerated.
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (215, 35, 35),
@@ -59,6 +62,7 @@ PHOTOS: dict[str, tuple[str, str]] = {
 PHOTO_TEMPLATES: tuple[str, ...] = ("a photo of {}", "a picture of {}", "{}")
 
 SPLIT_SEEDS = {"train": 1, "heldout": 2}
+ZEROSHOT_SPLIT = "test"  # the labelled set's split folder (CLIP_benchmark's name for it)
 JPEG_QUALITY = 90
 
 
@@ -83,7 +87,8 @@ class DemoPaths:
     heldout_shards: list[str]
     train_index: str | None
     heldout_index: str | None
-    classes: str
+    zeroshot: str  # the labelled set's root (CLIP_benchmark's layout)
+    zeroshot_index: str | None
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,15 @@ def _classes() -> tuple[list[_Class], list[str]]:
 
 
 def demo_classes() -> dict[str, list[str]]:
-    """Class name -> caption prompts, in the format ``eval.zeroshot_classes`` files use."""
+    """Class name -> its captions in the demo shards."""
     return {c.name: list(c.prompts) for c in _classes()[0]}
+
+
+def demo_templates() -> list[str]:
+    """The zero-shot templates ({c}: the class name): every caption template of either family,
+    so that each class's prompts include all of its own captions."""
+    templates = [t.replace("{}", "{c}") for t in (*SHAPE_TEMPLATES, *PHOTO_TEMPLATES)]
+    return list(dict.fromkeys(templates))
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -206,8 +218,9 @@ def _jpeg(image: object) -> bytes:
 
 
 def iter_demo_samples(split: str, spec: DemoSpec = DemoSpec()) -> Iterator[dict[str, str | bytes]]:
-    """Samples of one split (``"train"`` or ``"heldout"``) as ``{"__key__", "jpg", "txt"}``, in a
-    random but fixed class order, so shards and loader batches mix all classes."""
+    """Samples of one split (``"train"`` or ``"heldout"``) as ``{"__key__", "jpg", "txt", "cls"}``
+    (``cls``: the class index as text), in a random but fixed class order, so shards and loader
+    batches mix all classes."""
     if split not in SPLIT_SEEDS:
         raise ValueError(f"demo split must be one of {sorted(SPLIT_SEEDS)}, got {split!r}")
     classes, _ = _classes()
@@ -223,7 +236,7 @@ def iter_demo_samples(split: str, spec: DemoSpec = DemoSpec()) -> Iterator[dict[
         else:
             image = croppers[cls.name].crop(rng, spec.image_size)
         caption = cls.prompts[int(rng.integers(len(cls.prompts)))]
-        yield {"__key__": f"{split}-{number:06d}", "jpg": image, "txt": caption}
+        yield {"__key__": f"{split}-{number:06d}", "jpg": image, "txt": caption, "cls": str(int(class_id))}
 
 
 # -- files ----------------------------------------------------------------------------------------
@@ -253,7 +266,8 @@ def _paths(root: Path, build_index: bool) -> DemoPaths:
         heldout_shards=shards("heldout"),
         train_index=index("train"),
         heldout_index=index("heldout"),
-        classes=str(root / "classes.json"),
+        zeroshot=str(root / "zeroshot"),
+        zeroshot_index=index("zeroshot"),
     )
 
 
@@ -266,22 +280,55 @@ def _is_current(root: Path, spec: DemoSpec) -> bool:
 
 
 def _write_split(folder: Path, split: str, spec: DemoSpec) -> list[str]:
+    """The split's image-text shards; the held-out split's images with their class index also
+    go to the labelled set under ``zeroshot/``."""
+    from shardstream.train.zeroshot import NSHARDS_FILE
     from shardstream.writer import ShardWriter
 
-    with ShardWriter(
-        str(folder / split / "shard-%06d.tar"), max_count=spec.samples_per_shard, fsync=False
-    ) as w:
+    labelled = folder / "zeroshot" / ZEROSHOT_SPLIT
+    with contextlib.ExitStack() as stack:
+        captioned = stack.enter_context(
+            ShardWriter(str(folder / split / "shard-%06d.tar"), max_count=spec.samples_per_shard, fsync=False)
+        )
+        classified = None
+        if split == "heldout":
+            classified = stack.enter_context(
+                ShardWriter(str(labelled / "%d.tar"), max_count=spec.samples_per_shard, fsync=False)
+            )
         for sample in iter_demo_samples(split, spec):
-            w.write(sample)
-    return w.shards
+            captioned.write({k: sample[k] for k in ("__key__", "jpg", "txt")})
+            if classified is not None:
+                classified.write({k: sample[k] for k in ("__key__", "jpg", "cls")})
+    if classified is not None:
+        (labelled / NSHARDS_FILE).write_text(f"{len(classified.shards)}\n", encoding="utf-8")
+    return captioned.shards
 
 
-def _write_index(shards: list[str], target: Path) -> None:
+def _write_classes(folder: Path) -> None:
+    from shardstream.train.zeroshot import CLASSNAMES_FILE, TEMPLATES_FILE
+
+    root = folder / "zeroshot"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / CLASSNAMES_FILE).write_text("".join(f"{c.name}\n" for c in _classes()[0]), encoding="utf-8")
+    (root / TEMPLATES_FILE).write_text("".join(f"{t}\n" for t in demo_templates()), encoding="utf-8")
+
+
+def _write_index(shards: list[str], target: Path, caption_key: str) -> None:
     """The loader's index (exact epochs; written atomically). Its shard names are the paths the
-    trainer passes to the loader, which matches them by name."""
+    trainer passes to the loader, which matches them by name; ``caption_key``: the member a valid
+    sample must have besides its image (``cls`` in the labelled set)."""
     from shardstream.index import build_index, write_index
 
-    write_index(build_index(shards), str(target))
+    write_index(build_index(shards, caption_key=caption_key), str(target))
+
+
+def _zeroshot_shards(root: str) -> list[str]:
+    """The labelled set's shards, named as the zero-shot loader names them (the index matches
+    shards by name)."""
+    from shardstream.train.zeroshot import NSHARDS_FILE, split_shards
+
+    count = int((Path(root) / ZEROSHOT_SPLIT / NSHARDS_FILE).read_text(encoding="utf-8"))
+    return split_shards(root, ZEROSHOT_SPLIT, count)
 
 
 def ensure_demo_data(
@@ -305,8 +352,7 @@ def ensure_demo_data(
         staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.", suffix=".tmp"))
         try:
             counts = {split: len(_write_split(staging, split, spec)) for split in SPLIT_SEEDS}
-            with open(staging / "classes.json", "w", encoding="utf-8") as f:
-                json.dump(demo_classes(), f, indent=1)
+            _write_classes(staging)
             with open(staging / "manifest.json", "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=1)
             umask = os.umask(0)
@@ -325,10 +371,16 @@ def ensure_demo_data(
             shutil.rmtree(staging, ignore_errors=True)
     paths = _paths(root, build_index)
     if build_index:
-        for split, shards in (("train", paths.train_shards), ("heldout", paths.heldout_shards)):
+        from shardstream.train.zeroshot import LABEL_KEY
+
+        for split, shards, caption_key in (
+            ("train", paths.train_shards, "txt"),
+            ("heldout", paths.heldout_shards, "txt"),
+            ("zeroshot", _zeroshot_shards(paths.zeroshot), LABEL_KEY),
+        ):
             target = root / f"{split}.index"
             if not target.exists():
-                _write_index(shards, target)
+                _write_index(shards, target, caption_key)
         paths = _paths(root, build_index)
     return paths
 

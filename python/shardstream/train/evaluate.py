@@ -1,32 +1,38 @@
-"""Held-out evaluation, computed across ranks: image-text retrieval recall@k and zero-shot accuracy.
+"""Held-out evaluation, computed across ranks: image-text retrieval recall@k and validation loss.
 
-Each rank encodes its share of the held-out shards; features are gathered to every rank, which
-then compute the same metrics (so every rank's callbacks see them without another collective).
+Each rank encodes its share of the held-out shards; features are gathered to every rank, on the
+device where the backend allows it (NCCL; gloo gathers host tensors), and every rank computes the
+same recall (so that every rank's callbacks see it without another collective).
 
 Retrieval: a text counts as a match for an image when its caption is *identical* to the image's
 own caption (and vice versa). With unique captions (web data) this is the usual recall@k; with
 templated captions (the demo) it does not count an identical caption of another image as a miss.
 
-Zero-shot: the classes file maps class names to prompts. Each class is the normalised mean of
-its prompts' text embeddings; an image whose caption is one of a class's prompts is labelled
-with that class and must be nearest to it. Images with other captions are not counted.
+Validation loss: the training loss (whatever the trainer uses) of each held-out batch of a rank,
+``eval.batch_size`` samples against each other, averaged over all held-out samples of all ranks.
+A rank's batches are its own: the ranks' shares differ in size, so the loss is not gathered across
+ranks, and its value depends on ``eval.batch_size`` as a contrastive loss depends on its batch.
+
+Zero-shot classification is ``shardstream.train.zeroshot``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 from torch import Tensor
 
-from shardstream.train.dist import DistContext, all_gather_rows
+from shardstream.train.dist import DistContext, reduce_over_ranks
+from shardstream.train.loss import TrainLoss
 from shardstream.train.model import ModelBundle
+
+# From the model's outputs (a dict: image_features, text_features, logit_scale, ...) to a loss.
+BatchLoss = Callable[[dict[str, Tensor]], Tensor]
 
 
 def caption_id(caption: str) -> int:
@@ -34,23 +40,27 @@ def caption_id(caption: str) -> int:
     return int.from_bytes(hashlib.blake2b(caption.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
-def load_classes(path: str | Path) -> dict[str, list[str]]:
-    """``{class name: [prompt, ...]}`` from a JSON file, checked."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"eval.zeroshot_classes: cannot read {path}: {e}") from None
-    if (
-        not isinstance(data, dict)
-        or not data
-        or not all(
-            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(p, str) for p in v)
-            for k, v in data.items()
-        )
-    ):
-        raise ValueError(f"eval.zeroshot_classes: {path} must map class names to non-empty lists of prompts")
-    return data
+def rank_local_loss(loss_fn: TrainLoss) -> BatchLoss:
+    """The trainer's loss of one rank's batch alone: the ranks' held-out shares differ in size, so
+    a loss that gathers features across ranks would hang on them (``TrainLoss.rank_local``)."""
+    return loss_fn.rank_local()
+
+
+def gather_rows(ctx: DistContext, tensor: Tensor) -> Tensor:
+    """Every rank's rows (counts may differ) in rank order, on ``tensor``'s device. NCCL gathers
+    device tensors as they are; gloo gathers host copies."""
+    if not ctx.distributed:
+        return tensor
+    comm = tensor.device if ctx.backend == "nccl" else torch.device("cpu")
+    count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=comm)
+    counts = [torch.empty_like(count) for _ in range(ctx.world_size)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in torch.cat(counts).tolist()]
+    padded = torch.zeros((max(sizes), *tensor.shape[1:]), dtype=tensor.dtype, device=comm)
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes, strict=True)]).to(tensor.device)
 
 
 def _recall(
@@ -71,22 +81,6 @@ def _recall(
 
 
 @torch.no_grad()
-def encode_classes(
-    bundle: ModelBundle,
-    classes: dict[str, list[str]],
-    device: torch.device,
-    autocast: Callable[[], AbstractContextManager[object]],
-) -> Tensor:
-    model = bundle.model
-    rows = []
-    with autocast():
-        for prompts in classes.values():
-            text = F.normalize(model.encode_text(bundle.tokenizer(prompts).to(device)).float(), dim=-1)
-            rows.append(F.normalize(text.mean(dim=0), dim=-1))
-    return torch.stack(rows).cpu()
-
-
-@torch.no_grad()
 def evaluate(
     bundle: ModelBundle,
     batches: Iterable[Any],
@@ -94,37 +88,50 @@ def evaluate(
     ctx: DistContext,
     autocast: Callable[[], AbstractContextManager[object]],
     recall_k: list[int],
-    classes: dict[str, list[str]] | None,
+    loss_fn: BatchLoss | None = None,
 ) -> dict[str, float]:
-    """Metrics over the union of every rank's ``batches`` (a collective: all ranks call it)."""
+    """Metrics over the union of every rank's ``batches`` (a collective: all ranks call it).
+    ``loss_fn``: the loss of one batch from the model's outputs; None: no validation loss."""
     model = bundle.model
     was_training = model.training
     model.eval()
+    device = ctx.device
     image_parts, text_parts, ids = [], [], []
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # sum over samples of the batch loss
     try:
         for batch in batches:
-            images = bundle.normalise(batch.images, ctx.device)
-            tokens = bundle.tokenizer(list(batch.texts)).to(ctx.device)
+            images = bundle.normalise(batch.images, device)
+            tokens = getattr(batch, "tokens", None)
+            tokens = (tokens if tokens is not None else bundle.tokenizer(list(batch.texts))).to(device)
             with autocast():
-                image_parts.append(F.normalize(model.encode_image(images).float(), dim=-1).cpu())
-                text_parts.append(F.normalize(model.encode_text(tokens).float(), dim=-1).cpu())
+                out = model(images, tokens)
+                if loss_fn is not None:
+                    loss_sum += loss_fn(out).double() * images.shape[0]
+            image_parts.append(out["image_features"].float())
+            text_parts.append(out["text_features"].float())
             ids.extend(caption_id(t) for t in batch.texts)
-        class_features = encode_classes(bundle, classes, ctx.device, autocast) if classes else None
         if image_parts:
             dim = image_parts[0].shape[1]
         else:  # this rank got no held-out samples: it still needs the feature width to pad
             with autocast():
-                dim = model.encode_text(bundle.tokenizer([""]).to(ctx.device)).shape[-1]
+                dim = model.encode_text(bundle.tokenizer([""]).to(device)).shape[-1]
     finally:
         model.train(was_training)
 
-    empty = torch.zeros((0, dim))
-    image_features = all_gather_rows(ctx, torch.cat(image_parts) if image_parts else empty)
-    text_features = all_gather_rows(ctx, torch.cat(text_parts) if text_parts else empty)
-    caption_ids = all_gather_rows(ctx, torch.tensor(ids, dtype=torch.int64))
+    def joined(parts: list[Tensor]) -> Tensor:
+        return torch.cat(parts) if parts else torch.zeros((0, dim), device=device)
+
+    image_features = gather_rows(ctx, joined(image_parts))
+    text_features = gather_rows(ctx, joined(text_parts))
+    caption_ids = gather_rows(ctx, torch.tensor(ids, dtype=torch.int64, device=device))
 
     n = image_features.shape[0]
     metrics: dict[str, float] = {"samples": float(n)}
+    if loss_fn is not None:
+        local = torch.stack([loss_sum, torch.tensor(float(len(ids)), dtype=torch.float64, device=device)])
+        total_loss, total_samples = reduce_over_ranks(ctx, local.cpu(), "sum").tolist()
+        if total_samples:
+            metrics["val_loss"] = total_loss / total_samples
     if n == 0:
         return metrics
     i2t = _recall(image_features, text_features, caption_ids, caption_ids, recall_k)
@@ -132,18 +139,4 @@ def evaluate(
     for k in recall_k:
         metrics[f"image_to_text_R@{k}"] = i2t[k]
         metrics[f"text_to_image_R@{k}"] = t2i[k]
-
-    if classes and class_features is not None:
-        label_of = {caption_id(p): label for label, prompts in enumerate(classes.values()) for p in prompts}
-        labels = torch.tensor([label_of.get(int(c), -1) for c in caption_ids.tolist()], dtype=torch.int64)
-        labelled = labels >= 0
-        metrics["zeroshot_samples"] = float(labelled.sum())
-        if labelled.any():
-            logits = image_features[labelled] @ class_features.T
-            truth = labels[labelled]
-            metrics["zeroshot_top1"] = float((logits.argmax(dim=1) == truth).float().mean())
-            if class_features.shape[0] >= 5:
-                top5 = logits.topk(5, dim=1).indices
-                metrics["zeroshot_top5"] = float((top5 == truth[:, None]).any(dim=1).float().mean())
-            metrics["zeroshot_chance"] = 1.0 / class_features.shape[0]
     return metrics

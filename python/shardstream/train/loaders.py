@@ -15,13 +15,14 @@ class DataSources:
     train_index: str | None
     heldout: str | list[str] | None
     heldout_index: str | None
-    zeroshot_classes: str | None  # path of the classes JSON, or None
+    zeroshot: str | None  # root of the labelled set (CLIP_benchmark's layout), or None
+    zeroshot_index: str | None
 
 
 def resolve_sources(cfg: Config, ctx: DistContext, log: Callable[[str], None]) -> DataSources:
     """The configured shards; 'demo' ones are generated first if absent, by the first process of
     each node (identical files: whichever finishes first wins), while the others wait."""
-    uses_demo = "demo" in (cfg.data.train, cfg.data.heldout) or cfg.eval.zeroshot_classes == "demo"
+    uses_demo = "demo" in (cfg.data.train, cfg.data.heldout) or cfg.eval.zeroshot == "demo"
     demo = None
     if uses_demo:
         from shardstream.train.data import ensure_demo_data
@@ -51,10 +52,13 @@ def resolve_sources(cfg: Config, ctx: DistContext, log: Callable[[str], None]) -
         demo.heldout_shards if demo else None,
         demo.heldout_index if demo else None,
     )
-    classes = cfg.eval.zeroshot_classes
-    classes_path = (demo.classes if demo else None) if classes == "demo" else (classes or None)
+    if cfg.eval.zeroshot == "demo":
+        assert demo is not None
+        zeroshot, zeroshot_index = demo.zeroshot, demo.zeroshot_index
+    else:
+        zeroshot, zeroshot_index = cfg.eval.zeroshot or None, cfg.eval.zeroshot_index or None
     assert train is not None or cfg.data.sources, "validate() requires data.train or data.sources"
-    return DataSources(train or [], train_index, heldout, heldout_index, classes_path)
+    return DataSources(train or [], train_index, heldout, heldout_index, zeroshot, zeroshot_index)
 
 
 def _opening(field: str) -> Callable[..., object]:
@@ -169,4 +173,5 @@ def heldout_loader(cfg: Config, sources: DataSources, image_size: int, ctx: Dist
         on_error=cfg.data.on_error,
         caption_key=cfg.data.caption_key,
         crop="center",
+        tokenizer=loader_tokenizer(cfg.model.name) if cfg.data.tokenize_in_loader else None,
     )

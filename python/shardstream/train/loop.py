@@ -39,7 +39,7 @@ from shardstream.train.dist import (
     shutdown,
 )
 from shardstream.train.evaluate import evaluate as run_evaluation
-from shardstream.train.evaluate import load_classes
+from shardstream.train.evaluate import rank_local_loss
 from shardstream.train.inputs import InputPipeline
 from shardstream.train.loaders import DataSources, heldout_loader, resolve_sources, train_loader
 from shardstream.train.loss import contrastive_backward, make_loss, resolve_loss_kind
@@ -53,6 +53,7 @@ from shardstream.train.model import (
     unwrap,
 )
 from shardstream.train.schedule import WarmupCosine, global_batch_size, resolve_rule, scale_lr
+from shardstream.train.zeroshot import ZeroShotSet, evaluate_zeroshot, load_zeroshot_set, zeroshot_loader
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP clamps the temperature so logits stay below 100x
 
@@ -154,7 +155,11 @@ class Trainer:
         # the same stream on every rank would drop the same units of every rank's samples.
         seed_everything(rank_seed(cfg.train.seed, ctx.rank))
         self.sources: DataSources = resolve_sources(cfg, ctx, self.log)
-        self.classes = load_classes(self.sources.zeroshot_classes) if self.sources.zeroshot_classes else None
+        self.zeroshot: ZeroShotSet | None = None
+        if self.sources.zeroshot:
+            self.zeroshot = load_zeroshot_set(
+                self.sources.zeroshot, split=cfg.eval.zeroshot_split, index=self.sources.zeroshot_index or ""
+            )
         model = self.bundle.model
         if ctx.world_size > 1:
             # Buffers (attention masks) are constants: no need to sync them every forward.
@@ -186,6 +191,9 @@ class Trainer:
         self.loader: Any = train_loader(cfg, self.sources, self.image_size, ctx, self.bundle.context_length)
         if self.sources.heldout is not None:
             heldout_loader(cfg, self.sources, self.image_size, ctx)  # fail now, not after training
+        if self.zeroshot is not None:
+            zeroshot_loader(cfg, self.zeroshot, self.image_size, ctx)
+            self.log(self.zeroshot.describe())
         try:
             batches_per_epoch = len(self.loader)
         except TypeError:
@@ -247,7 +255,7 @@ class Trainer:
             cfg.log.progress, progress_wanted(sys.stderr) and installed("tqdm")
         )
         builtins.append(ConsoleLogger(cfg.log.every_steps, progress))
-        if self.sources.heldout is not None:
+        if self.sources.heldout is not None or self.zeroshot is not None:
             builtins.append(Evaluator(cfg.eval.every_steps, cfg.eval.at_end))
         builtins.append(Checkpointer(cfg.checkpoint.every_steps, cfg.checkpoint.at_end))
         configured = [load_callback(spec) for spec in cfg.train.callbacks]
@@ -511,19 +519,34 @@ class Trainer:
 
     # -- evaluation and checkpoints (collectives: every rank calls them) ----------------------------
     def evaluate(self) -> dict[str, float]:
-        if self.sources.heldout is None:
+        """Retrieval and validation loss on the held-out set, zero-shot accuracy on the labelled
+        set (either may be off); a collective: every rank calls it."""
+        if self.sources.heldout is None and self.zeroshot is None:
             return {}
         self.flush_log()  # the steps before it come first in the log
-        loader = heldout_loader(self.cfg, self.sources, self.image_size, self.ctx)
         start = time.perf_counter()
-        metrics = run_evaluation(
-            self.bundle,
-            loader,
-            ctx=self.ctx,
-            autocast=self.autocast,
-            recall_k=self.cfg.eval.recall_k,
-            classes=self.classes,
-        )
+        metrics: dict[str, float] = {}
+        if self.sources.heldout is not None:
+            metrics.update(
+                run_evaluation(
+                    self.bundle,
+                    heldout_loader(self.cfg, self.sources, self.image_size, self.ctx),
+                    ctx=self.ctx,
+                    autocast=self.autocast,
+                    recall_k=self.cfg.eval.recall_k,
+                    loss_fn=rank_local_loss(self.loss_fn),
+                )
+            )
+        if self.zeroshot is not None:
+            metrics.update(
+                evaluate_zeroshot(
+                    self.bundle,
+                    zeroshot_loader(self.cfg, self.zeroshot, self.image_size, self.ctx),
+                    self.zeroshot,
+                    ctx=self.ctx,
+                    autocast=self.autocast,
+                )
+            )
         metrics["eval_s"] = time.perf_counter() - start
         self.last_eval = metrics
         self.callbacks.on_eval(self, metrics)

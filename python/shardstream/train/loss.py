@@ -35,6 +35,8 @@ Across ranks (each rank computes the loss of its own rows; DistributedDataParall
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -135,6 +137,15 @@ class TrainLoss:
         rank's loss: DistributedDataParallel averages the ranks' gradients, hence the world size."""
         summed = F.cross_entropy(logits.permute(0, 2, 1), labels, ignore_index=self.pad_id, reduction="sum")
         return self.caption_weight * self.world_size * summed / global_count.clamp(min=1)
+
+    def rank_local(self) -> TrainLoss:
+        """A copy computing one rank's batch alone (no gathering, no collective): what held-out
+        evaluation needs, where the ranks' shares differ in size and a collective would hang."""
+        contrastive = copy.deepcopy(self.contrastive)  # nothing the copy caches is the trainer's
+        contrastive.rank, contrastive.world_size = 0, 1
+        if isinstance(getattr(contrastive, "labels", None), dict):
+            contrastive.labels = {}  # ClipLoss caches labels offset by its rank
+        return dataclasses.replace(self, contrastive=contrastive, world_size=1)
 
     def __call__(self, out: dict[str, Tensor]) -> Tensor:
         """The loss of one model output (a batch on its own, no accumulation)."""
