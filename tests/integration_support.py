@@ -29,13 +29,13 @@ def launch(script: str, args: list[str], *, nproc: int, timeout: float = 240, la
     for attempt in range(3):
         (port,) = free_ports(1)
         if launcher == "accelerate":
+            # --multi_gpu is accelerate's torchrun launcher (its --cpu runs one process without
+            # mpirun); the worker's Accelerator(cpu=True) then takes the gloo backend.
             head = [
-                sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_machines=1",
+                sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines=1",
                 f"--num_processes={nproc}", "--main_process_ip=127.0.0.1", f"--main_process_port={port}",
                 "--mixed_precision=no", "--dynamo_backend=no",
             ]  # fmt: skip
-            if nproc > 1:
-                head.append("--multi_gpu")
         else:
             head = [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
