@@ -9,8 +9,7 @@ import argparse
 
 import torch
 from accelerate import Accelerator
-from integration_support import KeyLog
-from shardstream import ShardLoader
+from integration_support import KeyLog, make_loader
 from shardstream.integrations.accelerate import prepare
 
 EPOCHS = 2
@@ -29,13 +28,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True)
-    loader = prepare(
-        accelerator,
-        ShardLoader(
-            a.shards, index=a.index, batch_size=4, image_size=32, seed=3, shuffle_buffer=6, threads=1
-        ),
-        num_workers=a.workers,
-    )
+    loader = prepare(accelerator, make_loader(a.shards, a.index), num_workers=a.workers)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = accelerator.prepare(model, optimizer)

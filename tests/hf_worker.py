@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from integration_support import KeyLog, tiny_clip_config
-from shardstream import ShardLoader
+from integration_support import KeyLog, make_loader, tiny_clip_config
 from shardstream.integrations.hf import CLIPCollator, ShardTrainer
 from transformers import CLIPModel, TrainingArguments
 
@@ -32,10 +31,7 @@ def main() -> None:
         per_device_train_batch_size=4, learning_rate=1e-3, use_cpu=True, ddp_backend="gloo", report_to=[],
         logging_steps=1, disable_tqdm=True, seed=0, dataloader_num_workers=0,
     )  # fmt: skip
-    loader = ShardLoader(
-        a.shards, index=a.index, batch_size=4, image_size=32, seed=7, shuffle_buffer=6, threads=1,
-        tokenizer="ViT-B-32",
-    )  # fmt: skip
+    loader = make_loader(a.shards, a.index, tokenizer="ViT-B-32")
     log, collate = KeyLog(a.keys_dir), CLIPCollator()
 
     def collator(batch):

@@ -14,6 +14,7 @@ from shardstream.index import build_index, write_index
 from train_support import run_bounded
 
 TESTS = Path(__file__).resolve().parent
+SEED = 7  # the loaders' seed, in the workers and in the reference runs
 COUNTS = [13, 9, 11, 7]  # 40 real photos: 5 steps of 4 per rank on 2 ranks, 10 on one
 
 
@@ -21,6 +22,35 @@ def photo_dataset(directory: Path) -> tuple[str, str, list[str]]:
     """('::'-joined shard paths, index path, every sample's key)."""
     paths, keys = write_shards(directory, COUNTS, seed=500)
     return "::".join(paths), write_index(build_index(paths), str(directory / "index.json")), keys
+
+
+def make_loader(
+    shards: str, index: str, *, seed: int = SEED, rank: int | None = None, world: int | None = None, **kw
+):
+    """The loader every adapter test trains with (rank and world size from torchrun's environment
+    unless given): the reference runs in the tests make the same one."""
+    from shardstream import ShardLoader
+
+    return ShardLoader(
+        shards, index=index, batch_size=4, image_size=32, seed=seed, shuffle_buffer=6, threads=1,
+        rank=rank, world_size=world, **kw,
+    )  # fmt: skip
+
+
+def reference_keys(
+    shards: str, index: str, *, seed: int = SEED, world: int, epochs: int
+) -> list[list[list[str]]]:
+    """Per rank, the keys of every batch of an uninterrupted run of ``epochs`` epochs (the
+    loader's order is a pure function of seed, epoch and world size: test_exact_epochs.py)."""
+    per_rank = []
+    for rank in range(world):
+        loader = make_loader(shards, index, seed=seed, rank=rank, world=world)
+        batches = []
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            batches += [list(b.keys) for b in loader]
+        per_rank.append(batches)
+    return per_rank
 
 
 def launch(script: str, args: list[str], *, nproc: int, timeout: float = 240, launcher: str = "torchrun"):
