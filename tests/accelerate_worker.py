@@ -36,7 +36,7 @@ def main() -> None:
     start_epoch = 0
     if a.load:
         accelerator.load_state(a.state_dir)
-        start_epoch = loader.loader.epoch
+        start_epoch = loader.epoch
     for epoch in range(start_epoch, EPOCHS):
         loader.set_epoch(epoch)
         for step, batch in enumerate(loader, start=1):

@@ -108,6 +108,7 @@ def test_set_epoch_after_load_keeps_the_position_and_the_next_pass_is_a_whole_ep
     resumed = make(dataset)
     resumed.load_state_dict(state)
     resumed.set_epoch(1)  # as HF Trainer and accelerate loops do after restoring
+    assert (len(resumed), resumed.batches_per_epoch) == (len(epoch1) - 3, len(epoch1))
     assert head + keys_of(resumed) == epoch1
     assert keys_of(resumed) == epoch1, "once the resumed epoch was read to its end, a pass reads it whole"
     other = make(dataset)
@@ -122,9 +123,10 @@ def _at_epoch(loader, epoch):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_framework_view_counts_a_whole_epoch_and_resumes_elastically(dataset, workers):
+def test_framework_view_counts_the_epochs_steps_and_resumes_elastically(dataset, workers):
     """States taken on 2 ranks after 1 batch, loaded on 1 rank (with or without workers): the rest
-    of the epoch holds every sample not yet seen exactly once; len() stays a whole epoch."""
+    of the epoch holds every sample not yet seen exactly once; len() counts the epoch's steps as
+    a framework does: the one done before, then those left."""
     _, keys, _ = dataset
     seen, state = [], None
     for rank in range(2):
@@ -137,7 +139,7 @@ def test_framework_view_counts_a_whole_epoch_and_resumes_elastically(dataset, wo
     resumed = FrameworkLoader(make(dataset), num_workers=workers)
     resumed.load_state_dict(state)
     resumed.set_epoch(0)
-    assert len(resumed) == 8, "len() is a whole epoch at the new world size"
+    assert len(resumed) == 1 + 6, "len(): the step done at W=2, then the rest of the epoch at W=1"
     rest = [k for b in resumed for k in b.keys]
     assert len(rest) == len(keys) - len(seen)
     assert sorted(seen + rest) == sorted(keys), "each sample exactly once over the two world sizes"

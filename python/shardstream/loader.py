@@ -229,10 +229,16 @@ class ShardLoader:
 
     @property
     def batches_per_epoch(self) -> int:
-        """Batches per rank in a whole epoch at this world size (``len()`` counts what is left after
-        a resume): the length that frameworks count an epoch's steps by."""
+        """The steps of this epoch as a framework counts them (``len()`` counts what is left after
+        a resume): a whole epoch at this world size; resumed, the batches per rank done before
+        the loaded position (at the world sizes they were done at) plus those left. Lightning
+        and Trainer, restored at step n of an epoch, stop it after this many."""
         if self._plan is not None:
-            return self._plan.plan(self._plan_params(self._num_workers), None).num_batches
+            params = self._plan_params(self._num_workers)
+            if self._resume is None or int(self._resume["epoch"]) != self.epoch:
+                return self._plan.plan(params, None).num_batches
+            done = sum(int(phase["batches_done"]) for phase in self._resume["phases"])
+            return done + self._plan.plan(params, self._resume).num_batches
         if self.samples_per_epoch is not None:
             return self.samples_per_epoch // (self.world_size * self.batch_size)
         raise TypeError("len() needs an index or samples_per_epoch")

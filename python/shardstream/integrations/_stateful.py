@@ -13,10 +13,10 @@ from shardstream.loader import Batch, ShardLoader
 class FrameworkLoader:
     """``loader`` (read in this process, or by ``num_workers`` DataLoader workers) for a framework.
 
-    - ``len()`` is the rank's batches in a whole epoch, also after a resume: frameworks count an
-      epoch's steps by it and, resumed at step n of it, expect the rest (Lightning stops at
-      ``len()`` fetched batches, counting the n it restored). Knowing the length also keeps
-      Lightning's fetcher from reading a batch ahead of the step.
+    - ``len()`` is the epoch's steps as frameworks count them (``ShardLoader.batches_per_epoch``):
+      a whole epoch, and after a resume the n steps done before it plus the batches left, also
+      when the world size changed (Lightning stops at ``len()`` fetched batches, counting the n
+      it restored). Knowing the length also keeps Lightning's fetcher from reading ahead.
     - ``state_dict()`` is the position after the batches handed to the framework, with every
       rank's reserve use gathered (``gather``): a collective, which is safe because the adapters
       call it from checkpoint hooks that every rank runs in the same order.
@@ -49,6 +49,11 @@ class FrameworkLoader:
 
     def __len__(self) -> int:
         return self.loader.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read (after ``load_state_dict``: the loaded state's)."""
+        return self.loader.epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)

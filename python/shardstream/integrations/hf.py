@@ -67,7 +67,8 @@ class ShardTrainer(transformers.Trainer):
       dispatched from rank 0 or split (``dispatch_batches`` and ``split_batches`` are set off
       as well, for any DataLoader the user prepares besides).
     - ``collator(batch)`` turns each batch into the model's inputs (:class:`CLIPCollator` for
-      ``CLIPModel``); ``num_workers`` > 0 reads through DataLoader worker processes.
+      ``CLIPModel``); with ``num_workers`` (default: ``args.dataloader_num_workers``) > 0 the
+      loader reads through that many DataLoader worker processes.
     - Each checkpoint-N folder gets ``shardstream_loader.json``; ``train(resume_from_checkpoint=...)``
       loads it and sets ``ignore_data_skip``, so the epoch continues at the exact next batch, also
       on another world size (the rest of the epoch is re-planned, each sample once).
@@ -78,7 +79,7 @@ class ShardTrainer(transformers.Trainer):
         *args: Any,
         train_loader: ShardLoader,
         collator: Callable[[Batch], Any] | None = None,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         **kwargs: Any,
     ) -> None:
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -90,7 +91,8 @@ class ShardTrainer(transformers.Trainer):
                 config.dispatch_batches, config.split_batches = False, False
         super().__init__(*args, **kwargs)
         check_rank(train_loader, self.args.process_index, self.args.world_size, "transformers.Trainer")
-        self.shard_loader = FrameworkLoader(train_loader, num_workers=num_workers, convert=collator)
+        workers = self.args.dataloader_num_workers if num_workers is None else num_workers
+        self.shard_loader = FrameworkLoader(train_loader, num_workers=workers, convert=collator)
 
     def get_train_dataloader(self) -> Any:
         return self.shard_loader
