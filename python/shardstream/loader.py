@@ -142,6 +142,8 @@ class ShardLoader:
         self.prefetch = max(1, prefetch)
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
+        # Set when a pass reads its epoch (or the rest of a resumed one) to the end.
+        self._pass_completed = False
         self._reset_progress()
         self._last_stats: dict[str, Any] = {}
         self._pin = (
@@ -185,10 +187,21 @@ class ShardLoader:
         return distributed_rank_world(self._rank_arg, self._world_arg)[1]
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        """Starts epoch ``epoch`` from its beginning; except right after :meth:`load_state_dict` of
+        a state in that same epoch, whose position is kept: frameworks (HF Trainer, accelerate)
+        restore the loader first and then set the epoch they resume in."""
+        epoch = int(epoch)
+        if self._resume_pending() and int(self._resume["epoch"]) == epoch:
+            return
+        self.epoch = epoch
         self._resume = None
+        self._pass_completed = False
         self._reset_progress()
         self._publish_position()
+
+    def _resume_pending(self) -> bool:
+        """A state was loaded and no pass has yielded a batch of it yet."""
+        return self._resume is not None and self._batches_done == 0 and not self._pass_completed
 
     def _publish_position(self) -> None:
         """Tells DataLoader worker processes the epoch and resume state to read next."""
@@ -211,11 +224,36 @@ class ShardLoader:
         self._reserve_marks: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
+        """Batches this rank yields in the current pass: after a resume, those left in the epoch."""
         if self._plan is not None:
             return self._plan.plan(self._plan_params(self._num_workers), self._resume).num_batches
+        return self.batches_per_epoch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """The steps of this epoch as a framework counts them (``len()`` counts what is left after
+        a resume): a whole epoch at this world size; resumed, the batches per rank done before
+        the loaded position (at the world sizes they were done at) plus those left. Lightning
+        and Trainer, restored at step n of an epoch, stop it after this many."""
+        if self._plan is not None:
+            params = self._plan_params(self._num_workers)
+            if self._resume is None or int(self._resume["epoch"]) != self.epoch:
+                return self._plan.plan(params, None).num_batches
+            done = sum(int(phase["batches_done"]) for phase in self._resume["phases"])
+            return done + self._plan.plan(params, self._resume).num_batches
         if self.samples_per_epoch is not None:
             return self.samples_per_epoch // (self.world_size * self.batch_size)
         raise TypeError("len() needs an index or samples_per_epoch")
+
+    def _begin_pass(self) -> None:
+        """A new pass counts its batches from where it starts (the epoch's beginning, or the
+        loaded position). A pass after one that read a resumed epoch to its end reads the epoch
+        whole, as a StatefulDataLoader's next iterator does: the loaded position is used once."""
+        if self._pass_completed and self._resume is not None:
+            self._resume = None
+            self._publish_position()
+        self._pass_completed = False
+        self._reset_progress()
 
     # -- iteration ------------------------------------------------------------------------
     def _plan_params(self, workers: int) -> dict[str, Any]:
@@ -332,6 +370,8 @@ class ShardLoader:
                 f"this loader runs in a DataLoader with {workers} workers: make it with "
                 f"loader.dataloader(num_workers={workers}) or loader.dataset_view(num_workers={workers})"
             )
+        if torch is None or torch.utils.data.get_worker_info() is None:
+            self._begin_pass()
         self._follow_main_process()
         return self._iterate(worker, workers)
 
@@ -349,6 +389,7 @@ class ShardLoader:
                 except _core.CoreFault as fault:
                     raise from_core_fault(fault) from None
                 if result is None:
+                    self._pass_completed = True
                     break
                 n, keys, texts, urls, reserve_used = result
                 buf, toks = lent.popleft()
@@ -396,13 +437,18 @@ class ShardLoader:
     # -- resume --------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
         """The position in the epoch after the batches consumed so far (or ``batches``): small,
-        JSON-serialisable and identical on every rank, so rank 0 can save it.
+        JSON-serialisable and identical on every rank, so rank 0 can save it. This is torchdata's
+        StatefulDataLoader contract, which accelerate and Lightning look for: "consumed" are the
+        batches this loader has yielded, so a framework that reads ahead of its step must not sit
+        between the two (``shardstream.integrations`` arranges that per framework).
 
         It also records the reserve samples that replaced samples failing at run time, so a
         resumed epoch never refills from them twice. One process knows its own; with several
         ranks, ``gather=True`` collects every rank's (a collective: call it on every rank, as
         the trainer's checkpointing does). Without it, a multi-rank state leaves reserve use
-        out rather than differ between ranks."""
+        out rather than differ between ranks. Inside a framework, the checkpoint hooks the
+        adapters use (Trainer._save_checkpoint, Accelerator.save_state, Lightning's checkpoint
+        dump) run on every rank in the same order, so the collective does not hang there."""
         done = self._batches_done if batches is None else int(batches)
         if self._plan is None:
             return {"epoch": self.epoch, "batches": done, "exact": False}
@@ -433,6 +479,7 @@ class ShardLoader:
             )
         self.epoch = int(state["epoch"])
         self._resume = state
+        self._pass_completed = False
         self._reset_progress()
         self._publish_position()
 
@@ -580,7 +627,12 @@ def add_stats_delta(total: dict[str, Any], delta: dict[str, Any]) -> None:
 
 class _CountingIterable:
     """A DataLoader over the dataset view that counts batches for ``state_dict`` and merges the
-    workers' stats (each worker sends what changed in its stats with every batch)."""
+    workers' stats (each worker sends what changed in its stats with every batch).
+
+    It follows torchdata's StatefulDataLoader contract as :class:`ShardLoader` does with no
+    workers: ``state_dict()`` is the position after the batches this iterable has yielded (the
+    torch DataLoader's own read-ahead into its workers' queues is not counted), and
+    ``load_state_dict`` makes the next pass continue there, on any worker count."""
 
     def __init__(self, owner: ShardLoader, inner: Any) -> None:
         self.owner, self.inner = owner, inner
@@ -588,8 +640,21 @@ class _CountingIterable:
     def __len__(self) -> int:
         return len(self.owner)
 
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.owner.batches_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
+
+    def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
+        return self.owner.state_dict(batches, gather=gather)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.owner.load_state_dict(state)
+
     def __iter__(self) -> Iterator[Batch]:
-        self.owner._reset_progress()
+        self.owner._begin_pass()
         # Each worker's stats, rebuilt from its deltas: what it would have sent whole.
         per_worker: dict[int, dict[str, Any]] = {}
         for batch, worker, delta, mark in self.inner:
@@ -598,6 +663,7 @@ class _CountingIterable:
             add_stats_delta(per_worker.setdefault(worker, {}), delta)
             self.owner._last_stats = merge_stats(list(per_worker.values()))
             yield batch
+        self.owner._pass_completed = True
 
 
 if torch is not None:

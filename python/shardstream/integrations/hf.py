@@ -1,0 +1,131 @@
+"""transformers.Trainer with a ShardLoader: each rank reads its own exact share, our loader state
+lives in Trainer's checkpoint folder, and ``resume_from_checkpoint`` restores it instead of
+re-reading the batches already trained on.
+
+    trainer = ShardTrainer(model=model, args=args, train_loader=loader, collator=CLIPCollator())
+    trainer.train(resume_from_checkpoint=True)
+
+Trainer calls ``train_dataloader.set_epoch(epoch)`` and draws exactly the batches of one update
+step at a time (no read-ahead past the step), so the state saved at step n is that of the
+n x gradient_accumulation_steps batches it trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from shardstream.integrations import require
+from shardstream.integrations._stateful import FrameworkLoader, check_rank
+from shardstream.loader import Batch, ShardLoader
+
+transformers = require("transformers", "hf", "hf")
+torch = require("torch", "hf", "hf")
+
+# The file beside Trainer's own in each checkpoint-N folder.
+LOADER_STATE_NAME = "shardstream_loader.json"
+# CLIP's image normalisation (open_clip's OPENAI_DATASET_MEAN/STD, CLIPImageProcessor's defaults).
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class CLIPCollator:
+    """A :class:`Batch` as ``transformers.CLIPModel`` takes it: ``pixel_values`` (float32,
+    normalised), ``input_ids`` and ``attention_mask`` from the loader's tokens (make the loader
+    with ``tokenizer=``, e.g. ``"ViT-B-32"``: CLIP's BPE, padded with ``pad_token_id``), and
+    ``return_loss=True``."""
+
+    def __init__(
+        self,
+        mean: tuple[float, float, float] = CLIP_MEAN,
+        std: tuple[float, float, float] = CLIP_STD,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, batch: Batch) -> dict[str, Any]:
+        if batch.tokens is None:
+            raise ValueError("CLIPCollator needs tokenized captions: make the ShardLoader with tokenizer=")
+        tokens = torch.as_tensor(batch.tokens)
+        pixels = (torch.as_tensor(batch.images).float() - self.mean) / self.std
+        return {
+            "pixel_values": pixels,
+            "input_ids": tokens,
+            "attention_mask": (tokens != self.pad_token_id).long(),
+            "return_loss": True,
+        }
+
+
+class ShardTrainer(transformers.Trainer):
+    """A ``transformers.Trainer`` that trains on ``train_loader`` (this rank's ShardLoader).
+
+    - The loader is handed to Trainer as it is, not through ``accelerator.prepare``: nothing is
+      dispatched from rank 0 or split (``dispatch_batches`` and ``split_batches`` are set off
+      as well, for any DataLoader the user prepares besides).
+    - ``collator(batch)`` turns each batch into the model's inputs (:class:`CLIPCollator` for
+      ``CLIPModel``); with ``num_workers`` (default: ``args.dataloader_num_workers``) > 0 the
+      loader reads through that many DataLoader worker processes.
+    - Each checkpoint-N folder gets ``shardstream_loader.json``; ``train(resume_from_checkpoint=...)``
+      loads it and sets ``ignore_data_skip``, so the epoch continues at the exact next batch, also
+      on another world size (the rest of the epoch is re-planned, each sample once).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        train_loader: ShardLoader,
+        collator: Callable[[Batch], Any] | None = None,
+        num_workers: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if training_args is not None:
+            config = training_args.accelerator_config
+            if isinstance(config, dict):
+                config.update(dispatch_batches=False, split_batches=False)
+            elif config is not None and not isinstance(config, str):
+                config.dispatch_batches, config.split_batches = False, False
+        super().__init__(*args, **kwargs)
+        check_rank(train_loader, self.args.process_index, self.args.world_size, "transformers.Trainer")
+        workers = self.args.dataloader_num_workers if num_workers is None else num_workers
+        self.shard_loader = FrameworkLoader(train_loader, num_workers=workers, convert=collator)
+
+    def get_train_dataloader(self) -> Any:
+        return self.shard_loader
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
+            found = transformers.trainer_utils.get_last_checkpoint(self.args.output_dir)
+            if found is None:
+                raise ValueError(f"no checkpoint to resume in output_dir {self.args.output_dir!r}")
+            resume_from_checkpoint = found
+        if resume_from_checkpoint:
+            path = os.path.join(str(resume_from_checkpoint), LOADER_STATE_NAME)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"{path} does not exist: the checkpoint was not written by ShardTrainer, so the "
+                    "loader's position in the epoch is unknown"
+                )
+            with open(path, encoding="utf-8") as f:
+                self.shard_loader.load_state_dict(json.load(f))
+            # Our state replaces Trainer's re-reading of the batches already trained on.
+            self.args.ignore_data_skip = True
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # Every rank runs this hook, in step: the state's reserve-use gather is a collective.
+        state = self.shard_loader.state_dict()
+        folder = f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        output_dir = os.path.join(self._get_output_dir(trial=trial), folder)
+        if self.args.should_save:
+            # Written before Trainer's files, so a folder Trainer considers complete has it.
+            os.makedirs(output_dir, exist_ok=True)
+            temporary = os.path.join(output_dir, LOADER_STATE_NAME + ".tmp")
+            with open(temporary, "w", encoding="utf-8") as f:
+                json.dump(state, f)
+            os.replace(temporary, os.path.join(output_dir, LOADER_STATE_NAME))
+        super()._save_checkpoint(model, trial)
