@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -159,9 +160,36 @@ def init_distributed(cfg: DistConfig) -> DistContext:
     )
 
 
-def shutdown(ctx: DistContext) -> None:
-    if ctx.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(ctx: DistContext, *, finished: bool) -> None:
+    """Leaves the process group. ``finished``: every rank got here on the normal path, so they
+    first wait for each other and leave together: rank 0 may still be writing the final
+    checkpoint while the others are done, and a rank that exits then takes its end of the group
+    away under a peer. After a failure there is no barrier: the other ranks may be gone or stuck.
+
+    The group's gloo threads may outlive this call (see ``exit_process``)."""
+    if not (ctx.distributed and dist.is_initialized()):
+        return
+    if finished:
+        barrier(ctx)
+    dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends a torchrun worker whose run is complete, without finalizing the interpreter.
+
+    DistributedDataParallel keeps its process group alive after ``destroy_process_group`` (the
+    group's worker threads are still there when the script returns), so they run while the
+    interpreter finalizes. A worker thread that then drops the last reference to a collective's
+    tensor must take the GIL; during finalization Python ends such a thread with a forced unwind,
+    which C++ turns into std::terminate: "terminate called without an active exception",
+    SIGABRT, and torchrun reports the finished job as failed (exit status 1). Everything the run
+    writes is closed by now; the standard streams are flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def barrier(ctx: DistContext) -> None:
@@ -214,6 +242,63 @@ def reduce_over_ranks(ctx: DistContext, values: torch.Tensor, op: str = "sum") -
     t = values.to(_comm_device(ctx), torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t.cpu()
+
+
+def broadcast_json(ctx: DistContext, value: Any) -> Any:
+    """Rank 0's ``value`` (plain JSON data) on every rank; what the other ranks pass is ignored.
+    Through the host group: two small host-side broadcasts, the length then the bytes."""
+    if not ctx.distributed:
+        return value
+    device = ctx.device if ctx.host_group is None and ctx.backend == "nccl" else torch.device("cpu")
+    data = json.dumps(value).encode() if ctx.is_main else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0, group=ctx.host_group)
+    buffer = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        if ctx.is_main
+        else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    )
+    dist.broadcast(buffer, src=0, group=ctx.host_group)
+    return json.loads(bytes(buffer.cpu().tolist()).decode())
+
+
+class StopVote:
+    """Whether any rank asked to stop, agreed one step late so that no step waits for it.
+
+    ``cast(flag)`` starts a host-side all-reduce (MAX) of this step's flag and returns the
+    outcome of the previous cast, which has long finished by then: all ranks get the same answer
+    at the same step without a blocking collective per step. A flag raised before step n's cast
+    stops every rank after step n + 1. ``settle()`` waits for the cast in flight: call it on every
+    rank before the next collective that must not overlap it, and before the process group goes."""
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._local = False  # without a process group: the previous flag itself
+
+    def cast(self, flag: bool) -> bool:
+        previous = self.settle()
+        if not self.ctx.distributed:
+            self._local = flag
+            return previous
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        if self.ctx.host_group is None and self.ctx.backend == "nccl":
+            t = t.to(self.ctx.device)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctx.host_group, async_op=True)
+        self._pending = (work, t)
+        return previous
+
+    def settle(self) -> bool:
+        """The outcome of the last cast (False if none is pending); nothing is in flight after it."""
+        if not self.ctx.distributed:
+            previous, self._local = self._local, False
+            return previous
+        if self._pending is None:
+            return False
+        work, t = self._pending
+        self._pending = None
+        work.wait()
+        return bool(t.item())
 
 
 def any_rank(ctx: DistContext, flag: bool) -> bool:
