@@ -32,8 +32,9 @@ class DistContext:
     local_world_size: int
     device: torch.device
     backend: str | None  # None: a single process without a process group
-    # Host-side flags (any_rank) go through a gloo group: under nccl a flag on the GPU would make
-    # the host wait for the device every step. None: the default group (already gloo, or none).
+    # Host-side collectives (StopVote, broadcast_json) go through a gloo group: under nccl a flag
+    # on the GPU would make the host wait for the device every step. None: the default group
+    # (already gloo, or none).
     host_group: Any = None
 
     @property
@@ -79,11 +80,13 @@ def _watchdog(limit_s: float, line: str) -> threading.Timer:
     return timer
 
 
-def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> None:
+def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> Any:
     """``init_process_group`` from torchrun's environment, on this attempt's own keys, bounded by
     ``dist.join_timeout_s``: the store connection, every store read and the peers' connections
     time out after it (a watchdog ends the process if torch has not given up soon after), then
-    the group gets the collective timeout ``dist.timeout_s``."""
+    the group gets the collective timeout ``dist.timeout_s``. Under nccl the host-side gloo group
+    is made inside the same bound (its connections are where a wrong GLOO_SOCKET_IFNAME hangs);
+    returned, or None."""
     rank, world_size = torchrun_rank_world()
     prefix = attempt_prefix(os.environ)
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
@@ -112,8 +115,11 @@ def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> 
         )
         if backend == "nccl":
             dist.barrier(device_ids=[device.index])
+            # a collective (every rank creates it), once; host tensors only, no device involved
+            host_group = dist.new_group(backend="gloo", timeout=join)
         else:
             dist.barrier()
+            host_group = None
     except (RuntimeError, ValueError) as e:  # torch's DistError family subclasses RuntimeError
         elapsed = time.monotonic() - start
         verdict = "timed out" if elapsed >= 0.9 * cfg.join_timeout_s else "failed"
@@ -128,6 +134,23 @@ def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> 
     collective = datetime.timedelta(seconds=cfg.timeout_s)
     store.set_timeout(collective)
     dist.set_timeout(collective)
+    if host_group is not None:
+        dist.set_timeout(collective, group=host_group)
+    return host_group
+
+
+def local_cuda_index(local_rank: int, device_count: int) -> int:
+    """This process's CUDA device: ``LOCAL_RANK`` where it sees every GPU of its node, 0 where
+    the launcher gave it one GPU of its own (CUDA_VISIBLE_DEVICES naming one device, as Slurm's
+    --gpus-per-task and some schedulers do; ``cuda:LOCAL_RANK`` does not exist there)."""
+    if device_count == 1:
+        return 0
+    if not 0 <= local_rank < device_count:
+        raise ConfigError(
+            f"LOCAL_RANK {local_rank} has no CUDA device: this process sees {device_count} "
+            "(CUDA_VISIBLE_DEVICES); give each process one GPU, or all of the node's"
+        )
+    return local_rank
 
 
 def init_distributed(cfg: DistConfig) -> DistContext:
@@ -140,15 +163,19 @@ def init_distributed(cfg: DistConfig) -> DistContext:
     if backend == "nccl" and not cuda:
         raise ConfigError("dist.backend: nccl needs CUDA GPUs, and none is visible; use gloo or auto")
     local_rank = env_int("LOCAL_RANK", 0)
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    device = (
+        torch.device("cuda", local_cuda_index(local_rank, torch.cuda.device_count()))
+        if cuda
+        else torch.device("cpu")
+    )
     if cuda:
         torch.cuda.set_device(device)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistContext(0, 1, 0, 1, device, None)
     if not dist.is_initialized():
-        _join_process_group(backend, cfg, device)
-    # a collective (every rank creates it), once; host tensors only, no device involved
-    host_group = dist.new_group(backend="gloo") if backend == "nccl" else None
+        host_group = _join_process_group(backend, cfg, device)
+    else:  # joined by the caller: its timeouts
+        host_group = dist.new_group(backend="gloo") if backend == "nccl" else None
     return DistContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),

@@ -295,7 +295,7 @@ class Trainer:
 
     def _stop_on_sigterm(self) -> Any:
         """From the first step to the end of the run, SIGTERM (what a scheduler or torchrun sends
-        before it kills) ends the run after the current step, with a checkpoint, on every rank
+        before it kills) ends the run after the next step, with a checkpoint, on every rank
         together: the same path as ``request_stop``. Returns what puts the previous handler back,
         or None where signals cannot be caught (not the main thread)."""
         if threading.current_thread() is not threading.main_thread():
@@ -326,9 +326,9 @@ class Trainer:
 
     def _train(self) -> None:
         """Steps until the schedule ends, ``train.stop_at_step``, or a stop request. A request
-        (SIGTERM, ``request_stop``) on any rank is agreed in ``StopVote``, one step late: all
-        ranks stop after the step that follows the one during which it was raised (a signal
-        arriving after that step's vote was cast: the step after that)."""
+        (SIGTERM, ``request_stop``) on any rank is agreed in ``StopVote``, one step late: the
+        vote is a step's last act, so a request raised while step n runs (its callbacks
+        included) stops every rank after step n + 1."""
         stop_at = self.cfg.train.stop_at_step
         vote = StopVote(self.ctx)
         self._steps(vote, stop_at)
