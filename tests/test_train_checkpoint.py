@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 from pathlib import Path
@@ -88,7 +90,13 @@ def test_writes_are_atomic_and_old_checkpoints_pruned(tmp_path: Path) -> None:
         save(tmp_path, step, model, optimizer, scheduler, keep=2)
     names = sorted(os.listdir(tmp_path))
     assert names == ["latest", "step-00000020.pt", "step-00000030.pt"]  # no temporary files left
-    assert (tmp_path / "latest").read_text().strip() == "step-00000030.pt"
+    # the pointer records the checkpoint's identity: name, step and the sha256 of its bytes
+    pointer = json.loads((tmp_path / "latest").read_text())
+    assert pointer == {
+        "name": "step-00000030.pt",
+        "step": 30,
+        "sha256": hashlib.sha256((tmp_path / "step-00000030.pt").read_bytes()).hexdigest(),
+    }
     assert ckpt.resolve_checkpoint("latest", tmp_path).name == "step-00000030.pt"
     # without the pointer, 'latest' is the highest step present
     (tmp_path / "latest").unlink()

@@ -9,15 +9,23 @@ the previous checkpoint or the new one, never a torn file.
 Everything in it is a tensor or a plain value (dict, list, str, int, float, bool); the loader
 state and the config are stored as JSON text. Loading uses ``torch.load(weights_only=True)``,
 which refuses anything else, so a checkpoint file cannot run code.
+
+The ``latest`` pointer records the checkpoint's identity as one JSON line: its file name, step
+and the sha256 of its bytes, hashed while they were written. On resume rank 0 alone resolves
+``latest`` (or the path given) and broadcasts that identity; every rank then hashes the file it
+would load and the ranks agree on one verdict in a collective, so that ranks which see different
+files (a stale NFS cache, a local disk per node) all stop with the same line instead of training
+with different weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +33,10 @@ import numpy as np
 import torch
 
 from shardstream._files import AtomicFile, atomic_write
-from shardstream.train.dist import DistContext, all_gather
+from shardstream.train.dist import DistContext, all_gather, broadcast_json
+
+POINTER = "latest"
+_HASH_CHUNK = 16 << 20
 
 FORMAT = "shardstream-clip-checkpoint"
 VERSION = 1
@@ -131,10 +142,38 @@ def save_checkpoint(
     }
     path = directory / checkpoint_name(state.step)
     with AtomicFile(path, fsync=True) as f:
-        torch.save(payload, f.file)
-    atomic_write(directory / "latest", path.name.encode() + b"\n", fsync=True)
+        hashing = _HashingWriter(f.file)
+        torch.save(payload, hashing)
+    identity = CheckpointIdentity(path.name, state.step, hashing.hexdigest(), in_directory=True)
+    atomic_write(directory / POINTER, identity.pointer_line(), fsync=True)
     _prune(directory, keep, protect=path)
     return path
+
+
+class _HashingWriter:
+    """A write-only file that hashes what passes through it (torch.save needs write and flush)."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self._sha256 = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self._sha256.update(data)
+        return self._file.write(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def hexdigest(self) -> str:
+        return self._sha256.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _prune(directory: Path, keep: int, protect: Path) -> None:
@@ -146,6 +185,64 @@ def _prune(directory: Path, keep: int, protect: Path) -> None:
             old.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class CheckpointIdentity:
+    """Which checkpoint a run resumes: what rank 0 resolved, as every rank looks it up."""
+
+    name: str  # a file name in the checkpoint folder (in_directory), else the path as given
+    step: int | None  # None: not known before loading (a path whose name is not step-N.pt)
+    sha256: str | None  # None: not recorded (an older pointer, or a path): rank 0 hashes the file
+    in_directory: bool
+
+    def path_in(self, directory: str | os.PathLike[str]) -> Path:
+        """The file this rank loads: in its own checkpoint folder, or the path given."""
+        return Path(directory) / self.name if self.in_directory else Path(self.name)
+
+    def describe(self) -> str:
+        step = f"step {self.step}" if self.step is not None else "step unknown"
+        return f"{self.name} ({step}, sha256 {(self.sha256 or '?')[:16]})"
+
+    def pointer_line(self) -> bytes:
+        record = {"name": self.name, "step": self.step, "sha256": self.sha256}
+        return (json.dumps(record) + "\n").encode()
+
+
+def _step_of(name: str) -> int | None:
+    m = _NAME.match(Path(name).name)
+    return int(m.group(1)) if m else None
+
+
+def _read_pointer(directory: Path) -> CheckpointIdentity | None:
+    """The ``latest`` pointer: a JSON line, or (written before identities were recorded) the bare
+    file name. None when absent or pointing at a file that is not there."""
+    pointer = directory / POINTER
+    if not pointer.is_file():
+        return None
+    text = pointer.read_text(encoding="utf-8").strip()
+    if text.startswith("{"):
+        record = json.loads(text)
+        identity = CheckpointIdentity(
+            str(record["name"]), record.get("step"), record.get("sha256"), in_directory=True
+        )
+    else:
+        identity = CheckpointIdentity(text, _step_of(text), None, in_directory=True)
+    return identity if identity.path_in(directory).is_file() else None
+
+
+def resolve_identity(spec: str, directory: str | os.PathLike[str]) -> CheckpointIdentity:
+    """What ``train.resume`` names, with its recorded hash where there is one (rank 0 calls it)."""
+    directory = Path(directory)
+    if spec == "latest":
+        recorded = _read_pointer(directory)
+        if recorded is not None:
+            return recorded
+    path = resolve_checkpoint(spec, directory)
+    in_directory = spec == "latest"
+    return CheckpointIdentity(
+        path.name if in_directory else str(path), _step_of(path.name), None, in_directory=in_directory
+    )
+
+
 def resolve_checkpoint(spec: str, directory: str | os.PathLike[str]) -> Path:
     """``'latest'`` (the pointer file, else the highest step present) or a file path."""
     directory = Path(directory)
@@ -154,11 +251,9 @@ def resolve_checkpoint(spec: str, directory: str | os.PathLike[str]) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"train.resume: checkpoint file not found: {path}")
         return path
-    pointer = directory / "latest"
-    if pointer.is_file():
-        path = directory / pointer.read_text().strip()
-        if path.is_file():
-            return path
+    recorded = _read_pointer(directory)
+    if recorded is not None:
+        return recorded.path_in(directory)
     candidates = (
         sorted((int(m.group(1)), p) for p in directory.glob("step-*.pt") if (m := _NAME.match(p.name)))
         if directory.is_dir()
@@ -167,6 +262,62 @@ def resolve_checkpoint(spec: str, directory: str | os.PathLike[str]) -> Path:
     if not candidates:
         raise FileNotFoundError(f"train.resume latest: no checkpoint in {directory}")
     return candidates[-1][1]
+
+
+class ResumeError(RuntimeError):
+    """``train.resume`` cannot go ahead; raised on every rank with the same one-line message."""
+
+
+_FOUND, _MISSING, _DIFFERENT, _UNREADABLE = 0, 1, 2, 3
+_VERDICTS = {_MISSING: "no such file", _DIFFERENT: "different content", _UNREADABLE: "cannot read it"}
+
+
+def agree_on_checkpoint(
+    ctx: DistContext, spec: str, directory: str | os.PathLike[str]
+) -> CheckpointIdentity | None:
+    """The checkpoint every rank resumes from (a collective: every rank calls it), or None when
+    ``spec`` is ``latest`` and rank 0 has none yet (every rank then starts from scratch).
+
+    Rank 0 resolves ``spec`` and broadcasts the identity; every rank (rank 0 too, against the
+    hash recorded at save time) hashes the file it would load; one all-gather of the verdicts
+    follows. Unless every rank holds the same bytes, every rank raises the same ``ResumeError``."""
+    what = f"train.resume {spec}"
+    if ctx.is_main:
+        try:
+            identity = resolve_identity(spec, directory)
+            if identity.sha256 is None:  # nothing recorded: rank 0's file is the reference
+                identity = replace(identity, sha256=file_sha256(identity.path_in(directory)))
+            choice: dict[str, Any] = {"identity": asdict(identity)}
+        except FileNotFoundError as e:
+            choice = {"none": str(e)} if spec == "latest" else {"error": f"{what}: {e}"}
+        except (OSError, ValueError) as e:
+            choice = {"error": f"{what}: cannot read the checkpoint on rank 0: {e}"}
+    else:
+        choice = {}
+    choice = broadcast_json(ctx, choice)
+    if "error" in choice:
+        raise ResumeError(choice["error"])
+    if "none" in choice:
+        return None
+    identity = CheckpointIdentity(**choice["identity"])
+    path = identity.path_in(directory)
+    if not path.is_file():
+        verdict = _MISSING
+    else:
+        try:
+            verdict = _FOUND if file_sha256(path) == identity.sha256 else _DIFFERENT
+        except OSError:
+            verdict = _UNREADABLE
+    verdicts = [int(v.item()) for v in all_gather(ctx, torch.tensor([verdict], dtype=torch.int64))]
+    bad = [(rank, v) for rank, v in enumerate(verdicts) if v != _FOUND]
+    if bad:
+        ranks = "; ".join(f"rank {rank}: {_VERDICTS[v]}" for rank, v in bad)
+        raise ResumeError(
+            f"{what}: checkpoint {identity.describe()}, chosen by rank 0, is not the same on every rank "
+            f"({ranks}); every rank must see the same checkpoint files (train.output_dir on storage that "
+            "all nodes share)"
+        )
+    return identity
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

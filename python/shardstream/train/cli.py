@@ -87,15 +87,19 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
             # ranks still starting up reach this check and say it too
             time.sleep(MISSING_GRACE_S)
         return 2
-    from shardstream.train.dist import DistJoinError
+    from shardstream.train.checkpoint import ResumeError
+    from shardstream.train.dist import DistJoinError, exit_process
     from shardstream.train.loop import train
 
     try:
         train(cfg)
+        code = 0
     except ConfigError as e:
         print(f"train_clip.py: config error: {e}", file=sys.stderr)
-        return 2
-    except DistJoinError as e:  # one line, and exit 1: torchrun restarts the workers if it may
+        code = 2
+    except (DistJoinError, ResumeError) as e:  # one line, and exit 1: torchrun restarts the workers if it may
         print(f"train_clip.py: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    if "RANK" in os.environ:
+        exit_process(code)  # no interpreter finalization beside the process group's threads
+    return code

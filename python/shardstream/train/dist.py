@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -31,8 +32,9 @@ class DistContext:
     local_world_size: int
     device: torch.device
     backend: str | None  # None: a single process without a process group
-    # Host-side flags (any_rank) go through a gloo group: under nccl a flag on the GPU would make
-    # the host wait for the device every step. None: the default group (already gloo, or none).
+    # Host-side collectives (StopVote, broadcast_json) go through a gloo group: under nccl a flag
+    # on the GPU would make the host wait for the device every step. None: the default group
+    # (already gloo, or none).
     host_group: Any = None
 
     @property
@@ -78,11 +80,13 @@ def _watchdog(limit_s: float, line: str) -> threading.Timer:
     return timer
 
 
-def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> None:
+def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> Any:
     """``init_process_group`` from torchrun's environment, on this attempt's own keys, bounded by
     ``dist.join_timeout_s``: the store connection, every store read and the peers' connections
     time out after it (a watchdog ends the process if torch has not given up soon after), then
-    the group gets the collective timeout ``dist.timeout_s``."""
+    the group gets the collective timeout ``dist.timeout_s``. Under nccl the host-side gloo group
+    is made inside the same bound (its connections are where a wrong GLOO_SOCKET_IFNAME hangs);
+    returned, or None."""
     rank, world_size = torchrun_rank_world()
     prefix = attempt_prefix(os.environ)
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
@@ -111,8 +115,11 @@ def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> 
         )
         if backend == "nccl":
             dist.barrier(device_ids=[device.index])
+            # a collective (every rank creates it), once; host tensors only, no device involved
+            host_group = dist.new_group(backend="gloo", timeout=join)
         else:
             dist.barrier()
+            host_group = None
     except (RuntimeError, ValueError) as e:  # torch's DistError family subclasses RuntimeError
         elapsed = time.monotonic() - start
         verdict = "timed out" if elapsed >= 0.9 * cfg.join_timeout_s else "failed"
@@ -127,6 +134,23 @@ def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> 
     collective = datetime.timedelta(seconds=cfg.timeout_s)
     store.set_timeout(collective)
     dist.set_timeout(collective)
+    if host_group is not None:
+        dist.set_timeout(collective, group=host_group)
+    return host_group
+
+
+def local_cuda_index(local_rank: int, device_count: int) -> int:
+    """This process's CUDA device: ``LOCAL_RANK`` where it sees every GPU of its node, 0 where
+    the launcher gave it one GPU of its own (CUDA_VISIBLE_DEVICES naming one device, as Slurm's
+    --gpus-per-task and some schedulers do; ``cuda:LOCAL_RANK`` does not exist there)."""
+    if device_count == 1:
+        return 0
+    if not 0 <= local_rank < device_count:
+        raise ConfigError(
+            f"LOCAL_RANK {local_rank} has no CUDA device: this process sees {device_count} "
+            "(CUDA_VISIBLE_DEVICES); give each process one GPU, or all of the node's"
+        )
+    return local_rank
 
 
 def init_distributed(cfg: DistConfig) -> DistContext:
@@ -139,15 +163,19 @@ def init_distributed(cfg: DistConfig) -> DistContext:
     if backend == "nccl" and not cuda:
         raise ConfigError("dist.backend: nccl needs CUDA GPUs, and none is visible; use gloo or auto")
     local_rank = env_int("LOCAL_RANK", 0)
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    device = (
+        torch.device("cuda", local_cuda_index(local_rank, torch.cuda.device_count()))
+        if cuda
+        else torch.device("cpu")
+    )
     if cuda:
         torch.cuda.set_device(device)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistContext(0, 1, 0, 1, device, None)
     if not dist.is_initialized():
-        _join_process_group(backend, cfg, device)
-    # a collective (every rank creates it), once; host tensors only, no device involved
-    host_group = dist.new_group(backend="gloo") if backend == "nccl" else None
+        host_group = _join_process_group(backend, cfg, device)
+    else:  # joined by the caller: its timeouts
+        host_group = dist.new_group(backend="gloo") if backend == "nccl" else None
     return DistContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -159,9 +187,36 @@ def init_distributed(cfg: DistConfig) -> DistContext:
     )
 
 
-def shutdown(ctx: DistContext) -> None:
-    if ctx.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(ctx: DistContext, *, finished: bool) -> None:
+    """Leaves the process group. ``finished``: every rank got here on the normal path, so they
+    first wait for each other and leave together: rank 0 may still be writing the final
+    checkpoint while the others are done, and a rank that exits then takes its end of the group
+    away under a peer. After a failure there is no barrier: the other ranks may be gone or stuck.
+
+    The group's gloo threads may outlive this call (see ``exit_process``)."""
+    if not (ctx.distributed and dist.is_initialized()):
+        return
+    if finished:
+        barrier(ctx)
+    dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends a torchrun worker whose run is complete, without finalizing the interpreter.
+
+    DistributedDataParallel keeps its process group alive after ``destroy_process_group`` (the
+    group's worker threads are still there when the script returns), so they run while the
+    interpreter finalizes. A worker thread that then drops the last reference to a collective's
+    tensor must take the GIL; during finalization Python ends such a thread with a forced unwind,
+    which C++ turns into std::terminate: "terminate called without an active exception",
+    SIGABRT, and torchrun reports the finished job as failed (exit status 1). Everything the run
+    writes is closed by now; the standard streams are flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def barrier(ctx: DistContext) -> None:
@@ -214,6 +269,63 @@ def reduce_over_ranks(ctx: DistContext, values: torch.Tensor, op: str = "sum") -
     t = values.to(_comm_device(ctx), torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t.cpu()
+
+
+def broadcast_json(ctx: DistContext, value: Any) -> Any:
+    """Rank 0's ``value`` (plain JSON data) on every rank; what the other ranks pass is ignored.
+    Through the host group: two small host-side broadcasts, the length then the bytes."""
+    if not ctx.distributed:
+        return value
+    device = ctx.device if ctx.host_group is None and ctx.backend == "nccl" else torch.device("cpu")
+    data = json.dumps(value).encode() if ctx.is_main else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0, group=ctx.host_group)
+    buffer = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        if ctx.is_main
+        else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    )
+    dist.broadcast(buffer, src=0, group=ctx.host_group)
+    return json.loads(bytes(buffer.cpu().tolist()).decode())
+
+
+class StopVote:
+    """Whether any rank asked to stop, agreed one step late so that no step waits for it.
+
+    ``cast(flag)`` starts a host-side all-reduce (MAX) of this step's flag and returns the
+    outcome of the previous cast, which has long finished by then: all ranks get the same answer
+    at the same step without a blocking collective per step. A flag raised before step n's cast
+    stops every rank after step n + 1. ``settle()`` waits for the cast in flight: call it on every
+    rank before the next collective that must not overlap it, and before the process group goes."""
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._local = False  # without a process group: the previous flag itself
+
+    def cast(self, flag: bool) -> bool:
+        previous = self.settle()
+        if not self.ctx.distributed:
+            self._local = flag
+            return previous
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        if self.ctx.host_group is None and self.ctx.backend == "nccl":
+            t = t.to(self.ctx.device)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctx.host_group, async_op=True)
+        self._pending = (work, t)
+        return previous
+
+    def settle(self) -> bool:
+        """The outcome of the last cast (False if none is pending); nothing is in flight after it."""
+        if not self.ctx.distributed:
+            previous, self._local = self._local, False
+            return previous
+        if self._pending is None:
+            return False
+        work, t = self._pending
+        self._pending = None
+        work.wait()
+        return bool(t.item())
 
 
 def any_rank(ctx: DistContext, flag: bool) -> bool:

@@ -33,7 +33,7 @@ from shardstream.train.deps import check as check_dependencies
 from shardstream.train.deps import installed
 from shardstream.train.dist import (
     DistContext,
-    any_rank,
+    StopVote,
     init_distributed,
     reduce_over_ranks,
     shutdown,
@@ -93,7 +93,8 @@ class Trainer:
         return time.perf_counter() - self._t0
 
     def request_stop(self) -> None:
-        """End the run after the current step (on any rank: all ranks stop together)."""
+        """End the run after the next step (on any rank: all ranks stop together, at the same
+        step; the ranks agree on it one step late, so that no step waits for the others)."""
         self._stop_requested = True
 
     def log(self, message: str) -> None:
@@ -268,13 +269,12 @@ class Trainer:
 
     def _resume(self, spec: str) -> None:
         cfg, ctx = self.cfg, self.ctx
-        try:
-            path = ckpt.resolve_checkpoint(spec, self.checkpoint_dir)
-        except FileNotFoundError:
-            if spec == "latest":  # a job's first attempt: nothing to resume yet
-                self.log(f"resume latest: no checkpoint in {self.checkpoint_dir} yet, starting from scratch")
-                return
-            raise
+        # rank 0 chooses; every rank checks that it holds the same bytes before loading them
+        identity = ckpt.agree_on_checkpoint(ctx, spec, self.checkpoint_dir)
+        if identity is None:  # `latest` on a job's first attempt: nothing to resume yet
+            self.log(f"resume latest: no checkpoint in {self.checkpoint_dir} yet, starting from scratch")
+            return
+        path = identity.path_in(self.checkpoint_dir)
         payload = ckpt.load_checkpoint(path)
         unwrap(self.model).load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
@@ -317,6 +317,7 @@ class Trainer:
         check_dependencies(self.cfg)  # on every rank, before any process group, model or data
         self.ctx: DistContext = init_distributed(self.cfg.dist)
         restore_sigterm = None
+        completed = False
         try:
             self._setup()
             self._announce()
@@ -326,6 +327,7 @@ class Trainer:
             self.finished = self.step >= self.total_steps
             self.flush_log()
             self.callbacks.on_train_end(self)
+            completed = True
             return {
                 "step": self.step,
                 "finished": self.finished,
@@ -336,11 +338,11 @@ class Trainer:
         finally:
             if restore_sigterm is not None:
                 restore_sigterm()
-            shutdown(self.ctx)
+            shutdown(self.ctx, finished=completed)
 
     def _stop_on_sigterm(self) -> Any:
         """From the first step to the end of the run, SIGTERM (what a scheduler or torchrun sends
-        before it kills) ends the run after the current step, with a checkpoint, on every rank
+        before it kills) ends the run after the next step, with a checkpoint, on every rank
         together: the same path as ``request_stop``. Returns what puts the previous handler back,
         or None where signals cannot be caught (not the main thread)."""
         if threading.current_thread() is not threading.main_thread():
@@ -370,7 +372,17 @@ class Trainer:
         self.log(self.lr_scaling.describe())
 
     def _train(self) -> None:
+        """Steps until the schedule ends, ``train.stop_at_step``, or a stop request. A request
+        (SIGTERM, ``request_stop``) on any rank is agreed in ``StopVote``, one step late: the
+        vote is a step's last act, so a request raised while step n runs (its callbacks
+        included) stops every rank after step n + 1."""
         stop_at = self.cfg.train.stop_at_step
+        vote = StopVote(self.ctx)
+        self._steps(vote, stop_at)
+        # No collective left in flight. Not after an error: a failed peer would never answer.
+        vote.settle()
+
+    def _steps(self, vote: StopVote, stop_at: int) -> None:
         while self.step < self.total_steps:
             self.loader.set_epoch(self.epoch)
             if self._resume_loader_state is not None:
@@ -389,7 +401,7 @@ class Trainer:
                     if self.step % self.cfg.log.every_steps == 0:
                         metrics = self.flush_log()[-1]
                     self.callbacks.on_step_end(self, metrics)
-                    if any_rank(self.ctx, self._stop_requested) or self.step == stop_at:
+                    if vote.cast(self._stop_requested) or self.step == stop_at:
                         if self._stop_signal is not None:
                             self.log(f"{self._stop_signal} received: stopping after step {self.step}")
                         return
