@@ -148,7 +148,9 @@ def loader_tokenizer(cfg: Config, context_length: int | None) -> dict[str, objec
     return {"tokenizer": cfg.model.name}
 
 
-def heldout_loader(cfg: Config, sources: DataSources, image_size: int, ctx: DistContext) -> object:
+def heldout_loader(
+    cfg: Config, sources: DataSources, image_size: int, ctx: DistContext, context_length: int | None = None
+) -> object:
     """Every held-out sample once across ranks, unshuffled, center-cropped, nothing dropped.
 
     With an index the ranks split the set exactly. Without one an exact split is impossible, so
@@ -173,5 +175,5 @@ def heldout_loader(cfg: Config, sources: DataSources, image_size: int, ctx: Dist
         on_error=cfg.data.on_error,
         caption_key=cfg.data.caption_key,
         crop="center",
-        tokenizer=loader_tokenizer(cfg.model.name) if cfg.data.tokenize_in_loader else None,
+        **(loader_tokenizer(cfg, context_length) if cfg.data.tokenize_in_loader else {}),
     )

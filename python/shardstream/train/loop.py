@@ -191,7 +191,8 @@ class Trainer:
         self.image_size = self.bundle.image_size
         self.loader: Any = train_loader(cfg, self.sources, self.image_size, ctx, self.bundle.context_length)
         if self.sources.heldout is not None:
-            heldout_loader(cfg, self.sources, self.image_size, ctx)  # fail now, not after training
+            # fail now, not after training
+            heldout_loader(cfg, self.sources, self.image_size, ctx, self.bundle.context_length)
         if self.zeroshot is not None:
             zeroshot_loader(cfg, self.zeroshot, self.image_size, ctx)
             self.log(self.zeroshot.describe())
@@ -542,7 +543,9 @@ class Trainer:
             metrics.update(
                 run_evaluation(
                     self.bundle,
-                    heldout_loader(self.cfg, self.sources, self.image_size, self.ctx),
+                    heldout_loader(
+                        self.cfg, self.sources, self.image_size, self.ctx, self.bundle.context_length
+                    ),
                     ctx=self.ctx,
                     autocast=self.autocast,
                     recall_k=self.cfg.eval.recall_k,
