@@ -12,9 +12,9 @@
 use std::io::Cursor;
 
 use crate::error::Reason;
-use crate::jpeg::{self, Colorspace, Subsampling};
-use crate::jpeg_raw::RawDecoder;
-use crate::resize::{self, CropBox};
+use crate::image::jpeg::{self, Colorspace, Subsampling};
+use crate::image::jpeg_raw::RawDecoder;
+use crate::image::resize::{self, CropBox};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -217,12 +217,12 @@ impl Decoder {
                 })
             }
             format @ (Format::Png | Format::Webp) => {
-                let reader = image::ImageReader::with_format(
+                let reader = ::image::ImageReader::with_format(
                     Cursor::new(bytes),
                     if format == Format::Png {
-                        image::ImageFormat::Png
+                        ::image::ImageFormat::Png
                     } else {
-                        image::ImageFormat::WebP
+                        ::image::ImageFormat::WebP
                     },
                 );
                 let (width, height) = reader
@@ -440,24 +440,24 @@ impl Decoder {
         probe: &Probe,
         max_pixels: u64,
     ) -> Result<(u32, u32), DecodeError> {
-        let mut reader = image::ImageReader::with_format(
+        let mut reader = ::image::ImageReader::with_format(
             Cursor::new(bytes),
             if probe.format == Format::Png {
-                image::ImageFormat::Png
+                ::image::ImageFormat::Png
             } else {
-                image::ImageFormat::WebP
+                ::image::ImageFormat::WebP
             },
         );
-        let mut limits = image::Limits::default();
+        let mut limits = ::image::Limits::default();
         // 16-bit RGBA is the widest layout the decoders produce: 8 bytes a pixel.
         limits.max_alloc = Some(max_pixels.saturating_mul(8).max(1 << 20));
         reader.limits(limits);
         let img = reader.decode().map_err(|e| match e {
-            image::ImageError::Limits(_) => DecodeError {
+            ::image::ImageError::Limits(_) => DecodeError {
                 reason: Reason::TooManyPixels,
                 detail: e.to_string(),
             },
-            image::ImageError::Unsupported(_) => DecodeError {
+            ::image::ImageError::Unsupported(_) => DecodeError {
                 reason: Reason::UnsupportedFormat,
                 detail: e.to_string(),
             },

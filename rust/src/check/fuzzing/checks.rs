@@ -1,5 +1,5 @@
 //! What each fuzz target does with one input, and the invariants it asserts: shared by the
-//! proptest driver (`crate::fuzz`) and the libFuzzer targets (`fuzz/fuzz_targets`), so the two
+//! proptest driver (`check::fuzz`) and the libFuzzer targets (`fuzz/fuzz_targets`), so the two
 //! check the same things. Every check returns whether the input parsed cleanly; an invariant
 //! that fails panics, which both drivers report as a finding.
 
@@ -9,16 +9,16 @@ use super::seeds::BLOCK;
 
 /// Reads every entry; true when the stream ended cleanly.
 pub fn drain_tar(bytes: &[u8], max_member: u64) -> bool {
-    let mut reader = crate::tar::TarReader::new(bytes, 0, max_member);
+    let mut reader = crate::read::tar::TarReader::new(bytes, 0, max_member);
     // A tar of n bytes holds at most n / 512 headers: more entries would be a loop.
     let bound = bytes.len() / BLOCK + 2;
     for _ in 0..=bound {
         match reader.next_entry() {
-            Ok(Some(crate::tar::Entry::File(m))) => {
+            Ok(Some(crate::read::tar::Entry::File(m))) => {
                 assert!(m.data.len() as u64 <= max_member);
                 assert!(m.offset <= bytes.len() as u64);
             }
-            Ok(Some(crate::tar::Entry::Oversized { .. })) => {}
+            Ok(Some(crate::read::tar::Entry::Oversized { .. })) => {}
             Ok(None) => return true,
             Err(_) => return false,
         }
@@ -28,8 +28,8 @@ pub fn drain_tar(bytes: &[u8], max_member: u64) -> bool {
 
 /// Groups every sample; true when no fault was reported.
 pub fn drain_samples(reader: Box<dyn Read + Send>, len: usize) -> bool {
-    let tar = crate::tar::TarReader::new(reader, 0, 1 << 20);
-    let samples = crate::group::SampleReader::new(tar, 0);
+    let tar = crate::read::tar::TarReader::new(reader, 0, 1 << 20);
+    let samples = crate::read::group::SampleReader::new(tar, 0);
     let bound = len / BLOCK + 4;
     let mut seen = 0usize;
     let mut clean = true;
@@ -45,8 +45,8 @@ pub fn drain_samples(reader: Box<dyn Read + Send>, len: usize) -> bool {
 }
 
 /// Probes and decodes with a crop and target from `knob`; true when it decoded.
-pub fn decode_all(decoder: &mut crate::decode::Decoder, bytes: &[u8], knob: u64) -> bool {
-    use crate::resize::CropBox;
+pub fn decode_all(decoder: &mut crate::image::decode::Decoder, bytes: &[u8], knob: u64) -> bool {
+    use crate::image::resize::CropBox;
     let Ok(probe) = decoder.probe(bytes) else {
         return false;
     };

@@ -1,11 +1,11 @@
 //! One sample from raw members to (pixels in a batch slot, caption): the per-sample hot path
 //! shared by the loader and by `validate`, so both accept and reject exactly the same samples.
 
-use crate::decode::Decoder;
 use crate::defaults;
 use crate::error::Reason;
-use crate::group::RawSample;
-use crate::resize::{crop_box, CropMode, Transformer};
+use crate::image::decode::Decoder;
+use crate::image::resize::{crop_box, CropMode, Transformer};
+use crate::read::group::RawSample;
 use crate::rng::{derive_seed, hash_bytes, SplitMix64};
 
 /// Where the caption comes from: a text member (`txt`), or a field of a JSON member
@@ -225,7 +225,7 @@ pub fn decode_standalone_image(
 pub(crate) mod fixtures {
     use std::path::PathBuf;
 
-    use crate::group::RawSample;
+    use crate::read::group::RawSample;
 
     /// A sample as grouping yields it, keyed `key`, holding `members` (extension, bytes).
     pub fn raw(key: &str, members: &[(&str, &[u8])]) -> RawSample {
@@ -243,15 +243,15 @@ pub(crate) mod fixtures {
 
     /// A `w` x `h` baseline JPEG of a colour gradient, encoded by the `image` crate.
     pub fn jpeg(w: u32, h: u32) -> Vec<u8> {
-        let img = image::RgbImage::from_fn(w, h, |x, y| {
-            image::Rgb([
+        let img = ::image::RgbImage::from_fn(w, h, |x, y| {
+            ::image::Rgb([
                 (x * 255 / w) as u8,
                 (y * 255 / h) as u8,
                 ((x + y) % 256) as u8,
             ])
         });
         let mut out = std::io::Cursor::new(Vec::new());
-        img.write_to(&mut out, image::ImageFormat::Jpeg).unwrap();
+        img.write_to(&mut out, ::image::ImageFormat::Jpeg).unwrap();
         out.into_inner()
     }
 

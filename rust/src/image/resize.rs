@@ -10,9 +10,9 @@
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{Filter, FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
-use crate::convolve::{self, Weights};
-use crate::decode::{DecodeError, Pixels, Planes, Rgb, YCbCr};
 use crate::error::Reason;
+use crate::image::convolve::{self, Weights};
+use crate::image::decode::{DecodeError, Pixels, Planes, Rgb, YCbCr};
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -157,7 +157,7 @@ impl Transformer {
             rest[n..].copy_from_slice(gray);
             return Ok(());
         };
-        crate::decode::grow(&mut self.ycc, 3 * n);
+        crate::image::decode::grow(&mut self.ycc, 3 * n);
         let (luma_out, chroma_out) = self.ycc[..3 * n].split_at_mut(n);
         self.luma.resize(img.luma, region, size, luma_out)?;
         self.chroma.resize(
@@ -181,7 +181,7 @@ impl Transformer {
         let n = size as usize * size as usize;
         let src = ImageRef::new(img.width, img.height, img.pixels, PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
-        crate::decode::grow(&mut self.hwc, 3 * n);
+        crate::image::decode::grow(&mut self.hwc, 3 * n);
         let mut dst = Image::from_slice_u8(size, size, &mut self.hwc[..3 * n], PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
         self.resizer
@@ -308,8 +308,8 @@ impl PlaneResizer {
         }
         let (x0, x1) = Self::strip(region, size, width as u32);
         let (x0, strip) = (x0 as usize, (x1 - x0) as usize);
-        crate::decode::grow(&mut self.rows, count * (strip * side).max(square));
-        crate::decode::grow(&mut self.columns, count * strip * side);
+        crate::image::decode::grow(&mut self.rows, count * (strip * side).max(square));
+        crate::image::decode::grow(&mut self.columns, count * strip * side);
         let wide = count * side;
 
         self.down

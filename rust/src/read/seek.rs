@@ -6,7 +6,7 @@
 use crate::index::detail::{self, ShardDetail};
 use crate::index::Index;
 use crate::plan::Run;
-use crate::source::{self, redact_url, SourceOptions, SourceStats};
+use crate::read::source::{self, redact_url, SourceOptions, SourceStats};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io::Read;

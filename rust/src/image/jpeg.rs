@@ -1,6 +1,6 @@
 //! A thin safe wrapper over libjpeg-turbo's TurboJPEG 3 API: one handle, the header read once,
 //! and the packed RGB/CMYK decode (for CMYK, lossless and rotated JPEGs). Upright YCbCr and
-//! grayscale JPEGs are decoded as raw planes by [`crate::jpeg_raw`] instead.
+//! grayscale JPEGs are decoded as raw planes by [`crate::image::jpeg_raw`] instead.
 
 use std::ffi::{c_int, CStr};
 
@@ -168,7 +168,7 @@ impl Handle {
     }
 }
 
-/// JPEGs for the unit tests of this module and of [`crate::jpeg_raw`], encoded by the
+/// JPEGs for the unit tests of this module and of [`crate::image::jpeg_raw`], encoded by the
 /// libjpeg-turbo that decodes them.
 #[cfg(test)]
 pub(crate) mod fixtures {
@@ -217,7 +217,7 @@ mod tests {
             (17, 33, Subsampling::Gray, Colorspace::Gray)
         );
         // The image crate's encoder writes what we read too.
-        let other = crate::sample::fixtures::jpeg(21, 13);
+        let other = crate::batch::sample::fixtures::jpeg(21, 13);
         let header = handle.header(&other).unwrap();
         assert_eq!((header.width, header.height), (21, 13));
     }

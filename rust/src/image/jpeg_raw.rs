@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_uchar, c_ulong, CStr};
 
-use crate::resize::Window;
+use crate::image::resize::Window;
 
 /// The most components a raw decode handles (Y, Cb, Cr).
 pub const MAX_COMPONENTS: usize = 3;
@@ -180,7 +180,7 @@ impl Drop for Started<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jpeg::fixtures::solid;
+    use crate::image::jpeg::fixtures::solid;
 
     /// Where each plane goes in one buffer (planes one after another), and its size.
     fn layout(g: &Geometry) -> ([(usize, usize); MAX_COMPONENTS], usize) {

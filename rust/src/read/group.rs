@@ -13,8 +13,8 @@ use flate2::bufread::MultiGzDecoder;
 use regex::Regex;
 
 use crate::error::{Reason, SourceKind};
-use crate::source::{self, redact_url, SourceOptions, SourceStats};
-use crate::tar::{Entry, TarError, TarReader};
+use crate::read::source::{self, redact_url, SourceOptions, SourceStats};
+use crate::read::tar::{Entry, TarError, TarReader};
 
 fn key_pattern() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();

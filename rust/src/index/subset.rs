@@ -7,8 +7,8 @@
 //! keys, invalid samples), which is brought into memory here from the source index's blocks.
 
 use crate::index::{Index, IndexError, Selection};
-use crate::seek::DetailSource;
-use crate::source::{SourceOptions, SourceStats};
+use crate::read::seek::DetailSource;
+use crate::read::source::{SourceOptions, SourceStats};
 use std::sync::Arc;
 
 /// `index` with shard i keeping the ordinals `selections[i]` (valid samples of that shard).
@@ -114,7 +114,8 @@ mod tests {
         let plan = EpochPlan::new(&input, 0, 0, config).unwrap();
         let reader = plan.reader(0, 0).unwrap();
         let spans =
-            crate::spans::planned_spans(&subset, None, &Default::default(), reader.runs()).unwrap();
+            crate::read::spans::planned_spans(&subset, None, &Default::default(), reader.runs())
+                .unwrap();
         let mut kept: Vec<(u32, u64)> = spans
             .iter()
             .flat_map(|s| s.keep.as_ref().unwrap().iter().map(move |&o| (s.shard, o)))
@@ -122,9 +123,13 @@ mod tests {
         kept.sort_unstable();
         assert_eq!(kept, vec![(0, 0), (0, 3), (0, 5), (1, 1)]);
         // Keys of selected positions are the kept samples' keys.
-        let keys =
-            crate::seek::keys_of_runs(&subset, None, reader.runs(), &SourceOptions::default())
-                .unwrap();
+        let keys = crate::read::seek::keys_of_runs(
+            &subset,
+            None,
+            reader.runs(),
+            &SourceOptions::default(),
+        )
+        .unwrap();
         let mut keys_sorted = keys.clone();
         keys_sorted.sort();
         assert_eq!(keys_sorted, vec!["a0", "a3", "a5", "b1"]);
@@ -137,7 +142,7 @@ mod tests {
         assert_eq!(loaded.fingerprint(), subset.fingerprint());
         assert_eq!(loaded.num_valid(), 4);
         let location = dir.display().to_string();
-        let keys = crate::seek::keys_of_runs(
+        let keys = crate::read::seek::keys_of_runs(
             &loaded,
             Some(&location),
             reader.runs(),

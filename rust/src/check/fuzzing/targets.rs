@@ -59,8 +59,8 @@ impl Target {
                 thread_local! {
                     // One decoder across inputs, as a decode thread has: a failed decode must
                     // leave no state behind that breaks the next.
-                    static DECODER: RefCell<crate::decode::Decoder> =
-                        RefCell::new(crate::decode::Decoder::new());
+                    static DECODER: RefCell<crate::image::decode::Decoder> =
+                        RefCell::new(crate::image::decode::Decoder::new());
                 }
                 let (knob, image) = split_knob(data);
                 DECODER.with(|d| checks::decode_all(&mut d.borrow_mut(), image, knob))

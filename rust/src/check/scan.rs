@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::batch::sample::{caption, image_bytes, prepare, CaptionSource, SampleSpec, Worker};
 use crate::error::{Reason, SourceKind};
-use crate::group::{open_shard, ShardFault};
 use crate::index::{InvalidSample, ShardEntry};
-use crate::sample::{caption, image_bytes, prepare, CaptionSource, SampleSpec, Worker};
-use crate::source::{redact_url, SourceOptions, SourceStats};
+use crate::read::group::{open_shard, ShardFault};
+use crate::read::source::{redact_url, SourceOptions, SourceStats};
 
 /// What ended the scan of a shard before its end.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -209,7 +209,7 @@ impl ShardReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::fixtures::{jpeg, scratch_dir, tar_of};
+    use crate::batch::sample::fixtures::{jpeg, scratch_dir, tar_of};
 
     fn options(decode: bool, require_caption: bool) -> ScanOptions {
         ScanOptions {
@@ -309,8 +309,10 @@ mod tests {
         // scale (here 1/8, 1/2 and 1/1 of 480 px) and the size of the resize's output.
         let dir = scratch_dir("scan-sizes");
         let colour = jpeg(640, 480);
-        let gray = crate::jpeg::fixtures::solid(480, 640, [90, 90, 90], turbojpeg::Subsamp::Gray);
-        let full = crate::jpeg::fixtures::solid(640, 480, [9, 99, 199], turbojpeg::Subsamp::None);
+        let gray =
+            crate::image::jpeg::fixtures::solid(480, 640, [90, 90, 90], turbojpeg::Subsamp::Gray);
+        let full =
+            crate::image::jpeg::fixtures::solid(640, 480, [9, 99, 199], turbojpeg::Subsamp::None);
         let mut rng = crate::rng::SplitMix64::new(7);
         let mut images = Vec::new();
         for i in 0..90 {

@@ -1,6 +1,6 @@
 //! Real, valid inputs for the fuzz targets: the tar shards, images, index layouts and
 //! checksummed blocks that writers produce. Both fuzz drivers start from these: the proptest
-//! driver (`crate::fuzz`, in `cargo test`) mutates them, and the libFuzzer targets (`fuzz/`)
+//! driver (`crate::check::fuzz`, in `cargo test`) mutates them, and the libFuzzer targets (`fuzz/`)
 //! take them as their seed corpus.
 
 use std::io::{Cursor, Read, Write};
@@ -106,8 +106,8 @@ fn jpeg(w: u32, h: u32, subsamp: turbojpeg::Subsamp, quality: i32) -> Vec<u8> {
         .to_vec()
 }
 
-fn encode_with_image_crate(w: u32, h: u32, format: image::ImageFormat) -> Vec<u8> {
-    let img = image::RgbImage::from_raw(w, h, rgb_pattern(w, h)).unwrap();
+fn encode_with_image_crate(w: u32, h: u32, format: ::image::ImageFormat) -> Vec<u8> {
+    let img = ::image::RgbImage::from_raw(w, h, rgb_pattern(w, h)).unwrap();
     let mut out = Cursor::new(Vec::new());
     img.write_to(&mut out, format).unwrap();
     out.into_inner()
@@ -121,13 +121,13 @@ pub fn images() -> &'static Vec<Vec<u8>> {
         use turbojpeg::Subsamp;
         vec![
             jpeg(40, 24, Subsamp::Sub2x2, 85),
-            encode_with_image_crate(20, 12, image::ImageFormat::Png),
-            encode_with_image_crate(18, 10, image::ImageFormat::WebP),
+            encode_with_image_crate(20, 12, ::image::ImageFormat::Png),
+            encode_with_image_crate(18, 10, ::image::ImageFormat::WebP),
             jpeg(33, 17, Subsamp::None, 90),
             jpeg(48, 32, Subsamp::Sub2x1, 75),
             jpeg(24, 40, Subsamp::Gray, 80),
             jpeg(17, 33, Subsamp::Sub1x2, 70),
-            encode_with_image_crate(16, 16, image::ImageFormat::Jpeg),
+            encode_with_image_crate(16, 16, ::image::ImageFormat::Jpeg),
         ]
     })
 }

@@ -1,7 +1,7 @@
 //! Property fuzzing over mutated real inputs (issue 15, "Fuzzing").
 //!
 //! The structure-aware driver, beside the coverage-guided libFuzzer targets in `fuzz/` (both
-//! use the seeds and checks of `crate::fuzzing`). It runs inside `cargo test`, so every CI run
+//! use the seeds and checks of `check::fuzzing`). It runs inside `cargo test`, so every CI run
 //! fuzzes without an instrumented build: each case takes a real, valid input (a tar shard, a
 //! JPEG / PNG / WebP image, a version-2 manifest and detail block, version-1 JSON), applies a
 //! few mutations aimed at the formats' fields (bit flips, byte inserts and deletes, truncation
@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-use crate::fuzzing::checks::{decode_all, drain_samples, drain_tar};
-use crate::fuzzing::seeds::{
+use crate::check::fuzzing::checks::{decode_all, drain_samples, drain_tar};
+use crate::check::fuzzing::seeds::{
     gzip, images, index_layout, sample_index, tar_bases, tar_header, tar_member, unwrap_checked,
     wrap_checked, BLOCK,
 };
@@ -244,7 +244,7 @@ fn fuzz_sample_grouping() {
     let mut bases = tar_bases().clone();
     bases.push(gzip(&tar_bases()[0]));
     fuzz("group", &bases, |bytes, _| {
-        crate::fuzzing::checks::group(bytes)
+        crate::check::fuzzing::checks::group(bytes)
     });
 }
 
@@ -255,8 +255,8 @@ fn fuzz_sample_grouping_from_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("shard.tar");
     let url = path.to_str().unwrap().to_string();
-    let stats = std::sync::Arc::new(crate::source::SourceStats::default());
-    let opts = crate::source::SourceOptions::default();
+    let stats = std::sync::Arc::new(crate::read::source::SourceStats::default());
+    let opts = crate::read::source::SourceOptions::default();
     let cases_here = (cases() / 4).max(16);
     let mut runner = TestRunner::new(Config {
         cases: cases_here,
@@ -269,12 +269,12 @@ fn fuzz_sample_grouping_from_file() {
         let input = apply(&base, &muts);
         std::fs::write(&path, &input).unwrap();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let opened = crate::group::open_shard(
+            let opened = crate::read::group::open_shard(
                 &url,
                 start_block * BLOCK as u64,
                 0,
                 1 << 20,
-                &crate::source::Expected::default(),
+                &crate::read::source::Expected::default(),
                 &opts,
                 &stats,
             );
@@ -300,12 +300,12 @@ fn fuzz_sample_grouping_from_file() {
 fn fuzz_image_decode() {
     // One decoder across all cases, as a decode thread has: a failed decode must leave no state
     // behind that breaks (or crashes) the next.
-    let decoder = std::cell::RefCell::new(crate::decode::Decoder::new());
+    let decoder = std::cell::RefCell::new(crate::image::decode::Decoder::new());
     fuzz("decode", images(), |bytes, knob| {
         let mut d = decoder.borrow_mut();
         if d.probe(&images()[0]).is_err() {
             // A panic in an earlier case may leave it mid-borrow; start afresh.
-            *d = crate::decode::Decoder::new();
+            *d = crate::image::decode::Decoder::new();
         }
         decode_all(&mut d, bytes, knob)
     });
@@ -313,7 +313,7 @@ fn fuzz_image_decode() {
     let mut d = decoder.borrow_mut();
     for img in images() {
         let probe = d.probe(img).unwrap();
-        let region = crate::resize::CropBox {
+        let region = crate::image::resize::CropBox {
             x: 0.0,
             y: 0.0,
             w: probe.width as f64,
@@ -325,7 +325,7 @@ fn fuzz_image_decode() {
 
 #[test]
 fn fuzz_index_manifest_and_detail() {
-    use crate::fuzzing::checks::{detail, manifest};
+    use crate::check::fuzzing::checks::{detail, manifest};
     let layout = index_layout();
     assert!(!layout.details.is_empty());
     fuzz(
@@ -364,7 +364,7 @@ fn fuzz_index_manifest_and_detail() {
 
 #[test]
 fn fuzz_index_json_v1() {
-    use crate::fuzzing::checks::json_v1;
+    use crate::check::fuzzing::checks::json_v1;
     let index = sample_index();
     let bases = vec![index.to_json(), index.to_json_gz()];
     fuzz("json_v1", &bases, |bytes, _| json_v1(bytes));

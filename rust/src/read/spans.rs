@@ -4,11 +4,11 @@
 //! Gzip shards cannot be entered in the middle: their offsets only say how much decompressed
 //! stream to skip, which the reader does from the start.
 
+use crate::batch::span::{ShardSpan, SpanSelection};
 use crate::index::Index;
-use crate::pipeline::{ShardSpan, SpanSelection};
 use crate::plan::Run;
-use crate::seek::{keys_of_runs, DetailSource};
-use crate::source::{redact_url, Expected, SourceOptions};
+use crate::read::seek::{keys_of_runs, DetailSource};
+use crate::read::source::{redact_url, Expected, SourceOptions};
 use std::sync::Arc;
 
 /// What to open for each shard: the URL and the name users know it by. Empty: the index's own
@@ -190,7 +190,7 @@ pub fn planned_spans(
                 expected: Expected::from_identity(entry.identity.as_deref()),
                 keep_bytes: match (&keep, &entry.offsets) {
                     (Some(k), Some(offsets)) if !entry.compressed => {
-                        crate::pipeline::kept_byte_ranges(k, offsets)
+                        crate::batch::span::kept_byte_ranges(k, offsets)
                     }
                     _ => None,
                 },
