@@ -5,13 +5,13 @@
 #   bash scripts/fuzz.sh --seconds 20 tar     # one target, 20 s
 #   SHARDSTREAM_FUZZ_JOBS=2 bash scripts/fuzz.sh   # two targets at a time
 #
-# The targets (fuzz/fuzz_targets, checks in rust/src/fuzzing) are built with LLVM's
+# The targets (fuzz/fuzz_targets, checks in rust/src/check/fuzzing) are built with LLVM's
 # sanitizer-coverage instrumentation, which stable rustc has; what needs nightly is only the
 # address sanitizer (-Zsanitizer), which Rust's bounds checks make far less needed. So this is
 # `cargo fuzz run --sanitizer none`, without needing cargo-fuzz installed.
 #
 # Each target's corpus grows in target/fuzz/corpus/<target> (kept between runs, seeded from the
-# real inputs in rust/src/fuzzing/seeds.rs); a crash, timeout or out-of-memory input lands in
+# real inputs in rust/src/check/fuzzing/seeds.rs); a crash, timeout or out-of-memory input lands in
 # target/fuzz/artifacts/<target>/ and fails the run. Commit such an input as a regression test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,7 +1,7 @@
 """The Rust CLIP tokenizer against open_clip's SimpleTokenizer, and tokens from the loader.
 
 Every difference is listed; equality is asserted everywhere except the documented ftfy cases
-(mojibake repair and the other ftfy fixes rust/src/text.rs does not reproduce), whose number is
+(mojibake repair and the other ftfy fixes rust/src/batch/text/mod.rs does not reproduce), whose number is
 asserted.
 """
 

@@ -1,5 +1,5 @@
 #![no_main]
-// See shardstream::fuzzing::targets::Target::Group for what this checks.
+// See shardstream::check::fuzzing::targets::Target::Group for what this checks.
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    shardstream::fuzzing::targets::Target::Group.run(data);
+    shardstream::check::fuzzing::targets::Target::Group.run(data);
 });

@@ -1,5 +1,5 @@
 #![no_main]
-// See shardstream::fuzzing::targets::Target::Image for what this checks.
+// See shardstream::check::fuzzing::targets::Target::Image for what this checks.
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    shardstream::fuzzing::targets::Target::Image.run(data);
+    shardstream::check::fuzzing::targets::Target::Image.run(data);
 });

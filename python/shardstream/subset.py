@@ -1,7 +1,7 @@
 """Subsets of an indexed dataset without resharding: by key, by DataComp uid, or by a filter on
 per-sample metadata (``similarity >= 0.28 and width >= 200``).
 
-A subset is an index whose shards keep only the selected samples (rust/src/subset.rs): its
+A subset is an index whose shards keep only the selected samples (rust/src/index/subset.rs): its
 manifest holds per shard the count kept (O(shards) on every rank, as for the whole dataset) and
 each shard's detail block the kept ordinals. The plan schedules only those, and readers pass
 the others over, so nothing is decoded to be thrown away. ``shardstream subset`` makes one

@@ -1,4 +1,4 @@
-//! Writes a fuzz target's seed corpus (the real inputs of `shardstream::fuzzing::seeds`) into a
+//! Writes a fuzz target's seed corpus (the real inputs of `shardstream::check::fuzzing::seeds`) into a
 //! directory, one file per input named by its content hash. scripts/fuzz.sh runs it as
 //! `cargo run --release --features fuzzing --example fuzz_seeds -- <target> <dir>`; it is built
 //! without the fuzz crate's coverage instrumentation, which needs libFuzzer's runtime.
@@ -6,7 +6,7 @@
 use std::hash::{Hash, Hasher};
 use std::process::ExitCode;
 
-use shardstream::fuzzing::targets::Target;
+use shardstream::check::fuzzing::targets::Target;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();

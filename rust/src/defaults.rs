@@ -61,9 +61,9 @@ pub fn image_keys() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::PipelineConfig;
-    use crate::sample::{CaptionSource, SampleSpec};
-    use crate::source::SourceOptions;
+    use crate::batch::config::PipelineConfig;
+    use crate::batch::sample::{CaptionSource, SampleSpec};
+    use crate::read::source::SourceOptions;
 
     #[test]
     fn the_core_defaults_are_these() {

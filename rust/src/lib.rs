@@ -1,33 +1,21 @@
 //! shardstream core: streaming WebDataset shards into training batches.
 //!
-//! Each module has one job; none of them knows about Python. The PyO3 layer lives in
-//! `binding` and is compiled only with the `python` feature (maturin turns it on).
+//! The crate is laid out by stage, in the order a sample passes through it: `read` (shard
+//! bytes to raw samples), `image` (pixels), `batch` (samples to batch tensors); beside them
+//! `plan` (the epoch plan and resume state), `index` (the dataset index and its subsets) and
+//! `check` (validation and fuzzing). Each module has one job; none of them knows about Python.
+//! The PyO3 layer lives in `binding` and is compiled only with the `python` feature (maturin
+//! turns it on).
 
-pub mod convolve;
-pub mod decode;
+pub mod batch;
+pub mod check;
 pub mod defaults;
 pub mod error;
-#[cfg(test)]
-mod fuzz;
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzzing;
-pub mod group;
+pub mod image;
 pub mod index;
-pub mod jpeg;
-pub mod jpeg_raw;
-pub mod pipeline;
 pub mod plan;
-pub mod resize;
+pub mod read;
 pub mod rng;
-pub mod sample;
-pub mod scan;
-pub mod seek;
-pub mod shard_samples;
-pub mod source;
-pub mod spans;
-pub mod subset;
-pub mod tar;
-pub mod text;
 
 #[cfg(feature = "python")]
 mod binding;

@@ -6,16 +6,18 @@
 //! Two layouts, documented in `docs/epoch-plan.md` "Index format": version 1, one JSON document
 //! holding everything (`json_v1`), and version 2, a manifest that every rank loads, O(shards)
 //! (`manifest`), with the per-sample detail in blocks a reader fetches per shard (`detail`).
+//! A subset of an index is an index whose shards carry their selection (`subset`).
 
 mod codec;
 pub mod detail;
 mod json_v1;
 pub mod manifest;
+pub mod subset;
 
 use crate::error::Reason;
 use crate::plan::{PlanInput, ShardCounts};
+use crate::read::source::redact_url;
 use crate::rng::{hash_bytes, mix64};
-use crate::source::redact_url;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -137,7 +139,7 @@ impl ShardEntry {
     /// A shard known only by its URL and sample count.
     pub fn new(url: impl Into<String>, num_samples: u64) -> Self {
         let url = url.into();
-        let compressed = crate::group::is_gzip_name(&url);
+        let compressed = crate::read::group::is_gzip_name(&url);
         Self {
             url,
             size: None,

@@ -1,0 +1,23 @@
+//! The batch stage: raw samples to batch tensors.
+//!
+//! `pipeline` is the loader's pipeline, built of one module a step: `span` (what a reader reads
+//! of a shard, and how it opens), `reader` (the read-ahead threads), `mix` (a mixture's sources),
+//! `shuffle` (the block shuffle), `assemble` (the batcher and its phases), `reserve` (the spans
+//! that refill a planned batch), `stats`, `config` and `panics`. `sample` turns one raw sample
+//! into its caption and its pixels in a batch slot (shared by the loader and validation);
+//! `text` tokenizes captions into the batch's token tensor.
+
+mod assemble;
+pub mod config;
+#[cfg(test)]
+mod fixtures;
+mod mix;
+mod panics;
+pub mod pipeline;
+mod reader;
+mod reserve;
+pub mod sample;
+mod shuffle;
+pub mod span;
+pub mod stats;
+pub mod text;

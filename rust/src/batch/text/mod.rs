@@ -1,0 +1,876 @@
+//! A CLIP tokenizer that matches open_clip's `SimpleTokenizer` token for token.
+//!
+//! Built from the BPE merges file open_clip ships (`bpe_simple_vocab_16e6.txt.gz`, read at run
+//! time from a path; nothing is downloaded). A Hugging Face `tokenizer.json` is run instead by
+//! the `tokenizers` library itself (`from_tokenizer_json`), with the file's own normalizer,
+//! pre-tokenizer, model and post-processor: none of open_clip's cleaning below applies to it.
+//!
+//! The steps are open_clip's: `basic_clean` (ftfy.fix_text, `html.unescape` twice, strip),
+//! `whitespace_clean`, lowercasing, its regex, byte-level encoding (`bytes_to_unicode`), BPE
+//! with `</w>`, start/end tokens, truncation that keeps the end token, padding with 0.
+//!
+//! Where the output can differ from open_clip (ftfy is Python and is not reproduced in full):
+//! - `ftfy_lite` reproduces only ftfy's cheap character fixes: removal of its control
+//!   characters, curly quotes to straight ones, Latin ligatures, full-width ASCII to ASCII,
+//!   and NFC. It does not repair mojibake (`fix_encoding`: "cafÃ©" stays as is, ftfy gives
+//!   "café"), nor C1 controls, lossy UTF-8 sequences, or terminal escapes. Captions with such
+//!   text tokenize differently; tests/test_tokenize.py counts them on the real captions.
+//! - `html_unescape` knows the numeric references and the common named entities (with and
+//!   without `;`), not the full HTML5 table of 2231 names Python has.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Read;
+
+use regex::Regex;
+use unicode_normalization::UnicodeNormalization;
+
+pub const DEFAULT_CONTEXT_LENGTH: usize = 77;
+
+/// Words BPE-encoded per thread and tokenizer before the cache starts over (as open_clip's own
+/// word cache, but bounded).
+const WORD_CACHE_ENTRIES: usize = 1 << 16;
+
+/// Tokenizers whose word caches one thread keeps before it drops them all (a process that
+/// builds tokenizer after tokenizer must not grow without bound).
+const CACHED_TOKENIZERS: usize = 8;
+
+/// Word caches a tokenizer keeps for threads to come (more than any pass runs threads).
+const MAX_SPARE_CACHES: usize = 256;
+
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// rustc's FxHash, for the merge table: it is looked up several times per new word, where SipHash
+/// (the std default, made to resist hash flooding) cost more than the BPE itself. Its keys come
+/// from the vocabulary file, not from the captions, so a caption cannot flood it.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(last));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// Keyed by the words of the captions, which a shard may choose: std's keyed SipHash, so that no
+/// caption can make its lookups collide (FxHash is for the fixed merge table only).
+type WordCache = HashMap<Box<str>, Box<[u32]>>;
+
+/// Word caches handed back by threads that ended, for the next threads of the same tokenizer: a
+/// loader's decode threads last one pass, and its next pass (the next epoch, an evaluation)
+/// starts from the words the last one encoded instead of from nothing.
+type SpareCaches = std::sync::Mutex<Vec<WordCache>>;
+
+/// One thread's word cache for one tokenizer, and where it goes back when the thread ends.
+struct ThreadCache {
+    words: WordCache,
+    home: std::sync::Weak<SpareCaches>,
+}
+
+impl Drop for ThreadCache {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.upgrade() {
+            if let Ok(mut spare) = home.lock() {
+                if spare.len() < MAX_SPARE_CACHES {
+                    spare.push(std::mem::take(&mut self.words));
+                }
+            }
+        }
+    }
+}
+
+/// What one thread reuses from caption to caption: the cleaned text, the word being merged, and
+/// per tokenizer the ids of the words already seen. Nothing is allocated per caption once warm.
+#[derive(Default)]
+struct Scratch {
+    cleaned: String,
+    word: Vec<u32>,
+    /// The merge (rank, merged id) of each adjacent pair of `word`, and the next round's.
+    ranks: Vec<(u32, u32)>,
+    next_ranks: Vec<(u32, u32)>,
+    caches: FxMap<u64, ThreadCache>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("cannot read tokenizer file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("bad tokenizer file {path}: {detail}")]
+    Format { path: String, detail: String },
+}
+
+pub struct ClipTokenizer {
+    /// A Hugging Face `tokenizer.json`, run by the `tokenizers` library (truncation set to
+    /// `context_length`, no padding). `None`: open_clip's CLIP BPE, the fields below.
+    json: Option<Box<tokenizers::Tokenizer>>,
+    /// (left id << 32 | right id) -> (rank, merged id).
+    merges: FxMap<u64, (u32, u32)>,
+    /// For each byte: (id of its symbol, id of its symbol + `</w>`).
+    byte_ids: [(u32, u32); 256],
+    byte_chars: [char; 256],
+    pattern: Regex,
+    sot_text: String,
+    eot_text: String,
+    /// Distinguishes tokenizers in the per-thread word cache.
+    id: u64,
+    spare: std::sync::Arc<SpareCaches>,
+    pub sot: u32,
+    pub eot: u32,
+    pub context_length: usize,
+}
+
+/// open_clip's `bytes_to_unicode`.
+fn bytes_to_unicode() -> [char; 256] {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut out = ['\0'; 256];
+    for (b, c) in bs.into_iter().zip(cs) {
+        out[b as usize] = char::from_u32(c).expect("valid char");
+    }
+    out
+}
+
+const SOT: &str = "<start_of_text>";
+const EOT: &str = "<end_of_text>";
+
+impl ClipTokenizer {
+    /// From open_clip's gzipped merges file (its `default_bpe()`), as `SimpleTokenizer` builds it.
+    pub fn from_bpe_file(path: &str, context_length: usize) -> Result<Self, TokenizerError> {
+        let io = |source| TokenizerError::Io {
+            path: path.to_string(),
+            source,
+        };
+        let raw = std::fs::read(path).map_err(io)?;
+        let mut text = String::new();
+        if raw.starts_with(&[0x1f, 0x8b]) {
+            flate2::read::GzDecoder::new(&raw[..])
+                .read_to_string(&mut text)
+                .map_err(io)?;
+        } else {
+            text = String::from_utf8(raw).map_err(|e| TokenizerError::Format {
+                path: path.into(),
+                detail: e.to_string(),
+            })?;
+        }
+        let lines: Vec<&str> = text.split('\n').collect();
+        let end = (49152 - 256 - 2 + 1).min(lines.len());
+        let merges: Vec<(String, String)> = lines[1.min(lines.len())..end]
+            .iter()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                Some((it.next()?.to_string(), it.next()?.to_string()))
+            })
+            .collect();
+        // Python's dict order: the printable bytes first, then the others (`bytes_to_unicode`).
+        let mut chars: Vec<char> = bytes_to_unicode().to_vec();
+        chars.sort_by_key(|&c| c as u32);
+        let mut vocab_list: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
+        vocab_list.extend(chars.iter().map(|c| format!("{c}</w>")));
+        vocab_list.extend(merges.iter().map(|(a, b)| format!("{a}{b}")));
+        vocab_list.push(SOT.into());
+        vocab_list.push(EOT.into());
+        let vocab: HashMap<String, u32> = vocab_list
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (s, i as u32))
+            .collect();
+        Self::build(vocab, &merges, SOT, EOT, context_length, path)
+    }
+
+    /// From a Hugging Face `tokenizer.json` (any model the `tokenizers` library runs: BPE,
+    /// WordPiece, Unigram, with the file's normalizer, pre-tokenizer and post-processor), as the
+    /// `tokenizers` package encodes with `enable_truncation(context_length)`: the special tokens
+    /// of its post-processor (e.g. CLIP's start and end) are kept, the text is cut. The loader
+    /// pads the row with 0, as open_clip does.
+    pub fn from_tokenizer_json(path: &str, context_length: usize) -> Result<Self, TokenizerError> {
+        let bad = |detail: String| TokenizerError::Format {
+            path: path.into(),
+            detail,
+        };
+        let raw = std::fs::read(path).map_err(|source| TokenizerError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let mut json = tokenizers::Tokenizer::from_bytes(&raw).map_err(|e| {
+            bad(format!(
+                "not a tokenizer.json that the tokenizers library loads: {e}"
+            ))
+        })?;
+        json.with_truncation(Some(tokenizers::TruncationParams {
+            max_length: context_length,
+            ..Default::default()
+        }))
+        .map_err(|e| bad(format!("truncation to {context_length} tokens: {e}")))?;
+        json.with_padding(None);
+        // A context too short for the special tokens fails here, once, not on every caption.
+        json.encode_fast("a", true).map_err(|e| {
+            bad(format!(
+                "cannot encode with a context length of {context_length}: {e}"
+            ))
+        })?;
+        let mut tok = Self::from_bpe_parts(context_length);
+        tok.json = Some(Box::new(json));
+        Ok(tok)
+    }
+
+    /// A CLIP tokenizer with no merges (the fields a `tokenizer.json` tokenizer leaves unused).
+    fn from_bpe_parts(context_length: usize) -> Self {
+        let chars = bytes_to_unicode();
+        let mut vocab: HashMap<String, u32> = HashMap::new();
+        for c in chars {
+            let n = vocab.len() as u32;
+            vocab.insert(c.to_string(), n);
+            vocab.insert(format!("{c}</w>"), n + 1);
+        }
+        let n = vocab.len() as u32;
+        vocab.insert(SOT.into(), n);
+        vocab.insert(EOT.into(), n + 1);
+        Self::build(vocab, &[], SOT, EOT, context_length, "").expect("a complete byte vocabulary")
+    }
+
+    fn build(
+        vocab: HashMap<String, u32>,
+        merges: &[(String, String)],
+        sot: &str,
+        eot: &str,
+        context_length: usize,
+        path: &str,
+    ) -> Result<Self, TokenizerError> {
+        let bad = |detail: String| TokenizerError::Format {
+            path: path.into(),
+            detail,
+        };
+        let id = |s: &str| vocab.get(s).copied();
+        let chars = bytes_to_unicode();
+        let mut byte_ids = [(0u32, 0u32); 256];
+        for (b, c) in chars.iter().enumerate() {
+            let plain = id(&c.to_string()).ok_or_else(|| bad(format!("no symbol for byte {b}")))?;
+            let end = id(&format!("{c}</w>")).ok_or_else(|| bad(format!("no {c}</w>")))?;
+            byte_ids[b] = (plain, end);
+        }
+        let mut merge_map = FxMap::default();
+        merge_map.reserve(merges.len());
+        for (rank, (a, b)) in merges.iter().enumerate() {
+            if let (Some(x), Some(y), Some(m)) = (id(a), id(b), id(&format!("{a}{b}"))) {
+                merge_map.entry(pair(x, y)).or_insert((rank as u32, m));
+            }
+        }
+        let sot_id = id(sot).ok_or_else(|| bad(format!("no {sot}")))?;
+        let eot_id = id(eot).ok_or_else(|| bad(format!("no {eot}")))?;
+        let pattern = clip_pattern(sot, eot).map_err(|e| bad(e.to_string()))?;
+        Ok(Self {
+            merges: merge_map,
+            byte_ids,
+            byte_chars: chars,
+            pattern,
+            json: None,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            spare: Default::default(),
+            sot_text: sot.to_string(),
+            eot_text: eot.to_string(),
+            sot: sot_id,
+            eot: eot_id,
+            context_length,
+        })
+    }
+
+    /// open_clip's `SimpleTokenizer.encode`: the ids of a caption, without start/end tokens.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        if let Some(json) = &self.json {
+            return json
+                .encode_fast(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default();
+        }
+        let mut out = Vec::new();
+        self.for_each_id(text, |id| {
+            out.push(id);
+            true
+        });
+        out
+    }
+
+    /// Calls `emit` with the ids of `text` in order (open_clip's `encode`) until it returns
+    /// false: a caller that needs only the first ids (truncation) stops the work there.
+    fn for_each_id(&self, text: &str, mut emit: impl FnMut(u32) -> bool) {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let Scratch {
+                cleaned,
+                word,
+                ranks,
+                next_ranks,
+                caches,
+            } = scratch;
+            clean_into(text, cleaned);
+            if !caches.contains_key(&self.id) && caches.len() >= CACHED_TOKENIZERS {
+                caches.clear();
+            }
+            let cache = &mut caches
+                .entry(self.id)
+                .or_insert_with(|| ThreadCache {
+                    words: self
+                        .spare
+                        .lock()
+                        .ok()
+                        .and_then(|mut spare| spare.pop())
+                        .unwrap_or_default(),
+                    home: std::sync::Arc::downgrade(&self.spare),
+                })
+                .words;
+            let mut piece_ids = |piece: &str| -> bool {
+                if piece.len() > 2 && piece.starts_with('<') && piece.ends_with('>') {
+                    if piece.eq_ignore_ascii_case(&self.sot_text) {
+                        return emit(self.sot);
+                    }
+                    if piece.eq_ignore_ascii_case(&self.eot_text) {
+                        return emit(self.eot);
+                    }
+                }
+                if let Some(ids) = cache.get(piece) {
+                    return ids.iter().all(|&id| emit(id));
+                }
+                let bytes = piece.as_bytes();
+                word.clear();
+                for (i, &b) in bytes.iter().enumerate() {
+                    let (plain, end) = self.byte_ids[b as usize];
+                    word.push(if i + 1 == bytes.len() { end } else { plain });
+                }
+                bpe(&self.merges, word, ranks, next_ranks);
+                if cache.len() >= WORD_CACHE_ENTRIES {
+                    cache.clear();
+                }
+                cache.insert(piece.into(), word.as_slice().into());
+                word.iter().all(|&id| emit(id))
+            };
+            if cleaned.is_ascii() {
+                split_ascii(cleaned, [&self.sot_text, &self.eot_text], piece_ids);
+            } else {
+                for m in self.pattern.find_iter(cleaned) {
+                    if !piece_ids(m.as_str()) {
+                        break;
+                    }
+                }
+            }
+        })
+    }
+
+    /// `[sot] + encode + [eot]`, truncated to `context_length` with eot last, padded with 0.
+    /// The ids are written straight into `out`, and the words past the truncation point are
+    /// never encoded.
+    pub fn tokenize_into(&self, text: &str, out: &mut [i64]) {
+        if let Some(json) = &self.json {
+            // Checked when loaded; a caption it still cannot encode gets an all-0 row.
+            let ids = json.encode_fast(text, true).map(|e| e.get_ids().to_vec());
+            let ids = ids.as_deref().unwrap_or(&[]);
+            let body = ids.len().min(out.len());
+            for (o, &id) in out.iter_mut().zip(&ids[..body]) {
+                *o = id as i64;
+            }
+            out[body..].fill(0);
+            return;
+        }
+        let n = out.len();
+        if n < 2 {
+            if let Some(first) = out.first_mut() {
+                *first = self.eot as i64;
+            }
+            return;
+        }
+        out[0] = self.sot as i64;
+        // The body fills out[1..n - 1]; the end token goes right after it.
+        let mut pos = 1;
+        self.for_each_id(text, |id| {
+            if pos + 1 >= n {
+                return false;
+            }
+            out[pos] = id as i64;
+            pos += 1;
+            pos + 1 < n
+        });
+        out[pos] = self.eot as i64;
+        out[pos + 1..].fill(0);
+    }
+
+    pub fn tokenize(&self, text: &str) -> Vec<i64> {
+        let mut out = vec![0; self.context_length];
+        self.tokenize_into(text, &mut out);
+        out
+    }
+
+    /// The byte-level symbol of byte `b` (for tests and debugging).
+    pub fn byte_char(&self, b: u8) -> char {
+        self.byte_chars[b as usize]
+    }
+}
+
+/// open_clip's pre-tokenizer regex, with its start and end tokens.
+fn clip_pattern(sot: &str, eot: &str) -> Result<Regex, regex::Error> {
+    Regex::new(&format!(
+        r"(?i){}|{}|'s|'t|'re|'ve|'m|'ll|'d|\p{{L}}+|\p{{N}}|[^\s\p{{L}}\p{{N}}]+",
+        regex::escape(sot),
+        regex::escape(eot)
+    ))
+}
+
+#[inline]
+fn pair(left: u32, right: u32) -> u64 {
+    (left as u64) << 32 | right as u64
+}
+
+/// No merge for this pair.
+const NO_MERGE: (u32, u32) = (u32::MAX, 0);
+
+/// open_clip's `bpe` on ids: while some adjacent pair has a merge, merge every occurrence (left to
+/// right, not overlapping) of the pair of lowest rank. Each pair's rank is looked up once and
+/// kept; after a merge only the pairs next to a merged symbol are looked up again, so a word of
+/// n bytes costs O(n) lookups, not the O(n^2) of looking every pair up on every round.
+fn bpe(
+    merges: &FxMap<u64, (u32, u32)>,
+    word: &mut Vec<u32>,
+    ranks: &mut Vec<(u32, u32)>,
+    next: &mut Vec<(u32, u32)>,
+) {
+    let lookup = |l: u32, r: u32| merges.get(&pair(l, r)).copied().unwrap_or(NO_MERGE);
+    ranks.clear();
+    ranks.extend(word.windows(2).map(|w| lookup(w[0], w[1])));
+    loop {
+        let mut best = 0;
+        for (i, r) in ranks.iter().enumerate() {
+            if r.0 < ranks[best].0 {
+                best = i;
+            }
+        }
+        let Some(&(rank, merged)) = ranks.get(best) else {
+            return;
+        };
+        if rank == NO_MERGE.0 {
+            return;
+        }
+        let (left, right) = (word[best], word[best + 1]);
+        next.clear();
+        let (n, mut i, mut write, mut previous_merged) = (word.len(), 0, 0, false);
+        while i < n {
+            let here = i + 1 < n && word[i] == left && word[i + 1] == right;
+            let symbol = if here { merged } else { word[i] };
+            if write > 0 {
+                // Two unmerged neighbours were neighbours before: their rank is known.
+                next.push(if here || previous_merged {
+                    lookup(word[write - 1], symbol)
+                } else {
+                    ranks[i - 1]
+                });
+            }
+            word[write] = symbol;
+            write += 1;
+            previous_merged = here;
+            i += if here { 2 } else { 1 };
+        }
+        word.truncate(write);
+        std::mem::swap(ranks, next);
+    }
+}
+
+/// The tokenizer's regex (`specials|'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+`,
+/// case-insensitive, leftmost-first) on an ASCII text, without the regex engine: `piece` gets
+/// each match in order until it returns false. Most captions are ASCII once cleaned; the others
+/// go through the regex itself. `split_ascii_equals_the_regex` checks the two agree.
+fn split_ascii<'a>(text: &'a str, specials: [&str; 2], mut piece: impl FnMut(&'a str) -> bool) {
+    let b = text.as_bytes();
+    let letter = |c: u8| c.is_ascii_alphabetic();
+    let digit = |c: u8| c.is_ascii_digit();
+    // Unicode White_Space in ASCII: \t \n \x0b \x0c \r and space.
+    let space = |c: u8| matches!(c, b'\t'..=b'\r' | b' ');
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let rest = &b[i..];
+        let len = if let Some(s) = specials
+            .iter()
+            .find(|s| rest.len() >= s.len() && rest[..s.len()].eq_ignore_ascii_case(s.as_bytes()))
+        {
+            s.len()
+        } else if c == b'\''
+            && rest.len() >= 2
+            && matches!(rest[1] | 0x20, b's' | b't' | b'm' | b'd')
+        {
+            2
+        } else if c == b'\''
+            && rest.len() >= 3
+            && matches!(
+                [rest[1] | 0x20, rest[2] | 0x20],
+                [b'r', b'e'] | [b'v', b'e'] | [b'l', b'l']
+            )
+        {
+            3
+        } else if letter(c) {
+            rest.iter().take_while(|&&c| letter(c)).count()
+        } else if digit(c) {
+            1
+        } else if space(c) {
+            i += 1;
+            continue;
+        } else {
+            rest.iter()
+                .take_while(|&&c| !(letter(c) || digit(c) || space(c)))
+                .count()
+        };
+        if !piece(&text[i..i + len]) {
+            return;
+        }
+        i += len;
+    }
+}
+
+/// `clean(text)` into `out`, reusing its memory. An ASCII caption with no `&` (most of them)
+/// is cleaned in one pass: ftfy_lite only drops its control characters there, `html.unescape`
+/// has nothing to do, and whitespace runs become one space, lowercased.
+fn clean_into(text: &str, out: &mut String) {
+    out.clear();
+    if !text.is_ascii() || text.contains('&') {
+        out.push_str(&clean(text));
+        return;
+    }
+    let mut pending_space = false;
+    for &c in text.as_bytes() {
+        match c {
+            // ftfy_lite's removed control characters (before whitespace: \x0b and \x1c-\x1f go).
+            0x00..=0x08 | 0x0B | 0x0E..=0x1F | 0x7F => {}
+            b'\t' | b'\n' | 0x0C | b'\r' | b' ' => pending_space = !out.is_empty(),
+            _ => {
+                if pending_space {
+                    out.push(' ');
+                    pending_space = false;
+                }
+                out.push(c.to_ascii_lowercase() as char);
+            }
+        }
+    }
+}
+
+/// Python's `str.isspace` (what `str.split()` and `str.strip()` split on).
+fn is_py_space(c: char) -> bool {
+    c.is_whitespace() || ('\x1c'..='\x1f').contains(&c)
+}
+
+/// `whitespace_clean(basic_clean(text)).lower()`, with `ftfy_lite` for `ftfy.fix_text`.
+pub fn clean(text: &str) -> String {
+    let fixed = ftfy_lite(text);
+    let once = html_unescape(&fixed);
+    let twice = html_unescape(&once);
+    let joined = twice
+        .split(is_py_space)
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    joined.to_lowercase()
+}
+
+/// The part of `ftfy.fix_text` (default settings) reproduced here; see the module docs.
+pub fn ftfy_lite(text: &str) -> String {
+    let mut s = String::with_capacity(text.len());
+    for c in text.chars() {
+        let u = c as u32;
+        let removed = matches!(u, 0x00..=0x08 | 0x0B | 0x0E..=0x1F | 0x7F | 0x206A..=0x206F | 0xFEFF | 0xFFF9..=0xFFFC);
+        if removed {
+            continue;
+        }
+        match c {
+            '\u{02BC}' | '\u{2018}'..='\u{201B}' => s.push('\''),
+            '\u{201C}'..='\u{201F}' => s.push('"'),
+            '\u{FF01}'..='\u{FF5E}' => s.push(char::from_u32(u - 0xFF01 + 0x21).unwrap_or(c)),
+            '\u{3000}' => s.push(' '),
+            '\u{FB00}' => s.push_str("ff"),
+            '\u{FB01}' => s.push_str("fi"),
+            '\u{FB02}' => s.push_str("fl"),
+            '\u{FB03}' => s.push_str("ffi"),
+            '\u{FB04}' => s.push_str("ffl"),
+            '\u{FB05}' | '\u{FB06}' => s.push_str("st"),
+            '\u{0132}' => s.push_str("IJ"),
+            '\u{0133}' => s.push_str("ij"),
+            '\u{01C4}' => s.push_str("DŽ"),
+            '\u{01C5}' => s.push_str("Dž"),
+            '\u{01C6}' => s.push_str("dž"),
+            '\u{01C7}' => s.push_str("LJ"),
+            '\u{01C8}' => s.push_str("Lj"),
+            '\u{01C9}' => s.push_str("lj"),
+            '\u{01CA}' => s.push_str("NJ"),
+            '\u{01CB}' => s.push_str("Nj"),
+            '\u{01CC}' => s.push_str("nj"),
+            '\u{01F1}' => s.push_str("DZ"),
+            '\u{01F2}' => s.push_str("Dz"),
+            '\u{01F3}' => s.push_str("dz"),
+            '\u{0149}' => s.push_str("ʼn"),
+            '\r' => s.push('\n'),
+            _ => s.push(c),
+        }
+    }
+    if s.is_ascii() {
+        s
+    } else {
+        s.nfc().collect()
+    }
+}
+
+/// Named entities handled (Python's html5 table has them with `;`; the ones listed in
+/// `NO_SEMI` also without).
+const ENTITIES: &[(&str, &str)] = &[
+    ("amp", "&"),
+    ("lt", "<"),
+    ("gt", ">"),
+    ("quot", "\""),
+    ("apos", "'"),
+    ("nbsp", "\u{a0}"),
+    ("copy", "©"),
+    ("reg", "®"),
+    ("trade", "™"),
+    ("hellip", "…"),
+    ("mdash", "—"),
+    ("ndash", "–"),
+    ("lsquo", "‘"),
+    ("rsquo", "’"),
+    ("ldquo", "“"),
+    ("rdquo", "”"),
+    ("laquo", "«"),
+    ("raquo", "»"),
+    ("bull", "•"),
+    ("middot", "·"),
+    ("deg", "°"),
+    ("times", "×"),
+    ("divide", "÷"),
+    ("euro", "€"),
+    ("pound", "£"),
+    ("yen", "¥"),
+    ("cent", "¢"),
+    ("sect", "§"),
+    ("para", "¶"),
+    ("eacute", "é"),
+    ("egrave", "è"),
+    ("aacute", "á"),
+    ("agrave", "à"),
+    ("iacute", "í"),
+    ("oacute", "ó"),
+    ("uacute", "ú"),
+    ("ntilde", "ñ"),
+    ("ccedil", "ç"),
+    ("auml", "ä"),
+    ("ouml", "ö"),
+    ("uuml", "ü"),
+    ("szlig", "ß"),
+    ("Eacute", "É"),
+    ("Auml", "Ä"),
+    ("Ouml", "Ö"),
+    ("Uuml", "Ü"),
+];
+
+/// Names Python's table also has without the semicolon (a subset of the legacy ones).
+const NO_SEMI: &[&str] = &[
+    "amp", "lt", "gt", "quot", "nbsp", "copy", "reg", "laquo", "raquo", "middot", "deg", "times",
+    "divide", "pound", "yen", "cent", "sect", "para", "eacute", "egrave", "aacute", "agrave",
+    "iacute", "oacute", "uacute", "ntilde", "ccedil", "auml", "ouml", "uuml", "szlig", "Eacute",
+    "Auml", "Ouml", "Uuml",
+];
+
+/// Python's replacements for invalid numeric references (`html._invalid_charrefs`).
+fn invalid_charref(n: u32) -> Option<char> {
+    const CP1252: [u32; 32] = [
+        0x20AC, 0x81, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021, 0x02C6, 0x2030, 0x0160,
+        0x2039, 0x0152, 0x8D, 0x017D, 0x8F, 0x90, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013,
+        0x2014, 0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x9D, 0x017E, 0x0178,
+    ];
+    match n {
+        0x00 | 0x0d => Some(if n == 0 { '\u{fffd}' } else { '\r' }),
+        0x80..=0x9f => char::from_u32(CP1252[(n - 0x80) as usize]),
+        _ => None,
+    }
+}
+
+/// Python's `html.unescape` for numeric references and the entities in `ENTITIES`.
+pub fn html_unescape(s: &str) -> String {
+    if !s.contains('&') {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(pos) = rest.find('&') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        match unescape_one(after) {
+            Some((rep, used)) => {
+                out.push_str(&rep);
+                rest = &after[used..];
+            }
+            None => {
+                out.push('&');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// One reference after '&': (replacement, bytes consumed after the '&').
+fn unescape_one(s: &str) -> Option<(String, usize)> {
+    let b = s.as_bytes();
+    if b.first() == Some(&b'#') {
+        let (hex, start) = match b.get(1) {
+            Some(b'x') | Some(b'X') => (true, 2),
+            _ => (false, 1),
+        };
+        let digits = s[start..]
+            .bytes()
+            .take_while(|c| {
+                if hex {
+                    c.is_ascii_hexdigit()
+                } else {
+                    c.is_ascii_digit()
+                }
+            })
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        let mut used = start + digits;
+        if b.get(used) == Some(&b';') {
+            used += 1;
+        }
+        let num = u64::from_str_radix(&s[start..start + digits], if hex { 16 } else { 10 })
+            .unwrap_or(u64::MAX);
+        let rep = if num <= 0x9f && invalid_charref(num as u32).is_some() {
+            invalid_charref(num as u32).unwrap().to_string()
+        } else if (0xD800..=0xDFFF).contains(&num) || num > 0x10FFFF {
+            "\u{fffd}".to_string()
+        } else if matches!(num, 0x1..=0x8 | 0xe..=0x1f | 0x7f..=0x9f | 0xfdd0..=0xfdef | 0xb)
+            || (num & 0xfffe) == 0xfffe
+        {
+            String::new()
+        } else {
+            char::from_u32(num as u32)?.to_string()
+        };
+        return Some((rep, used));
+    }
+    let name_len = s
+        .bytes()
+        .take(32)
+        .take_while(|c| !b"\t\n\x0c <&#;".contains(c))
+        .count();
+    let name = &s[..name_len];
+    if b.get(name_len) == Some(&b';') {
+        if let Some((_, v)) = ENTITIES.iter().find(|(k, _)| *k == name) {
+            return Some((v.to_string(), name_len + 1));
+        }
+    }
+    // Without ';' (or an unknown name): the longest known prefix, as Python does.
+    for end in (1..=name_len).rev() {
+        if !name.is_char_boundary(end) {
+            continue;
+        }
+        let prefix = &name[..end];
+        if NO_SEMI.contains(&prefix) {
+            let v = ENTITIES.iter().find(|(k, _)| *k == prefix)?.1;
+            return Some((v.to_string(), end));
+        }
+    }
+    None
+}
+
+/// The tokenizer of (kind, path, context_length), built once per process: a loader makes a
+/// new pipeline every epoch, and parsing the vocabulary takes tens of milliseconds.
+/// `kind`: "bpe" (open_clip's merges file) or "json" (a Hugging Face `tokenizer.json`).
+pub fn shared(
+    kind: &str,
+    path: &str,
+    context_length: usize,
+) -> Result<std::sync::Arc<ClipTokenizer>, TokenizerError> {
+    type Cache = std::sync::Mutex<HashMap<(String, String, usize), std::sync::Arc<ClipTokenizer>>>;
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let key = (kind.to_string(), path.to_string(), context_length);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(t) = cache.lock().expect("tokenizer cache").get(&key) {
+        return Ok(t.clone());
+    }
+    let tok = std::sync::Arc::new(match kind {
+        "json" => ClipTokenizer::from_tokenizer_json(path, context_length)?,
+        "bpe" => ClipTokenizer::from_bpe_file(path, context_length)?,
+        other => {
+            return Err(TokenizerError::Format {
+                path: path.into(),
+                detail: format!("tokenizer kind {other:?}: expected 'bpe' or 'json'"),
+            })
+        }
+    });
+    cache
+        .lock()
+        .expect("tokenizer cache")
+        .insert(key, tok.clone());
+    Ok(tok)
+}
+
+impl std::fmt::Debug for ClipTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClipTokenizer")
+            .field("merges", &self.merges.len())
+            .field("context_length", &self.context_length)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,210 @@
+//! Conversions between Python values and the core's types: the config dicts the Python side
+//! passes (sample spec, reader options, a loader's pipeline config), the error policy and crop
+//! names, JSON values, the core's defaults, and a Python signer callable.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::batch::config::{OnError, PipelineConfig};
+use crate::batch::sample::{CaptionSource, SampleSpec};
+use crate::defaults;
+use crate::image::resize::CropMode;
+use crate::read::source::{Signer, SourceOptions};
+
+/// `_core.DEFAULTS`: the core's defaults (`defaults.rs`) by the names of the loader's options,
+/// durations in seconds. `shardstream.config` reads them into its typed view.
+pub(super) fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    use defaults::*;
+    let d = PyDict::new(py);
+    d.set_item("image_size", IMAGE_SIZE)?;
+    d.set_item("scan_image_size", SCAN_IMAGE_SIZE)?;
+    d.set_item("caption_key", CAPTION_KEY)?;
+    d.set_item("image_keys", IMAGE_KEYS.to_vec())?;
+    d.set_item("max_pixels", MAX_PIXELS)?;
+    d.set_item("max_member_bytes", MAX_MEMBER_BYTES)?;
+    d.set_item("crop", CROP)?;
+    d.set_item("random_crop_scale", RANDOM_CROP_SCALE)?;
+    d.set_item("loader_on_error", LOADER_ON_ERROR)?;
+    d.set_item("read_samples_on_error", READ_SAMPLES_ON_ERROR)?;
+    d.set_item("shuffle_buffer", SHUFFLE_BUFFER)?;
+    d.set_item("read_ahead", READ_AHEAD)?;
+    d.set_item("prefetch", PREFETCH)?;
+    d.set_item("connect_timeout", CONNECT_TIMEOUT.as_secs_f64())?;
+    d.set_item("read_timeout", READ_TIMEOUT.as_secs_f64())?;
+    d.set_item("max_retries", MAX_RETRIES)?;
+    d.set_item("backoff_initial", BACKOFF_INITIAL.as_secs_f64())?;
+    d.set_item("backoff_max", BACKOFF_MAX.as_secs_f64())?;
+    d.set_item("cache_max_bytes", CACHE_MAX_BYTES)?;
+    Ok(d)
+}
+
+pub(super) fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let text = serde_json::to_string(value).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+pub(super) fn on_error(s: &str) -> PyResult<OnError> {
+    match s {
+        "skip" => Ok(OnError::Skip),
+        "raise" => Ok(OnError::Raise),
+        other => Err(PyValueError::new_err(format!(
+            "on_error must be 'skip' or 'raise', not {other:?}"
+        ))),
+    }
+}
+
+pub(super) fn crop_mode(crop: &str, scale: (f64, f64)) -> PyResult<CropMode> {
+    match crop {
+        "center" => Ok(CropMode::Center),
+        "random" => Ok(CropMode::RandomResized {
+            scale,
+            ratio: defaults::RANDOM_CROP_RATIO,
+        }),
+        other => Err(PyValueError::new_err(format!(
+            "crop must be 'center' or 'random', not {other:?}"
+        ))),
+    }
+}
+
+fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
+    let mut spec = SampleSpec::default();
+    if let Some(v) = config.get_item("image_size")? {
+        spec.image_size = v.extract()?;
+    }
+    if let Some(v) = config.get_item("caption_key")? {
+        spec.caption = CaptionSource::parse(&v.extract::<String>()?);
+    }
+    if let Some(v) = config.get_item("image_keys")? {
+        if !v.is_none() {
+            spec.image_keys = v.extract()?;
+        }
+    }
+    if let Some(v) = config.get_item("max_pixels")? {
+        spec.max_pixels = v.extract()?;
+    }
+    let scale: (f64, f64) = match config.get_item("random_crop_scale")? {
+        Some(v) => v.extract()?,
+        None => defaults::RANDOM_CROP_SCALE,
+    };
+    if let Some(v) = config.get_item("crop")? {
+        spec.crop = crop_mode(&v.extract::<String>()?, scale)?;
+    }
+    Ok(spec)
+}
+
+/// Reader options from a config dict (any of its keys may be absent); none: the defaults.
+pub(super) fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<SourceOptions> {
+    let mut opts = SourceOptions::default();
+    let Some(config) = config else {
+        return Ok(opts);
+    };
+    if let Some(v) = config.get_item("connect_timeout")? {
+        opts.connect_timeout = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(v) = config.get_item("read_timeout")? {
+        opts.read_timeout = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(v) = config.get_item("max_retries")? {
+        opts.max_retries = v.extract()?;
+    }
+    if let Some(v) = config.get_item("backoff_initial")? {
+        opts.backoff_initial = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(v) = config.get_item("backoff_max")? {
+        opts.backoff_max = std::time::Duration::from_secs_f64(v.extract()?);
+    }
+    if let Some(dir) = config.get_item("cache_dir")?.filter(|v| !v.is_none()) {
+        let max_bytes = match config.get_item("cache_max_bytes")?.filter(|v| !v.is_none()) {
+            Some(v) => v.extract()?,
+            None => defaults::CACHE_MAX_BYTES,
+        };
+        opts.cache = Some(crate::read::source::CacheOptions {
+            dir: dir.extract::<std::path::PathBuf>()?,
+            max_bytes,
+        });
+    }
+    if let Some(v) = config.get_item("ca_bundle")?.filter(|v| !v.is_none()) {
+        opts.ca_bundle = Some(v.extract::<std::path::PathBuf>()?);
+    }
+    if let Some(signer) = config.get_item("signer")?.filter(|v| !v.is_none()) {
+        opts.signer = Some(python_signer(signer.unbind()));
+    }
+    Ok(opts)
+}
+
+/// A [`Signer`] that calls a Python callable (`url -> presigned url`) from the reader threads.
+/// The callers of every reading function release the GIL while they wait, so this can take it.
+/// A reader thread still running while the interpreter shuts down gets an error instead of
+/// attaching to a finalising interpreter.
+fn python_signer(callable: Py<PyAny>) -> Signer {
+    Signer(Arc::new(move |url: &str| {
+        Python::try_attach(|py| {
+            callable
+                .call1(py, (url,))
+                .and_then(|signed| signed.extract::<String>(py))
+                .map_err(|e| e.value(py).to_string())
+        })
+        .unwrap_or_else(|| Err("the Python interpreter is shutting down".into()))
+    }))
+}
+
+/// A `Loader`'s config dict as a `PipelineConfig`: keys that are absent or None keep the core's
+/// defaults.
+pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineConfig> {
+    let mut cfg = PipelineConfig {
+        spec: sample_spec(config)?,
+        source: source_options(Some(config))?,
+        ..PipelineConfig::default()
+    };
+    take_plain_fields(&mut cfg, config)?;
+    if let Some(v) = present(config, "on_error")? {
+        cfg.on_error = on_error(&v.extract::<String>()?)?;
+    }
+    if let Some(v) = present(config, "sources")? {
+        cfg.sources = cfg.source_specs(v.extract()?);
+    }
+    if let Some(v) = present(config, "tokenizer")? {
+        let (kind, path, ctx): (String, String, usize) = v.extract()?;
+        let tok = crate::batch::text::shared(&kind, &path, ctx)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        cfg.tokenizer = Some(tok);
+    }
+    Ok(cfg)
+}
+
+/// `config[key]`, or `None` when the key is absent or its value is None.
+fn present<'py>(config: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(config.get_item(key)?.filter(|v| !v.is_none()))
+}
+
+/// The config's values for the `PipelineConfig` fields that Python passes as they are.
+fn take_plain_fields(cfg: &mut PipelineConfig, config: &Bound<'_, PyDict>) -> PyResult<()> {
+    macro_rules! take {
+        ($($field:ident),*) => {$(
+            if let Some(v) = present(config, stringify!($field))? {
+                cfg.$field = v.extract()?;
+            }
+        )*};
+    }
+    take!(
+        batch_size,
+        threads,
+        read_ahead,
+        span_queue,
+        block_size,
+        shuffle_seed,
+        first_block,
+        crop_seed,
+        skip_emitted,
+        planned,
+        cycle,
+        drop_last,
+        max_member_bytes,
+        num_batches,
+        last_batch_size
+    );
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! The PyO3 layer: thin wrappers that convert arguments, release the GIL around Rust work, and
+//! turn faults into Python exceptions. No logic lives here. One file a Python-facing area:
+//! `loader` (the running pipeline), `plan` (plans, mixtures, the spans a reader reads),
+//! `index` (indexes and their subsets), `scan` (raw samples, shard validation, one image on its
+//! own), `text` (the tokenizer), `errors` (the exception and the errors it carries) and
+//! `convert` (config dicts and JSON to and from Rust types).
+
+use pyo3::prelude::*;
+
+mod convert;
+mod errors;
+mod index;
+mod loader;
+mod plan;
+mod scan;
+mod text;
+
+use convert::defaults_dict;
+use errors::CoreFault;
+use index::DatasetIndex;
+use loader::Loader;
+use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
+use scan::SampleIter;
+use text::PyClipTokenizer;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("CoreFault", m.py().get_type::<CoreFault>())?;
+    m.add("DEFAULTS", defaults_dict(m.py())?)?;
+    m.add_class::<SampleIter>()?;
+    m.add_class::<Loader>()?;
+    m.add_class::<DatasetIndex>()?;
+    m.add_class::<PlanRequest>()?;
+    m.add_class::<EpochPlanView>()?;
+    m.add_class::<MixturePlan>()?;
+    m.add_class::<PlannedSpans>()?;
+    m.add_class::<PyClipTokenizer>()?;
+    m.add_function(wrap_pyfunction!(scan::scan_shard, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::probe_image, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::decode_image, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::py_redact_url, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::derive_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::assign_shards, m)?)?;
+    Ok(())
+}
