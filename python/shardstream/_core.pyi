@@ -1,4 +1,4 @@
-"""Type stubs for ``shardstream._core``, the Rust extension (rust/src/binding.rs).
+"""Type stubs for ``shardstream._core``, the Rust extension (rust/src/binding/).
 
 Private module: the public API is ``shardstream`` itself. These stubs describe exactly what the
 extension exports; ``tests/test_wheel.py::test_stubs_match_extension`` fails when a name is added
