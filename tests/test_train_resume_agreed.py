@@ -25,7 +25,7 @@ from shardstream.train.dist import DistContext
 from train_support import ROOT, SmallDataset, build_small_dataset, read_log, small_config_args, train_env
 
 COMMON = [
-    "--data.heldout", "", "--eval.zeroshot_classes", "", "--train.max_steps", "8",
+    "--data.heldout", "", "--eval.zeroshot", "", "--train.max_steps", "8",
     "--checkpoint.every_steps", "0", "--log.every_steps", "2",
 ]  # fmt: skip
 STOP = 3
