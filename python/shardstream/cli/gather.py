@@ -26,15 +26,26 @@ def share(items: Sequence[T], rank: int, world: int) -> list[tuple[int, T]]:
     return [(i, items[i]) for i in range(rank, len(items), world)]
 
 
+def needs_gloo_subgroup(default_backend: str) -> bool:
+    """Whether the collectives here (CPU tensors) need their own gloo group rather than the
+    caller's default group: they do unless that group is plain gloo. NCCL (a training script on
+    GPUs) cannot move CPU tensors, and a combined backend such as ``cpu:gloo,cuda:nccl`` is not
+    worth parsing when one extra gloo group is always correct."""
+    return default_backend != "gloo"
+
+
 class RankGroup:
-    """A gloo process group for the duration of a ``with`` block (reusing one that the caller
-    already initialised, e.g. inside a training script)."""
+    """A gloo process group for the duration of a ``with`` block: the default group, initialised
+    here, or the caller's if it already initialised a gloo one, or else (e.g. NCCL inside a
+    training script) a gloo subgroup of every rank, created here and destroyed on exit."""
 
     def __init__(self, rank: int, world: int, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
         self.rank = rank
         self.world = world
         self.timeout = timeout
         self._owned = False
+        # None: collectives run on the default group.
+        self._group: Any = None
 
     def __enter__(self) -> RankGroup:
         try:
@@ -49,13 +60,26 @@ class RankGroup:
         if not dist.is_initialized():
             dist.init_process_group("gloo", rank=self.rank, world_size=self.world, timeout=self.timeout)
             self._owned = True
+        elif needs_gloo_subgroup(str(dist.get_backend())):
+            # Collective over the default group: every rank enters the block, as for init above.
+            self._group = dist.new_group(backend="gloo", timeout=self.timeout)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._owned:
-            import torch.distributed as dist
+        import torch.distributed as dist
 
+        if self._owned:
             dist.destroy_process_group()
+        elif self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
+
+    @property
+    def backend(self) -> str:
+        """The backend the collectives here run on (``gloo`` whenever the block is entered)."""
+        import torch.distributed as dist
+
+        return str(dist.get_backend(self._group))
 
     def gather_json(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` (JSON-serialisable) on rank 0, in rank order; None elsewhere."""
@@ -64,19 +88,19 @@ class RankGroup:
 
         payload = json.dumps(value, separators=(",", ":")).encode()
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64))
+        dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=self._group)
         longest = max(int(s.item()) for s in sizes)
         mine = torch.zeros(longest, dtype=torch.uint8)
         if payload:
             mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         if self.rank == 0:
             buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world)]
-            dist.gather(mine, buffers, dst=0)
+            dist.gather(mine, buffers, dst=0, group=self._group)
             return [
                 json.loads(bytes(buf[: int(size.item())].numpy()))
                 for buf, size in zip(buffers, sizes, strict=True)
             ]
-        dist.gather(mine, None, dst=0)
+        dist.gather(mine, None, dst=0, group=self._group)
         return None
 
     def broadcast_json(self, value: Any) -> Any:
@@ -89,7 +113,7 @@ class RankGroup:
         buffer = torch.zeros(length, dtype=torch.uint8)
         if self.rank == 0 and payload:
             buffer[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        dist.broadcast(buffer, src=0)
+        dist.broadcast(buffer, src=0, group=self._group)
         return json.loads(bytes(buffer.numpy()))
 
     def broadcast_int(self, value: int) -> int:
@@ -98,7 +122,7 @@ class RankGroup:
         import torch.distributed as dist
 
         tensor = torch.tensor([value], dtype=torch.int64)
-        dist.broadcast(tensor, src=0)
+        dist.broadcast(tensor, src=0, group=self._group)
         return int(tensor.item())
 
 

@@ -31,6 +31,7 @@ from shardstream.train.callbacks import (
 from shardstream.train.config import Config, ConfigError, config_to_yaml
 from shardstream.train.deps import check as check_dependencies
 from shardstream.train.deps import installed
+from shardstream.train.device_setup import build_optimizer, intra_op_threads
 from shardstream.train.dist import (
     DistContext,
     StopVote,
@@ -121,12 +122,7 @@ class Trainer:
     # -- set-up -------------------------------------------------------------------------------------
     def _setup(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        if ctx.device.type == "cpu":
-            torch.set_num_threads(
-                cfg.train.torch_threads or max(1, (os.cpu_count() or 1) // ctx.local_world_size)
-            )
-        elif cfg.train.torch_threads:
-            torch.set_num_threads(cfg.train.torch_threads)
+        torch.set_num_threads(intra_op_threads(cfg.train.torch_threads, ctx.local_world_size, os.cpu_count()))
         if ctx.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
             torch.backends.cudnn.allow_tf32 = cfg.train.tf32
@@ -226,19 +222,9 @@ class Trainer:
         rule = resolve_rule(cfg.optim.lr_scaling, cfg.optim.optimizer)
         self.lr_scaling = scale_lr(cfg.optim.base_lr, cfg.optim.base_batch, self.global_batch, rule)
         groups = param_groups(self.bundle.model, cfg.optim.weight_decay, cfg.optim.no_decay)
-        if cfg.optim.optimizer == "adamw":
-            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-                groups,
-                lr=self.lr_scaling.lr,
-                betas=tuple(cfg.optim.betas),  # type: ignore[arg-type]
-                eps=cfg.optim.eps,
-                # one fused kernel for all parameters: 3x faster than foreach on CPU, faster on CUDA
-                fused=ctx.device.type in ("cpu", "cuda"),
-            )
-        else:
-            self.optimizer = torch.optim.SGD(
-                groups, lr=self.lr_scaling.lr, momentum=cfg.optim.momentum, nesterov=True
-            )
+        self.optimizer: torch.optim.Optimizer = build_optimizer(
+            groups, cfg.optim, ctx.device.type, self.lr_scaling.lr
+        )
         self.scheduler = WarmupCosine(
             self.optimizer,
             peak_lr=self.lr_scaling.lr,
