@@ -1,4 +1,4 @@
-"""One rank of a ``cli_gather.RankGroup`` run inside a script that already initialised
+"""One rank of a ``cli.gather.RankGroup`` run inside a script that already initialised
 torch.distributed, as a training script does, for tests/test_cli_gather.py.
 
 Run under torchrun (CPU, loopback) with ``--backend gloo`` (the default group is reused) or
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from shardstream.cli_gather import RankGroup
+from shardstream.cli.gather import RankGroup
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""``cli_gather.RankGroup`` inside a script that already initialised torch.distributed: it
+"""``cli.gather.RankGroup`` inside a script that already initialised torch.distributed: it
 reuses a plain gloo default group and otherwise (NCCL in a training script, which cannot move
 the CPU tensors it sends) makes its own gloo subgroup. Real torchrun, 2 ranks, gloo on loopback."""
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from shardstream.cli_gather import needs_gloo_subgroup
+from shardstream.cli.gather import needs_gloo_subgroup
 from train_support import torchrun
 
 WORKER = str(Path(__file__).with_name("gather_worker.py"))
