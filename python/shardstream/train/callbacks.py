@@ -37,9 +37,12 @@ class Callback:
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         """After each optimizer step; ``metrics``: step, epoch, lr, samples_per_s, input_frac, ...
-        The values that live on the device (loss, grad_norm, logit_scale, loss_scale,
-        skipped_steps) are there on logging steps only (every ``log.every_steps``): reading them
-        every step would make the host wait for the device. ``on_log`` gets them for every step."""
+        (this rank's). The values that live on the device (loss, grad_norm, logit_scale,
+        loss_scale, skipped_steps) are there on logging steps only (every ``log.every_steps``):
+        reading them every step would make the host wait for the device. ``on_log`` gets them for
+        every step. A logging step's record also has its window's figures over ranks
+        (loader_wait_s_max/_mean/_max_rank, input_frac_max/_mean/_max_rank, samples_per_s_wall,
+        samples_per_s_per_device, window_wall_s: ``shardstream.train.metrics``)."""
 
     def on_log(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
         """On logging steps (every ``log.every_steps``, and before a checkpoint, an evaluation, an
@@ -172,6 +175,13 @@ class TensorBoardLogger(Callback):
         "grad_norm",
         "loss_scale",
         "skipped_steps",
+        # per logging window, over ranks (metrics.window_record)
+        "loader_wait_s_max",
+        "loader_wait_s_mean",
+        "input_frac_max",
+        "input_frac_mean",
+        "samples_per_s_wall",
+        "samples_per_s_per_device",
     )
 
     def on_train_start(self, trainer: Trainer) -> None:
@@ -210,6 +220,11 @@ def _format_step(m: dict[str, Any]) -> str:
         f"loss {m['loss']:.4f}  lr {m['lr']:.3g}  {m['samples_per_s']:,.0f} samples/s  "
         f"input {100 * m['input_frac']:.0f}%"
     )
+    if "input_frac_max" in m:  # a window's last step: the slowest rank beside the mean
+        line += (
+            f" (ranks: max {100 * m['input_frac_max']:.0f}% on {m['input_frac_max_rank']}, "
+            f"mean {100 * m['input_frac_mean']:.0f}%)  wall {m['samples_per_s_wall']:,.0f} samples/s"
+        )
     if "loss_scale" in m:
         line += f"  loss scale {m['loss_scale']:g}  skipped {m['skipped_steps']}"
     return line

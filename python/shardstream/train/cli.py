@@ -1,5 +1,6 @@
 """``train_clip.py`` / ``python -m shardstream.train``: parse the command line and train, or with
-``export`` first, write a checkpoint's weights for open_clip (``shardstream.train.export``)."""
+``export`` first, write a checkpoint's weights for open_clip (``shardstream.train.export``); with
+``plot`` first, draw a run's training curves from its log.jsonl (``shardstream.train.plot``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ examples:
   torchrun --nproc_per_node=2 train_clip.py --resume latest       # continue where it stopped
   python -m shardstream.train export runs/demo/checkpoints/step-00000500.pt -o model.pt
                                                                   # weights open_clip loads
+  python -m shardstream.train plot runs/demo -o curves.png        # loss, lr, input_frac per step
 """
 
 
@@ -53,6 +55,10 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
         from shardstream.train.export import main as export_main
 
         return export_main(argv[1:])
+    if argv[:1] == ["plot"]:
+        from shardstream.train.plot import main as plot_main
+
+        return plot_main(argv[1:])
     parser = build_parser(default_config)
     args, rest = parser.parse_known_args(argv)
     if args.help_config:

@@ -431,7 +431,7 @@ class Trainer:
         """Completes the step records since the last log with their device values (one read, the
         loss's mean over ranks in one collective: every rank calls this at the same steps) and
         passes them to ``on_log``. Returns them."""
-        records = self.metrics.flush()
+        records = self.metrics.flush(self.global_batch)
         if records:
             self.callbacks.on_log(self, records)
         return records

@@ -7,10 +7,16 @@ CPU could not prepare step n+1 while the device runs step n. ``StepMetrics`` kee
 logging step (every ``log.every_steps``, and before every checkpoint, evaluation, epoch end and
 the end of the run), then reads them all in one transfer, the loss's mean over ranks in one
 collective. The values are those a per-step read would have given: each step's own.
+
+The same collective carries each rank's window of host times (its loader wait and input fraction
+over the steps since the last flush), so that the logging step's record shows their max and mean
+over ranks: rank 0's own figures would hide a starving rank. The window's wall-clock throughput
+counts everything between two flushes (checks, logging, evaluation, checkpoints), not steps alone.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -18,6 +24,17 @@ import torch.distributed as dist
 from torch import Tensor
 
 from shardstream.train.dist import DistContext
+
+#: Per window, each rank's: the sum of its steps' loader waits, and the part of its step time that
+#: was input work. Logged as NAME_max and NAME_mean over ranks (and NAME_max_rank: whose).
+WINDOW_NAMES = ("loader_wait_s", "input_frac")
+
+
+def window_host_values(records: list[dict[str, Any]]) -> list[float]:
+    """This rank's ``WINDOW_NAMES`` over the steps of ``records``."""
+    step_time = sum(r["step_time_s"] for r in records)
+    input_time = sum(r["input_s"] for r in records)
+    return [sum(r["loader_wait_s"] for r in records), input_time / step_time if step_time > 0 else 0.0]
 
 
 class StepMetrics:
@@ -29,6 +46,7 @@ class StepMetrics:
         self._records: list[dict[str, Any]] = []
         self._names: tuple[str, ...] | None = None
         self._values: list[Tensor] = []
+        self._window_start: float | None = None  # the previous flush (or the first step's start)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -46,20 +64,35 @@ class StepMetrics:
         values = [t.detach().reshape(()).to(torch.float64) for t in (loss, *present.values())]
         self._values.append(torch.stack(values))
         self._records.append(record)
+        if self._window_start is None:
+            self._window_start = time.perf_counter() - record["step_time_s"]
 
-    def flush(self) -> list[dict[str, Any]]:
+    def flush(self, samples_per_step: int) -> list[dict[str, Any]]:
+        """``samples_per_step``: the global batch, for the window's wall-clock throughput."""
         if not self._records:
             return []
-        assert self._names is not None
+        assert self._names is not None and self._window_start is not None
+        now = time.perf_counter()
+        window_wall_s = now - self._window_start
+        self._window_start = now
         values = torch.stack(self._values)  # [steps, names] float64, on the device
         if self.ctx.backend != "nccl":
             values = values.cpu()  # gloo reduces host tensors
+        world, rank = self.ctx.world_size, self.ctx.rank
+        # one slot per rank for its window values, zero elsewhere: the sum over ranks gathers them
+        slots = torch.zeros((world, len(WINDOW_NAMES)), dtype=torch.float64)
+        slots[rank] = torch.tensor(window_host_values(self._records), dtype=torch.float64)
+        slots = slots.to(values.device)
         if self.ctx.distributed:
-            losses = values[:, 0].contiguous()
-            dist.all_reduce(losses)  # the sum over ranks: the same element-wise sum as step by step
-            values[:, 0] = losses
-        rows = values.cpu().tolist()  # the window's one device-to-host read
-        world = self.ctx.world_size
+            # the losses and the slots in one collective: the sum over ranks of the losses is the
+            # same element-wise sum as step by step
+            packed = torch.cat([values[:, 0], slots.reshape(-1)])
+            dist.all_reduce(packed)
+            values[:, 0] = packed[: len(values)]
+            slots = packed[len(values) :].reshape(world, len(WINDOW_NAMES))
+        host = torch.cat([values.reshape(-1), slots.reshape(-1)]).cpu()  # the window's one read
+        rows = host[: values.numel()].reshape(values.shape).tolist()
+        per_rank = host[values.numel() :].reshape(world, len(WINDOW_NAMES)).tolist()
         done = []
         for record, row in zip(self._records, rows, strict=True):
             record = dict(record)
@@ -68,8 +101,26 @@ class StepMetrics:
             for name, value in zip(self._names[1:], row[1:], strict=True):
                 record[name] = int(value) if name == "skipped_steps" else value
             done.append(record)
+        done[-1].update(window_record(per_rank, len(done) * samples_per_step, window_wall_s))
         self._records, self._values, self._names = [], [], None
         return done
 
 
-__all__ = ["StepMetrics"]
+def window_record(per_rank: list[list[float]], samples: int, wall_s: float) -> dict[str, Any]:
+    """The window's figures, from ``per_rank`` (one row per rank, ``WINDOW_NAMES`` columns),
+    ``samples`` trained in it over all ranks, and its wall-clock time."""
+    out: dict[str, Any] = {}
+    for column, name in enumerate(WINDOW_NAMES):
+        values = [row[column] for row in per_rank]
+        highest = max(values)
+        out[f"{name}_max"] = highest
+        out[f"{name}_max_rank"] = values.index(highest)
+        out[f"{name}_mean"] = sum(values) / len(values)
+    throughput = samples / wall_s if wall_s > 0 else 0.0
+    out["samples_per_s_wall"] = throughput
+    out["samples_per_s_per_device"] = throughput / len(per_rank)
+    out["window_wall_s"] = wall_s
+    return out
+
+
+__all__ = ["WINDOW_NAMES", "StepMetrics", "window_record"]
