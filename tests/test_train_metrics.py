@@ -5,6 +5,8 @@
   own wait stays small, and the mean is the two ranks' mean (rank 0's half read back from its own
   per-step records). The window's wall-clock throughput covers more than the steps' own time.
   TensorBoard and the console show the same figures.
+* In one process, the window's figures are the process's own, and its wall clock includes what
+  happens between steps (a checkpoint's time after a flush counts in the next window).
 * ``python -m shardstream.train plot`` turns that run's log.jsonl into a PNG, and a missing log
   into one line naming it.
 """
@@ -12,9 +14,11 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from train_support import ROOT, build_small_dataset, read_log, run_bounded, small_config_args, torchrun
 
 SLEEP_S = 0.3
@@ -117,6 +121,41 @@ def test_tensorboard_and_the_console_show_the_ranks_figures(slow_run: SlowRun) -
     )
     last = slow_run.steps[-1]
     assert f"(ranks: max {100 * last['input_frac_max']:.0f}% on 1, mean " in slow_run.stdout
+
+
+def test_one_process_window_is_its_own_and_counts_the_time_between_steps() -> None:
+    from shardstream.train.dist import DistContext
+    from shardstream.train.metrics import StepMetrics
+
+    ctx = DistContext(
+        rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"), backend=None
+    )
+    metrics = StepMetrics(ctx)
+
+    def step(number: int, wait_s: float) -> None:
+        started = time.perf_counter()
+        time.sleep(wait_s)  # the loader wait, as the step would measure it
+        elapsed = time.perf_counter() - started
+        record = {"step": number, "step_time_s": elapsed, "input_s": elapsed, "loader_wait_s": wait_s}
+        metrics.add(record, torch.tensor(2.0 + number))
+
+    step(1, 0.05)
+    step(2, 0.02)
+    (first, second) = metrics.flush(samples_per_step=8)
+    assert "loader_wait_s_max" not in first and first["loss"] == 3.0
+    assert second["loader_wait_s_max"] == second["loader_wait_s_mean"] == pytest.approx(0.07)
+    assert second["loader_wait_s_max_rank"] == 0
+    assert second["input_frac_max"] == second["input_frac_mean"] == pytest.approx(1.0)
+    assert second["window_wall_s"] >= first["step_time_s"] + second["step_time_s"]
+    assert second["samples_per_s_wall"] == second["samples_per_s_per_device"]
+    assert metrics.flush(samples_per_step=8) == []  # nothing new: the window goes on
+
+    time.sleep(0.3)  # between the steps: a checkpoint, an evaluation
+    step(3, 0.01)
+    (third,) = metrics.flush(samples_per_step=8)
+    assert third["window_wall_s"] >= 0.3 + third["step_time_s"]
+    assert third["samples_per_s_wall"] == pytest.approx(8 / third["window_wall_s"])
+    assert third["samples_per_s_wall"] < 8 / 0.3
 
 
 def test_plot_draws_the_runs_curves_as_a_png(slow_run: SlowRun, tmp_path: Path) -> None:
