@@ -148,21 +148,26 @@ def loader_tokenizer(cfg: Config, context_length: int | None) -> dict[str, objec
     return {"tokenizer": cfg.model.name}
 
 
-def heldout_loader(
-    cfg: Config, sources: DataSources, image_size: int, ctx: DistContext, context_length: int | None = None
+def evaluation_loader(
+    cfg: Config,
+    field: str,
+    urls: object,
+    index: str | None,
+    image_size: int,
+    ctx: DistContext,
+    **options: object,
 ) -> object:
-    """Every held-out sample once across ranks, unshuffled, center-cropped, nothing dropped.
-
-    With an index the ranks split the set exactly. Without one an exact split is impossible, so
-    rank 0 reads all of it and the other ranks contribute nothing (correct, only slower)."""
-    assert sources.heldout is not None
+    """Every sample of an evaluation set once across ranks, unshuffled, center-cropped, nothing
+    dropped. With an index the ranks split the set exactly. Without one an exact split is
+    impossible, so rank 0 reads all of it and the other ranks contribute nothing (correct, only
+    slower). ``field`` names the setting in errors; ``options``: the set's caption key, tokenizer."""
     rank, world_size = ctx.rank, ctx.world_size
-    if sources.heldout_index is None and world_size > 1:
+    if index is None and world_size > 1:
         if rank != 0:
             return []
         rank, world_size = 0, 1
-    return _opening("data.heldout")(
-        sources.heldout,
+    return _opening(field)(
+        urls,
         batch_size=cfg.eval.batch_size,
         image_size=image_size,
         seed=0,
@@ -170,10 +175,26 @@ def heldout_loader(
         threads=cfg.data.threads or None,
         rank=rank,
         world_size=world_size,
-        index=sources.heldout_index,
+        index=index,
         drop_last=False,
         on_error=cfg.data.on_error,
-        caption_key=cfg.data.caption_key,
         crop="center",
+        **options,
+    )
+
+
+def heldout_loader(
+    cfg: Config, sources: DataSources, image_size: int, ctx: DistContext, context_length: int | None = None
+) -> object:
+    """The held-out shards as an evaluation loader, tokenized as the training loader is."""
+    assert sources.heldout is not None
+    return evaluation_loader(
+        cfg,
+        "data.heldout",
+        sources.heldout,
+        sources.heldout_index,
+        image_size,
+        ctx,
+        caption_key=cfg.data.caption_key,
         **(loader_tokenizer(cfg, context_length) if cfg.data.tokenize_in_loader else {}),
     )

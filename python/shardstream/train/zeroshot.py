@@ -157,30 +157,12 @@ def load_zeroshot_set(root: str, *, split: str = "test", index: str = "") -> Zer
 
 
 def zeroshot_loader(cfg: Config, zeroshot: ZeroShotSet, image_size: int, ctx: DistContext) -> Any:
-    """The labelled set's samples, each once across ranks, unshuffled and center-cropped, with the
-    ``cls`` member read as the text. Without an index an exact split is impossible: rank 0 reads
-    all of it and the other ranks read nothing."""
-    from shardstream.train.loaders import _opening
+    """The labelled set's samples, each once across ranks (``evaluation_loader``), with the
+    ``cls`` member read as the text."""
+    from shardstream.train.loaders import evaluation_loader
 
-    rank, world_size = ctx.rank, ctx.world_size
-    if zeroshot.index is None and world_size > 1:
-        if rank != 0:
-            return []
-        rank, world_size = 0, 1
-    return _opening("eval.zeroshot")(
-        zeroshot.shards,
-        batch_size=cfg.eval.batch_size,
-        image_size=image_size,
-        seed=0,
-        shuffle_buffer=1,
-        threads=cfg.data.threads or None,
-        rank=rank,
-        world_size=world_size,
-        index=zeroshot.index,
-        drop_last=False,
-        on_error=cfg.data.on_error,
-        caption_key=LABEL_KEY,
-        crop="center",
+    return evaluation_loader(
+        cfg, "eval.zeroshot", zeroshot.shards, zeroshot.index, image_size, ctx, caption_key=LABEL_KEY
     )
 
 
