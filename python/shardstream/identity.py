@@ -4,6 +4,7 @@ changed dataset can tell which shards are unchanged (and reuse their entries) wi
 - a local file: ``size:<bytes>,mtime_ns:<n>`` (one ``stat``);
 - http(s): ``etag:<ETag>`` when the server sends one, else ``size:<Content-Length>,last-modified:<date>``
   (one ``HEAD`` request; a server refusing ``HEAD`` gets a one-byte ``GET``);
+- hf: ``size:<bytes>,hf-oid:<blob id>`` from the tree listing (the URL names a commit);
 - s3: ``etag:<ETag>``, from the listing when the shards were found by listing a prefix or glob
   (no request at all), else from one ``HeadObject``.
 
@@ -55,6 +56,10 @@ def probe_identity(
             return ShardIdentity(st.st_size, f"size:{st.st_size},mtime_ns:{st.st_mtime_ns}")
         if url.startswith("s3://"):
             return _s3_identity(shard)
+        if scheme == "hf":
+            from shardstream.hub import hf_identity
+
+            return ShardIdentity(*hf_identity(getattr(shard, "listed", None)))
         if scheme in ("http", "https"):
             return _http_identity(shard, timeout=timeout, ca_bundle=ca_bundle)
     except (ShardError, OSError, ValueError):

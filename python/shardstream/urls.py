@@ -11,6 +11,8 @@ and each part may use brace expansion: ``{000..099}`` (zero padding kept), ``{0.
   ``*`` stays within one path segment, ``**`` crosses them): listed with boto3; each shard keeps
   its ``s3://`` URL and an :class:`S3Signer` that presigns it whenever the Rust reader opens it
   (credentials never leave this process, and no signature outlives a long run);
+- ``hf://datasets/{org}/{name}[@{revision}]/{path}``: a dataset repository on the Hugging Face
+  Hub (files, folders and globs as for S3), each folder listed once; see :mod:`shardstream.hub`;
 - ``pipe:`` (runs a shell command) and any other scheme are refused with :class:`BadUrlError`.
 
 The result is a list of :class:`Shard`: plain ``str`` values (the concrete URL, which may carry
@@ -32,7 +34,7 @@ from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, Sou
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 REMOTE_SCHEMES = ("http", "https")
-KNOWN_SCHEMES = ("file", "http", "https", "s3")
+KNOWN_SCHEMES = ("file", "http", "https", "s3", "hf")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # How long a presigned GET stays valid. Shards are signed each time they are opened, so this
 # only has to cover one read of one shard, retries and resumes included (a URL made from
@@ -56,17 +58,17 @@ READER_OPTIONS = frozenset(
 class Shard(str):
     """A concrete shard URL. The ``str`` value is what the reader opens; ``display`` is what
     messages show (``repr`` shows only that). An ``s3://`` shard carries the :class:`S3Signer`
-    that presigns it each time it is opened."""
+    that presigns it each time it is opened, an ``hf://`` one the :class:`~shardstream.hub.HfSigner`."""
 
     display: str
-    signer: S3Signer | None
-    listed: tuple[int, str] | None  # (size, ETag) as an S3 listing reported them
+    signer: Any
+    listed: tuple[int, str] | None  # (size, ETag) from an S3 listing, (size, blob id) from the Hub's
 
     def __new__(
         cls,
         url: str,
         display: str | None = None,
-        signer: S3Signer | None = None,
+        signer: Any = None,
         listed: tuple[int, str] | None = None,
     ) -> Shard:
         shard = super().__new__(cls, url)
@@ -80,8 +82,16 @@ class Shard(str):
         return str.__str__(self)
 
     def open_url(self) -> str:
-        """The URL to fetch now: presigned for S3 (valid for ``expires_in`` from this call)."""
-        return self.signer(self.url) if self.signer is not None else self.url
+        """The URL to fetch now: presigned for S3 (valid for ``expires_in`` from this call), the
+        resolve URL for the Hub (see :meth:`open_request` for its headers)."""
+        return self.open_request()[0]
+
+    def open_request(self) -> tuple[str, dict[str, str]]:
+        """The URL to fetch now and the headers to send with it (a Hub token: never print them)."""
+        if self.signer is None:
+            return self.url, {}
+        answer = self.signer(self.url)
+        return (answer, {}) if isinstance(answer, str) else (answer[0], dict(answer[1]))
 
     def __repr__(self) -> str:
         return f"Shard({self.display!r})"
@@ -256,7 +266,7 @@ def scheme_of(url: str) -> str:
             "bad_url",
             redact(url),
             "",
-            f"unknown scheme {scheme!r} (supported: local paths, file://, http://, https://, s3://)",
+            f"unknown scheme {scheme!r} (supported: local paths, file://, http://, https://, s3://, hf://)",
         )
     return scheme
 
@@ -356,10 +366,16 @@ def index_source_config(
     names them itself, one signer for all of its ``s3://`` shards (made without listing them)."""
     if shards is not None:
         return source_config(shards, options)
+    by_scheme: dict[str, Any] = {}
     if "s3" in set(schemes):
-        s3 = _s3_options(options.get("s3_options"), options)
-        return source_config([Shard("s3://", "s3://", signer=S3Signer(s3))], options)
-    return source_config([], options)
+        by_scheme["s3"] = S3Signer(_s3_options(options.get("s3_options"), options))
+    if "hf" in set(schemes):
+        from shardstream.hub import HfSigner
+
+        by_scheme["hf"] = HfSigner()
+    if len(by_scheme) > 1:
+        return {**source_config([], options), "signer": _SchemeSigners(by_scheme)}
+    return source_config([Shard(f"{k}://", f"{k}://", signer=v) for k, v in by_scheme.items()], options)
 
 
 class S3Signer:
@@ -419,9 +435,19 @@ class _SignerTable:
         return self.signers[url](url)
 
 
+class _SchemeSigners:
+    """Signs each URL with the signer of its scheme (an index naming s3:// and hf:// shards)."""
+
+    def __init__(self, signers: dict[str, Any]) -> None:
+        self.signers = signers
+
+    def __call__(self, url: str) -> Any:
+        return self.signers[url.partition("://")[0]](url)
+
+
 def reader_signer(shards: Iterable[Any]) -> Any:
-    """What the Rust reader calls to presign the ``s3://`` shards among ``shards`` (None when
-    there are none)."""
+    """What the Rust reader calls to presign the ``s3://`` (and resolve the ``hf://``) shards
+    among ``shards`` (None when there are none)."""
     signers = {s.url: s.signer for s in shards if isinstance(s, Shard) and s.signer is not None}
     distinct = set(signers.values())
     if not distinct:
@@ -442,7 +468,7 @@ def source_config(shards: Iterable[Any], options: dict[str, Any] | None = None) 
             bundles = {
                 s.signer.s3.ca_bundle or os.environ.get("AWS_CA_BUNDLE")
                 for s in shards
-                if isinstance(s, Shard) and s.signer is not None
+                if isinstance(s, Shard) and isinstance(s.signer, S3Signer)
             } - {None, ""}
             if len(bundles) == 1:
                 config["ca_bundle"] = os.fspath(bundles.pop())
@@ -457,6 +483,7 @@ class _Resolver:
     def __init__(self, s3: S3Options) -> None:
         self.s3 = s3
         self.signer = S3Signer(s3)
+        self._hub: Any = None
 
     def client(self, where: str) -> Any:
         return self.signer.client(where)
@@ -468,7 +495,17 @@ class _Resolver:
             return _expand_local(url)
         if scheme in REMOTE_SCHEMES:
             return [Shard(url)], False
+        if scheme == "hf":
+            # Every hf:// name is found in its folder's listing: proven without another call.
+            return self._hub_resolver().resolve(url, _is_shard_file, glob_to_regex), True
         return self._expand_s3(url)
+
+    def _hub_resolver(self) -> Any:
+        if self._hub is None:
+            from shardstream.hub import HubResolver
+
+            self._hub = HubResolver()
+        return self._hub
 
     def check(self, shard: Shard) -> None:
         if shard.display.startswith("s3://"):

@@ -12,7 +12,7 @@ use crate::batch::config::{OnError, PipelineConfig};
 use crate::batch::sample::{CaptionSource, SampleSpec};
 use crate::defaults;
 use crate::image::resize::CropMode;
-use crate::read::source::{Signer, SourceOptions};
+use crate::read::source::{Signed, Signer, SourceOptions};
 
 /// `_core.DEFAULTS`: the core's defaults (`defaults.rs`) by the names of the loader's options,
 /// durations in seconds. `shardstream.config` reads them into its typed view.
@@ -135,7 +135,8 @@ pub(super) fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<Sou
     Ok(opts)
 }
 
-/// A [`Signer`] that calls a Python callable (`url -> presigned url`) from the reader threads.
+/// A [`Signer`] that calls a Python callable (`url -> presigned url`, or `(url, headers)`) from
+/// the reader threads.
 /// The callers of every reading function release the GIL while they wait, so this can take it.
 /// A reader thread still running while the interpreter shuts down gets an error instead of
 /// attaching to a finalising interpreter.
@@ -144,7 +145,14 @@ fn python_signer(callable: Py<PyAny>) -> Signer {
         Python::try_attach(|py| {
             callable
                 .call1(py, (url,))
-                .and_then(|signed| signed.extract::<String>(py))
+                .and_then(|answer| {
+                    // A URL, or (URL, [(header, value), ...]) for a source that needs headers.
+                    if let Ok(url) = answer.extract::<String>(py) {
+                        return Ok(url.into());
+                    }
+                    let (url, headers) = answer.extract::<(String, Vec<(String, String)>)>(py)?;
+                    Ok(Signed { url, headers })
+                })
                 .map_err(|e| e.value(py).to_string())
         })
         .unwrap_or_else(|| Err("the Python interpreter is shutting down".into()))

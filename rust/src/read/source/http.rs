@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use ureq::config::RedirectAuthHeaders;
 use ureq::http::{HeaderMap, Response, StatusCode};
 use ureq::tls::{parse_pem, Certificate, PemItem, RootCerts, TlsConfig};
 use ureq::{Agent, Body, BodyReader};
@@ -59,6 +60,9 @@ fn agent_for(opts: &SourceOptions, shown_url: &str) -> Result<Agent, SourceError
         .timeout_per_write(Some(opts.read_timeout))
         .input_buffer_size(SOCKET_BUFFER_BYTES)
         .max_redirects(5)
+        // A Hub token must not follow a redirect to the storage host (another domain). ureq's
+        // default is the same today; stated here so that a new default cannot leak it.
+        .redirect_auth_headers(RedirectAuthHeaders::Never)
         .user_agent(concat!("shardstream/", env!("CARGO_PKG_VERSION")));
     if let Some(bundle) = &opts.ca_bundle {
         let roots = load_roots(bundle).map_err(|message| SourceError::Open {
@@ -129,6 +133,8 @@ pub struct HttpReader {
     /// The full URL: may hold a signature, never printed (use `shown`).
     url: String,
     resign: Option<Resign>,
+    /// Sent with every request of this stream (values are secrets: never printed).
+    headers: Vec<(String, String)>,
     shown: String,
     /// Absolute offset of the next byte to hand to the caller.
     pos: u64,
@@ -188,6 +194,7 @@ impl HttpReader {
             agent: agent_for(opts, &shown)?,
             url: url.to_string(),
             resign,
+            headers: opts.headers.0.clone(),
             shown,
             pos: start,
             end,
@@ -264,6 +271,9 @@ impl HttpReader {
             })?;
         }
         let mut request = self.agent.get(&self.url);
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
         let ranged = self.pos > 0 || self.end.is_some();
         if ranged {
             let range = match self.end {
@@ -580,6 +590,7 @@ mod tests {
             cache: None,
             ca_bundle: None,
             signer: None,
+            headers: Default::default(),
         }
     }
 

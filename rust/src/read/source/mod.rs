@@ -4,6 +4,9 @@
 //! - `http://` / `https://`: [`http::HttpReader`], which retries with backoff and resumes a
 //!   broken stream with a Range request at the exact byte where it stopped, refusing to splice
 //!   two versions of an object;
+//! - `hf://` (Hugging Face Hub): the Python side's [`Signer`] turns it into the resolve URL at a
+//!   pinned commit plus an `Authorization` header, read like `s3://` (ureq drops that header on
+//!   every redirect, so the storage host never sees the token);
 //! - `s3://`: presigned by the [`Signer`] the Python side lends (boto3 and its credential chain)
 //!   each time the object is opened, then read over HTTPS. Signing at open time, not when the
 //!   URL list is made, keeps a run alive past the life of any one signature (temporary
@@ -50,16 +53,47 @@ pub struct SourceOptions {
     /// PEM file of root certificates to trust for HTTPS instead of the built-in Mozilla roots
     /// (an S3-compatible store behind a private CA).
     pub ca_bundle: Option<PathBuf>,
-    /// Presigns `s3://` URLs; without one they cannot be opened.
+    /// Presigns `s3://` (and resolves `hf://`) URLs; without one they cannot be opened.
     pub signer: Option<Signer>,
+    /// Extra request headers for every HTTP request of a stream (a Hub bearer token, set from
+    /// the signer's answer). Never printed: values are secrets.
+    pub headers: RequestHeaders,
 }
 
-/// Turns an `s3://bucket/key` URL into a presigned HTTPS URL for GET, or says why it cannot
-/// (the message must not contain secrets).
+/// Request headers whose values are never shown (`Debug` prints only the names).
+#[derive(Clone, Default)]
+pub struct RequestHeaders(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for RequestHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|(k, _)| k.as_str()).collect();
+        write!(f, "RequestHeaders({names:?}, values redacted)")
+    }
+}
+
+/// What a signer answers: the URL to GET now and headers to send with it (and with every
+/// reconnection of that stream).
+#[derive(Clone, Default)]
+pub struct Signed {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl From<String> for Signed {
+    fn from(url: String) -> Self {
+        Self {
+            url,
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// Turns an `s3://bucket/key` (or `hf://`) URL into an HTTPS URL for GET, with any headers it
+/// needs, or says why it cannot (the message must not contain secrets).
 #[derive(Clone)]
 pub struct Signer(pub Arc<SignFn>);
 
-pub type SignFn = dyn Fn(&str) -> Result<String, String> + Send + Sync;
+pub type SignFn = dyn Fn(&str) -> Result<Signed, String> + Send + Sync;
 
 impl std::fmt::Debug for Signer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,6 +112,7 @@ impl Default for SourceOptions {
             cache: None,
             ca_bundle: None,
             signer: None,
+            headers: RequestHeaders::default(),
         }
     }
 }
@@ -304,7 +339,7 @@ fn locate(url: &str) -> Result<Location<'_>, SourceError> {
     if url.starts_with("pipe:") {
         return bad("pipe: URLs run shell commands and are refused");
     }
-    if url.starts_with("s3://") {
+    if url.starts_with("s3://") || url.starts_with("hf://") {
         return Ok(Location::S3);
     }
     if let Some(scheme_end) = url.find("://") {
@@ -461,16 +496,17 @@ fn open_s3_expecting(
     let Some(signer) = &opts.signer else {
         return Err(SourceError::BadUrl {
             url: redact_url(url),
-            message: "s3:// URLs need S3 options (shardstream.expand_urls gives them)".into(),
+            message: "s3:// and hf:// URLs need a signer (shardstream.expand_urls gives one)"
+                .into(),
         });
     };
     let sign = {
         let (signer, url) = (signer.clone(), url.to_string());
         move || match (signer.0)(&url) {
-            Ok(signed) if matches!(locate(&signed), Ok(Location::Http)) => Ok(signed),
+            Ok(signed) if matches!(locate(&signed.url), Ok(Location::Http)) => Ok(signed),
             Ok(signed) => Err(format!(
                 "the signer gave {}, not an HTTP(S) URL",
-                redact_url(&signed)
+                redact_url(&signed.url)
             )),
             Err(message) => Err(message),
         }
@@ -479,12 +515,20 @@ fn open_s3_expecting(
         url: redact_url(url),
         message,
     })?;
+    // The headers of the first answer serve every reconnection of this stream (a token does
+    // not change within one shard's read; a presigned URL does, and is asked for again).
+    let opts = &SourceOptions {
+        headers: RequestHeaders(signed.headers),
+        ..opts.clone()
+    };
+    let signed = signed.url;
     if opts.cache.is_some() {
         return open_http(&signed, start, end, expected, opts, stats).map_err(|e| e.naming(url));
     }
+    let resign = move || sign().map(|s| s.url);
     let reader = http::HttpReader::open_expecting(
         &signed,
-        Some(Box::new(sign)),
+        Some(Box::new(resign)),
         start,
         end,
         expected,
@@ -707,7 +751,7 @@ mod tests {
                 if key == "refused.tar" {
                     return Err("session expired".to_string());
                 }
-                Ok(format!("{base}/{key}?X-Amz-Signature=secret{n}"))
+                Ok(format!("{base}/{key}?X-Amz-Signature=secret{n}").into())
             }))),
             ..SourceOptions::default()
         };
@@ -745,7 +789,7 @@ mod tests {
         }
         let not_http = SourceOptions {
             signer: Some(Signer(Arc::new(|_: &str| {
-                Ok("ftp://elsewhere/a.tar".into())
+                Ok("ftp://elsewhere/a.tar".to_string().into())
             }))),
             ..SourceOptions::default()
         };

@@ -1,0 +1,155 @@
+"""hf:// URLs against a local Hub (tests/hub_server.py: routes from huggingface_hub 2.4.0's client).
+
+The standard is the same as for HTTP and S3: the samples read from the Hub are the local files'
+samples, byte for byte; what a shard read costs in API calls is counted by the server."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hub_server import LocalHub
+from servers import build_photo_shards
+from shardstream import ShardLoader, read_samples
+from shardstream.errors import BadUrlError, CredentialsError, NotFoundError
+from shardstream.index import build_index, write_index
+from shardstream.urls import expand_urls
+from source_checks import comparable
+
+pytestmark = pytest.mark.timeout(300)
+
+SHARDS, PER_SHARD = 12, 4
+REPO = "acme/photos-wds"
+TOKEN = "hf_secret_token_for_tests_0123"
+FAST = {"connect_timeout": 2.0, "read_timeout": 2.0, "max_retries": 4}
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("hf-shards")
+    build_photo_shards(str(directory), shards=SHARDS, per_shard=PER_SHARD, seed=5)
+    return str(directory)
+
+
+def names() -> list[str]:
+    return [f"shard-{i:06d}.tar" for i in range(SHARDS)]
+
+
+def files_of(shard_dir: str) -> dict[str, bytes]:
+    return {f"train/{n}": open(os.path.join(shard_dir, n), "rb").read() for n in names()}
+
+
+@pytest.fixture()
+def hub(shard_dir, monkeypatch, tmp_path):
+    # No token file of the user's may leak in: huggingface_hub reads HF_HOME's token file.
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with LocalHub(token=TOKEN, page_size=5) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        server.push(REPO, {**files_of(shard_dir), "README.md": b"# photos\n"})
+        yield server
+
+
+def local_samples(shard_dir: str) -> list[dict]:
+    return comparable(read_samples([os.path.join(shard_dir, n) for n in names()]))
+
+
+def test_a_loader_over_twelve_hub_shards_reads_what_the_local_files_hold(hub, shard_dir):
+    spec = f"hf://datasets/{REPO}/train/*.tar"
+    shards = expand_urls(spec)
+    assert [s.display.rsplit("/", 1)[1] for s in shards] == names()
+    sha = hub.repos[REPO].branches["main"]
+    assert all(s.display.startswith(f"hf://datasets/{REPO}@{sha}/train/") for s in shards)
+    # One revision call and the folder's pages (12 files, 5 a page): never one call per file.
+    assert len(hub.api_calls()) == 1 + 3
+    assert comparable(read_samples(spec, **FAST)) == local_samples(shard_dir)
+
+    loader = ShardLoader(spec, batch_size=PER_SHARD, image_size=32, shuffle_buffer=1, threads=2, **FAST)
+    keys = [k for batch in loader for k in batch.keys]
+    assert sorted(keys) == sorted(s["__key__"] for s in local_samples(shard_dir))
+    # Every byte came from the storage host, through a redirect, with Range where resumed.
+    assert hub.storage_requests and all(r.path.startswith("/blobs/") for r in hub.storage_requests)
+
+
+def test_listing_costs_calls_per_folder_not_per_file(hub):
+    many = {f"many/part-{i:04d}.tar": b"x" for i in range(2000)}
+    hub.page_size = 1000  # the Hub's page size
+    hub.push(REPO, many)
+    before = len(hub.api_calls())
+    shards = expand_urls(f"hf://datasets/{REPO}/many/part-{{0000..1999}}.tar::hf://datasets/{REPO}/train/")
+    assert len(shards) == 2000 + SHARDS
+    # 1 revision + 2 pages for many/ + 1 page for train/ (13 entries, 1,000 a page).
+    assert len(hub.api_calls()) - before == 4
+
+
+def test_the_token_reaches_the_resolve_host_and_never_the_storage_host(hub, shard_dir, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    hub.gate(REPO, "train/shard-000003.tar")
+    shard = expand_urls(f"hf://datasets/{REPO}/train/shard-000003.tar")
+    got = comparable(read_samples(shard, **FAST))
+    assert got == comparable(read_samples([os.path.join(shard_dir, "shard-000003.tar")]))
+    resolves = [r for r in hub.requests if "/resolve/" in r.path]
+    assert resolves and all(r.headers.get("authorization") == f"Bearer {TOKEN}" for r in resolves)
+    assert hub.storage_requests
+    assert all("authorization" not in r.headers for r in hub.storage_requests)
+    # Nothing printable carries it.
+    assert TOKEN not in repr(shard) + shard[0].display + repr(shard[0].signer)
+
+
+def test_a_gated_file_without_a_token_is_one_clear_line_naming_it(hub):
+    hub.gate(REPO, "train/shard-000001.tar")
+    shard = expand_urls(f"hf://datasets/{REPO}/train/shard-000001.tar")
+    with pytest.raises(CredentialsError) as caught:
+        list(read_samples(shard, **FAST))
+    message = str(caught.value)
+    assert "\n" not in message and f"{REPO}" in message and "train/shard-000001.tar" in message
+    with pytest.raises(NotFoundError, match="no-such.tar"):
+        expand_urls(f"hf://datasets/{REPO}/train/no-such.tar")
+    with pytest.raises(NotFoundError, match="acme/absent"):
+        expand_urls("hf://datasets/acme/absent/train/*.tar")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "hf://models/acme/x/a.tar",
+        "hf://datasets/acme",
+        "hf://datasets/acme/x@/a.tar",
+        "hf://datasets/a/b@r/../c",
+    ],
+)
+def test_a_wrong_url_form_is_a_bad_url_error(url):
+    with pytest.raises(BadUrlError, match="hf://datasets/"):
+        expand_urls(url)
+
+
+def test_429s_are_retried_as_told_and_counted(hub, shard_dir):
+    hub.throttle("train/shard-000002.tar", 2)
+    spec = f"hf://datasets/{REPO}/train/shard-00000{{2..3}}.tar"
+    loader = ShardLoader(spec, batch_size=PER_SHARD, image_size=32, shuffle_buffer=1, threads=1, **FAST)
+    keys = [k for batch in loader for k in batch.keys]
+    assert len(keys) == 2 * PER_SHARD
+    assert loader.stats["retries"] == 2
+    throttled = [r for r in hub.requests if r.path.endswith("shard-000002.tar")]
+    assert len(throttled) == 3
+
+
+def test_a_pin_and_an_index_read_the_bytes_of_their_commit_after_main_moved(hub, shard_dir, tmp_path):
+    old = hub.repos[REPO].branches["main"]
+    spec = f"hf://datasets/{REPO}/train/*.tar"
+    index_path = write_index(build_index(spec), str(tmp_path / "hub.index"))
+    expected = local_samples(shard_dir)
+    # main moves on: shard 0 now holds other photos.
+    other = tmp_path / "other"
+    other.mkdir()
+    build_photo_shards(str(other), shards=1, per_shard=PER_SHARD, seed=9)
+    new = hub.push(REPO, {"train/shard-000000.tar": (other / "shard-000000.tar").read_bytes()})
+    assert new != old
+    assert comparable(read_samples(f"hf://datasets/{REPO}@{old}/train/*.tar", **FAST)) == expected
+    moved = comparable(read_samples(f"hf://datasets/{REPO}/train/shard-000000.tar", **FAST))
+    assert moved != expected[:PER_SHARD]
+
+    for urls in (spec, None):  # the spec resolves to the new commit; the index pins the old one
+        loader = ShardLoader(urls, index=index_path, batch_size=PER_SHARD, image_size=32, threads=1, **FAST)
+        keys = [k for batch in loader for k in batch.keys]
+        assert sorted(keys) == sorted(s["__key__"] for s in expected)
