@@ -142,3 +142,22 @@ def test_index_from_img2dataset_stats(tmp_path, capsys):
     os.unlink(tmp_path / "00001_stats.json")
     assert main(["index", *paths, "-o", out, "--from-img2dataset-stats"]) == 2
     assert "00001_stats.json" in capsys.readouterr().err
+
+
+def test_an_index_of_relative_paths_is_read_from_any_working_directory(tmp_path, monkeypatch):
+    """`shardstream index data/x/*.tar -o data/x.index` records absolute paths: a loader started
+    elsewhere, with the index alone or with the shards named from its own directory, reads them."""
+    from shardstream import ShardLoader
+
+    (tmp_path / "data" / "x").mkdir(parents=True)
+    for i in range(2):
+        good_shard(str(tmp_path / "data" / "x" / f"{i}.tar"), 3, seed=i, prefix=f"p{i}-")
+    monkeypatch.chdir(tmp_path)
+    assert main(["index", "data/x/*.tar", "-o", "data/x.index", "-q"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for urls in (None, "../data/x/*.tar", str(tmp_path / "data" / "x")):
+        loader = ShardLoader(urls, index="../data/x.index", batch_size=2, image_size=16, threads=1)
+        keys = sorted(k for batch in loader for k in batch.keys)
+        assert len(keys) == 6 and keys[0].startswith("p0-"), urls

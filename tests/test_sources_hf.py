@@ -153,3 +153,19 @@ def test_a_pin_and_an_index_read_the_bytes_of_their_commit_after_main_moved(hub,
         loader = ShardLoader(urls, index=index_path, batch_size=PER_SHARD, image_size=32, threads=1, **FAST)
         keys = [k for batch in loader for k in batch.keys]
         assert sorted(keys) == sorted(s["__key__"] for s in expected)
+
+
+def test_the_cli_validates_and_indexes_hub_shards_and_a_loader_reads_the_index(
+    hub, tmp_path, capsys, monkeypatch
+):
+    from shardstream.cli import main
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    spec = f"hf://datasets/{REPO}/train/shard-00000{{0..2}}.tar"
+    assert main(["validate", spec, "-q"]) == 0
+    out = str(tmp_path / "cli.index")
+    assert main(["index", spec, "-o", out, "-q"]) == 0
+    loader = ShardLoader(None, index=out, batch_size=PER_SHARD, image_size=32, threads=1, **FAST)
+    assert len([k for batch in loader for k in batch.keys]) == 3 * PER_SHARD
+    printed = capsys.readouterr()
+    assert TOKEN not in printed.out + printed.err

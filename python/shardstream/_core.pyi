@@ -77,7 +77,9 @@ class SampleIter:
 
     Yields dicts with ``__key__``, ``__url__`` (the display URL) and one ``bytes`` value per member
     extension. ``config`` may hold ``connect_timeout``, ``read_timeout`` (seconds),
-    ``max_retries``, and ``signer`` (a callable presigning an ``s3://`` URL when it is opened).
+    ``max_retries``, and ``signer`` (a callable presigning an ``s3://`` URL, or resolving an
+    ``hf://`` one, when it is opened; it returns a URL, or ``(url, [(header, value), ...])`` for
+    headers such as a token).
     """
 
     def __new__(

@@ -70,7 +70,12 @@ def _fetch(shard: Shard, what: str, *, timeout: float, ca_bundle: str | None = N
             raise ShardError("unreadable", shard.display, "", f"cannot read {what}: {e.strerror}") from None
     try:
         context = ssl.create_default_context(cafile=os.fspath(ca_bundle)) if ca_bundle else None
-        with urllib.request.urlopen(shard.open_url(), timeout=timeout, context=context) as response:  # noqa: S310
+        url, headers = shard.open_request()
+        request = urllib.request.Request(url)
+        for name, value in headers.items():
+            # Unredirected: a Hub token is not sent on to the storage host a resolve redirects to.
+            request.add_unredirected_header(name, value)
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310
             return response.read()
     except urllib.error.HTTPError as e:
         kind = {404: NotFoundError, 410: NotFoundError, 401: CredentialsError, 403: CredentialsError}
@@ -129,7 +134,7 @@ def index_from_img2dataset(spec: Any, *, timeout: float = 60.0, **source_options
     # Latency-bound small reads, a bounded number in flight: 230k files take minutes, not hours.
     with ThreadPoolExecutor(max_workers=min(STATS_READERS, max(1, len(stats)))) as pool:
         contents = list(pool.map(read, stats))
-    entries = [(shard.display, data) for shard, data in zip(shards, contents, strict=True)]
+    entries = [(index_name(shard), data) for shard, data in zip(shards, contents, strict=True)]
     try:
         return DatasetIndex.from_img2dataset_stats(entries)
     except ValueError as e:
@@ -166,6 +171,16 @@ def _scan_for_index(shards: Sequence[Shard], **scan_options: Any) -> list[dict[s
         raise type(e)(e.reason, e.url, e.key, f"{e.detail}: no index written") from None
 
 
+def index_name(shard: Shard | str) -> str:
+    """The name an index records for a shard: its display, a relative local path made absolute.
+    A relative path would mean something else to a loader started in another directory; an
+    absolute one names the same file from anywhere (remote URLs are absolute already)."""
+    name = shard.display if isinstance(shard, Shard) else str(shard)
+    if scheme_of(name) == "local" and not os.path.isabs(name):
+        return os.path.abspath(name)
+    return name
+
+
 def index_from_reports(
     reports: list[dict[str, Any]], urls: list[str] | None = None, *, with_keys: bool = True
 ) -> DatasetIndex:
@@ -188,7 +203,7 @@ def build_index(
         shards, threads=threads, decode=decode, source_options=source_options, **options
     )
     with_identities(reports, identities)
-    return index_from_reports(reports, [s.display for s in shards], with_keys=with_keys)
+    return index_from_reports(reports, [index_name(s) for s in shards], with_keys=with_keys)
 
 
 def with_identities(
@@ -301,7 +316,7 @@ def update_index(
     Raises ShardError, writing nothing, when a shard to scan cannot be read."""
     source_options = options.pop("source_options", {})
     shards = expand_urls(spec, **source_options)
-    urls = [s.display for s in shards]
+    urls = [index_name(s) for s in shards]
     old = None if rebuild else existing_index(folder)
     identities = probe_identities(shards, source_options=source_options)
     plan = plan_update(old, urls, identities)

@@ -73,17 +73,22 @@ class EpochPlanner:
             )
         if shards is not None:
             from shardstream.hub import at_index_commit, unpinned
+            from shardstream.index import index_name
+
+            def key(name: str) -> str:
+                # A relative local path names the same file as the absolute one an index records;
+                # hf:// names match whatever commit each side was resolved at (the index's is read).
+                return unpinned(index_name(name))
 
             names = list(self.index.urls)
-            # hf:// names match whatever commit each side was resolved at: the index's is read.
-            by_name = {unpinned(s.display): s for s in shards}
-            missing = [n for n in names if unpinned(n) not in by_name]
+            by_name = {key(s.display): s for s in shards}
+            missing = [n for n in names if key(n) not in by_name]
             if missing or len(by_name) != len(names):
                 raise ValueError(
                     f"the loader's shards and the index's differ ({len(shards)} vs {len(names)} shards; "
                     f"first not found: {missing[:1]}); pass the same URLs, or urls=None to use the index's"
                 )
-            ordered = [at_index_commit(n, by_name[unpinned(n)]) for n in names]
+            ordered = [at_index_commit(n, by_name[key(n)]) for n in names]
             self.index = self.index.with_shard_names([s.url for s in ordered], [s.display for s in ordered])
             self._source_config = index_source_config(ordered, source_options)
         else:

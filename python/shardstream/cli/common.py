@@ -102,7 +102,10 @@ def print_err(verb: str, message: str) -> None:
     print(f"shardstream {verb}: error: {message}", file=sys.stderr)
 
 
-URL_HELP = "shards: paths, http(s)://, s3://, brace ranges {000000..000099}, lists joined by ::"
+URL_HELP = (
+    "shards: paths, http(s)://, s3://, hf://datasets/ORG/NAME[@REV]/PATH, brace ranges {000000..000099}, "
+    "lists joined by ::"
+)
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):

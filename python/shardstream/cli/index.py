@@ -112,7 +112,7 @@ def _scan_index(args: argparse.Namespace, shards: list[Shard]) -> int:
     scanned: every rank gets rank 0's split, and only the shards to scan are divided."""
     from ..errors import ShardError
     from ..identity import UNKNOWN, ShardIdentity
-    from ..index import existing_index, plan_update
+    from ..index import existing_index, index_name, plan_update
     from ..validation import default_threads
     from .gather import RankGroup, SoloGroup, share
 
@@ -121,7 +121,7 @@ def _scan_index(args: argparse.Namespace, shards: list[Shard]) -> int:
     rank, world = torchrun_rank_world() if args.distributed else (0, 1)
     threads = args.threads or default_threads(shards)
     quiet = args.quiet or rank != 0
-    urls = [s.display for s in shards]
+    urls = [index_name(s) for s in shards]
     with SoloGroup() if world == 1 else RankGroup(rank, world) as group:
         probing = share(shards, rank, world)
         found = _probe_with_progress([s for _, s in probing], quiet=quiet)
