@@ -98,3 +98,23 @@ class HugeLossScale(Callback):
 
     def on_train_start(self, trainer: Any) -> None:
         trainer.scaler = torch.amp.GradScaler(trainer.ctx.device.type, init_scale=2.0**40)
+
+
+class SaveFeatures(Callback):
+    """At the end of the run, the trained model's normalised image and text features of fixed
+    inputs (seeded noise images, three captions), through its forward (under FSDP a collective:
+    the root's parameters are gathered only there), saved by rank 0 to ``features.pt``."""
+
+    TEXTS = ("a red circle on the left", "a photo of a cat", "a drawing of a blue square on the right")
+
+    def on_train_end(self, trainer: Any) -> None:
+        size = trainer.image_size
+        images = torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(0))
+        model = trainer.bundle.model.eval()
+        with torch.no_grad():
+            out = model(images.to(trainer.ctx.device), trainer.bundle.tokenizer(list(self.TEXTS)))
+        if trainer.is_main:
+            features = {"image": out["image_features"].cpu(), "text": out["text_features"].cpu()}
+            torch.save(
+                {"images": images, "texts": list(self.TEXTS), **features}, trainer.output_dir / "features.pt"
+            )

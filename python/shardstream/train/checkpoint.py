@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ _HASH_CHUNK = 16 << 20
 
 FORMAT = "shardstream-clip-checkpoint"
 VERSION = 1
-_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+_NAME = re.compile(r"^step-(\d{8,})\.(?:pt|dcp)$")  # a file, or a sharded folder (train/fsdp.py)
 
 
 def checkpoint_name(step: int) -> str:
@@ -176,13 +177,33 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def folder_sha256(path: str | os.PathLike[str]) -> str:
+    """A sharded checkpoint's identity: the sha256 of its manifest, one line per file (relative
+    path, size, sha256), sorted, so the same bytes in the same files give the same hash anywhere."""
+    root = Path(path)
+    lines = sorted(
+        f"{f.relative_to(root).as_posix()}\t{f.stat().st_size}\t{file_sha256(f)}\n"
+        for f in root.rglob("*")
+        if f.is_file()
+    )
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def content_sha256(path: str | os.PathLike[str]) -> str:
+    """The hash ``latest`` records: of the file, or of a sharded checkpoint folder's manifest."""
+    return folder_sha256(path) if Path(path).is_dir() else file_sha256(path)
+
+
 def _prune(directory: Path, keep: int, protect: Path) -> None:
     if keep <= 0:
         return
     steps = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)))
     for _, old in steps[:-keep]:
         if old != protect:
-            old.unlink(missing_ok=True)
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -226,7 +247,7 @@ def _read_pointer(directory: Path) -> CheckpointIdentity | None:
         )
     else:
         identity = CheckpointIdentity(text, _step_of(text), None, in_directory=True)
-    return identity if identity.path_in(directory).is_file() else None
+    return identity if identity.path_in(directory).exists() else None
 
 
 def resolve_identity(spec: str, directory: str | os.PathLike[str]) -> CheckpointIdentity:
@@ -248,14 +269,14 @@ def resolve_checkpoint(spec: str, directory: str | os.PathLike[str]) -> Path:
     directory = Path(directory)
     if spec != "latest":
         path = Path(spec)
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"train.resume: checkpoint file not found: {path}")
         return path
     recorded = _read_pointer(directory)
     if recorded is not None:
         return recorded.path_in(directory)
     candidates = (
-        sorted((int(m.group(1)), p) for p in directory.glob("step-*.pt") if (m := _NAME.match(p.name)))
+        sorted((int(m.group(1)), p) for p in directory.glob("step-*") if (m := _NAME.match(p.name)))
         if directory.is_dir()
         else []
     )
@@ -286,7 +307,7 @@ def agree_on_checkpoint(
         try:
             identity = resolve_identity(spec, directory)
             if identity.sha256 is None:  # nothing recorded: rank 0's file is the reference
-                identity = replace(identity, sha256=file_sha256(identity.path_in(directory)))
+                identity = replace(identity, sha256=content_sha256(identity.path_in(directory)))
             choice: dict[str, Any] = {"identity": asdict(identity)}
         except FileNotFoundError as e:
             choice = {"none": str(e)} if spec == "latest" else {"error": f"{what}: {e}"}
@@ -301,11 +322,11 @@ def agree_on_checkpoint(
         return None
     identity = CheckpointIdentity(**choice["identity"])
     path = identity.path_in(directory)
-    if not path.is_file():
+    if not path.exists():
         verdict = _MISSING
     else:
         try:
-            verdict = _FOUND if file_sha256(path) == identity.sha256 else _DIFFERENT
+            verdict = _FOUND if content_sha256(path) == identity.sha256 else _DIFFERENT
         except OSError:
             verdict = _UNREADABLE
     verdicts = [int(v.item()) for v in all_gather(ctx, torch.tensor([verdict], dtype=torch.int64))]

@@ -11,12 +11,18 @@ the model, so that open_clip alone loads it::
     model = open_clip.create_model("shardstream-tiny", pretrained="out/model.pt")
 
 The command prints the exact calls for the checkpoint at hand.
+
+A sharded checkpoint (the folder ``step-N.dcp`` that ``dist.strategy: fsdp`` writes) is read in
+this one process, without a process group: the model is built from the checkpoint's config and
+its weights are read from every rank's shards (``fsdp.load_model_weights``), whatever the number
+of ranks that wrote them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +67,30 @@ def _trained_config(payload: dict[str, Any], path: Path) -> tuple[str, int]:
         raise ExportError(f"{path}: the checkpoint holds no model config (model.name)") from None
 
 
+def _sharded_weights(path: Path, name: str, image_size: int) -> dict[str, Any]:
+    """The model weights of a DCP folder, read into a model built as the run built it (CPU, fp32)."""
+    import open_clip
+
+    from shardstream.train import fsdp
+    from shardstream.train.model import register_model_configs
+
+    register_model_configs()
+    level = logging.getLogger().level  # open_clip warns that no pretrained weights are loaded: expected
+    logging.getLogger().setLevel(logging.ERROR)
+    try:
+        model = open_clip.create_model(
+            name, precision="fp32", device="cpu", force_image_size=image_size or None
+        )
+    finally:
+        logging.getLogger().setLevel(level)
+    try:
+        return fsdp.load_model_weights(path, model.state_dict())
+    except (RuntimeError, KeyError) as e:  # DCP: missing keys, other shapes
+        raise ExportError(
+            f"{path}: cannot read the model weights: {str(e).strip().splitlines()[0]}"
+        ) from None
+
+
 def export_checkpoint(checkpoint: str | Path, output: str | Path) -> Exported:
     """Writes the checkpoint's model weights to ``output`` (atomically) as a plain open_clip
     state dict, and the model's config JSON beside it where open_clip does not ship it."""
@@ -68,17 +98,23 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path) -> Exported:
 
     from shardstream._files import AtomicFile
     from shardstream.train import checkpoint as ckpt
+    from shardstream.train import fsdp
     from shardstream.train.model import MODEL_CONFIG_DIR
 
     path, output = Path(checkpoint), Path(output)
-    if not path.is_file():
-        raise ExportError(f"checkpoint not found: {path}" + (" (a folder)" if path.is_dir() else ""))
+    if not path.exists():
+        raise ExportError(f"checkpoint not found: {path}")
     try:
-        payload = ckpt.load_checkpoint(path)
+        if path.is_dir():
+            payload = fsdp.load_trainer_state(path)
+            name, image_size = _trained_config(payload, path)
+            state = _sharded_weights(path, name, image_size)
+        else:
+            payload = ckpt.load_checkpoint(path)
+            name, image_size = _trained_config(payload, path)
+            state = payload.get("model")
     except ValueError as e:
         raise ExportError(str(e)) from None
-    name, image_size = _trained_config(payload, path)
-    state = payload.get("model")
     if not isinstance(state, dict) or not state:
         raise ExportError(f"{path}: the checkpoint holds no model weights")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write a training checkpoint's weights as an open_clip state dict "
         "(open_clip.create_model(name, pretrained=FILE) loads it).",
     )
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint file (output_dir/checkpoints/step-N.pt)")
+    parser.add_argument(
+        "checkpoint",
+        type=Path,
+        help="a checkpoint file (output_dir/checkpoints/step-N.pt) or sharded checkpoint folder (step-N.dcp)",
+    )
     parser.add_argument(
         "-o", "--output", type=Path, required=True, help="the state dict to write, e.g. model.pt"
     )

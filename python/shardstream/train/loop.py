@@ -18,6 +18,7 @@ import torch
 
 from shardstream.progress import progress_wanted
 from shardstream.train import checkpoint as ckpt
+from shardstream.train import fsdp
 from shardstream.train.callbacks import (
     Callback,
     CallbackList,
@@ -115,6 +116,7 @@ class Trainer:
             "start_step": self.step,
             "model": self.cfg.model.name,
             "loss": self.loss_kind,
+            "strategy": self.cfg.dist.strategy,
             "precision": self.cfg.model.precision,
             "config": self.cfg.to_dict(),
         }
@@ -158,7 +160,10 @@ class Trainer:
                 self.sources.zeroshot, split=cfg.eval.zeroshot_split, index=self.sources.zeroshot_index or ""
             )
         model = self.bundle.model
-        if ctx.world_size > 1:
+        self.sharded = cfg.dist.strategy == "fsdp"
+        if self.sharded:
+            model = fsdp.shard(model, ctx, cfg.model.precision)  # in place: bundle.model is sharded too
+        elif ctx.world_size > 1:
             # Buffers (attention masks) are constants: no need to sync them every forward.
             model = torch.nn.parallel.DistributedDataParallel(
                 model,
@@ -262,9 +267,19 @@ class Trainer:
             self.log(f"resume latest: no checkpoint in {self.checkpoint_dir} yet, starting from scratch")
             return
         path = identity.path_in(self.checkpoint_dir)
-        payload = ckpt.load_checkpoint(path)
-        unwrap(self.model).load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
+        if fsdp.is_sharded(path) != self.sharded:  # the parameters' shapes and keys differ
+            kind, other = (
+                ("sharded (FSDP)", "fsdp") if fsdp.is_sharded(path) else ("single-file (DDP)", "ddp")
+            )
+            raise ConfigError(
+                f"train.resume: {path} is a {kind} checkpoint; resume it with dist.strategy {other}"
+            )
+        if self.sharded:  # DCP reshards onto this run's ranks
+            payload = fsdp.load_sharded(path, self.model, self.optimizer)
+        else:
+            payload = ckpt.load_checkpoint(path)
+            unwrap(self.model).load_state_dict(payload["model"])
+            self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         if self.scaler is not None and payload.get("scaler"):
             self.scaler.load_state_dict(payload["scaler"])
@@ -349,7 +364,8 @@ class Trainer:
         precision = cfg.model.precision + (" with dynamic loss scaling" if self.scaler else "")
         self.log(
             f"shardstream CLIP training: {cfg.model.name} ({params / 1e6:.1f} M parameters, "
-            f"{precision}, {self.loss_kind} loss) on {ctx.world_size} x {ctx.device.type} ({backend})"
+            f"{precision}, {self.loss_kind} loss) on {ctx.world_size} x {ctx.device.type} ({backend}"
+            f"{', FSDP2' if self.sharded else ''})"
         )
         self.log(
             f"global batch {self.global_batch} = {cfg.train.batch_size} per device x {ctx.world_size} "
@@ -461,6 +477,7 @@ class Trainer:
         grad_norm = None
         if self.cfg.train.grad_clip_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip_norm)
+            grad_norm = fsdp.full(grad_norm)  # FSDP: a DTensor of the ranks' partial norms
         loss_scale = None
         if scaler is not None:
             before = scaler._get_scale_async()  # a device tensor: comparing it does not sync
@@ -509,8 +526,8 @@ class Trainer:
             record,
             loss,
             grad_norm=grad_norm,
-            logit_scale=logit_scale.detach().exp(),
-            logit_bias=logit_bias.detach().clone() if logit_bias is not None else None,
+            logit_scale=fsdp.full(logit_scale.detach()).exp(),
+            logit_bias=fsdp.full(logit_bias.detach()).clone() if logit_bias is not None else None,
             loss_scale=loss_scale,
             skipped_steps=self._skipped.clone() if self._skipped is not None else None,
         )
@@ -568,7 +585,8 @@ class Trainer:
         if self.scaler is not None:
             assert self._skipped is not None
             extra["scaler"] = {**self.scaler.state_dict(), "skipped_steps": int(self._skipped)}
-        path = ckpt.save_checkpoint(
+        save = fsdp.save_sharded if self.sharded else ckpt.save_checkpoint
+        path = save(
             self.checkpoint_dir,
             ctx=self.ctx,
             model=unwrap(self.model),

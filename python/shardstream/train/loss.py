@@ -199,6 +199,15 @@ def make_clip_loss(rank: int, world_size: int) -> torch.nn.Module:
     )
 
 
+def _no_sync(model: torch.nn.Module) -> Callable[[], AbstractContextManager[object]]:
+    """The context that keeps a pass's gradients local: DDP's ``no_sync``, FSDP2's switch."""
+    from shardstream.train.fsdp import is_fsdp, no_gradient_sync
+
+    if is_fsdp(model):
+        return lambda: no_gradient_sync(model)
+    return getattr(model, "no_sync", nullcontext)
+
+
 def contrastive_backward(
     model: torch.nn.Module,
     loss_fn: TrainLoss,
@@ -215,7 +224,7 @@ def contrastive_backward(
     times the scale, which ``GradScaler.unscale_`` divides out once.
 
     With DistributedDataParallel, gradients are all-reduced once, on the last pass (``no_sync``
-    for the others)."""
+    for the others); with FSDP2 they are reduce-scattered once, likewise."""
 
     def backward(loss: Tensor) -> None:
         (scale(loss) if scale is not None else loss).backward()
@@ -239,7 +248,7 @@ def contrastive_backward(
     if captions:
         local = sum(loss_fn.caption_tokens(tokens[:, 1:]) for _, tokens in micro_batches)
         token_count = loss_fn.global_tokens(local)  # type: ignore[arg-type]
-    no_sync = getattr(model, "no_sync", nullcontext)
+    no_sync = _no_sync(model)
     last = len(micro_batches) - 1
     coupled = torch.zeros(())
     caption_total: Tensor | None = None  # stays on the device: nothing here reads a value
