@@ -206,3 +206,48 @@ def test_unusable_checkpoint_storage_stops_at_start_with_one_line(
     assert lines[0].startswith(f"train_clip.py: config error: checkpoint.dir: cannot use {url}/: "), lines[0]
     assert expected in lines[0], lines[0]
     assert s3.secret_key not in run.stderr + run.stdout
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_both_stores_publish_list_fetch_and_delete_files_and_folders(
+    s3: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    from shardstream.train.storage import open_store
+
+    if kind == "s3":
+        use_s3(monkeypatch, s3, "ckpt-store")
+        store = open_store("s3://ckpt-store/run-a", tmp_path / "out")
+    else:
+        store = open_store(str(tmp_path / "ckpts"), tmp_path / "out")
+    store.check()
+    assert store.names() == [] and store.get_bytes("latest") is None
+    with store.writer("step-00000001.pt") as f:
+        f.write(b"weights " * 1000)
+    store.put_bytes("latest", b'{"name": "step-00000001.pt"}\n')
+    # a failed write publishes nothing
+    with pytest.raises(RuntimeError), store.writer("step-00000002.pt") as f:
+        f.write(b"half")
+        raise RuntimeError("serialising failed")
+    # a sharded checkpoint: every rank uploads its own files into one folder
+    for rank in range(2):
+        shards = tmp_path / f"rank{rank}" / "step-00000003.dcp"
+        (shards / "sub").mkdir(parents=True)
+        (shards / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * 100)
+        (shards / "sub" / f"meta{rank}").write_bytes(b"m")
+        store.upload_dir(shards, "step-00000003.dcp")
+    assert store.names() == ["latest", "step-00000001.pt", "step-00000003.dcp"]
+    assert store.exists("step-00000001.pt") and not store.exists("step-00000002.pt")
+    assert store.get_bytes("step-00000001.pt") == b"weights " * 1000
+    store.get_file("step-00000001.pt", tmp_path / "copy.pt")
+    assert (tmp_path / "copy.pt").read_bytes() == b"weights " * 1000
+    store.download_dir("step-00000003.dcp", tmp_path / "back")
+    got = sorted(
+        p.relative_to(tmp_path / "back").as_posix() for p in (tmp_path / "back").rglob("*") if p.is_file()
+    )
+    assert got == ["__0_0.distcp", "__1_0.distcp", "sub/meta0", "sub/meta1"]
+    assert (tmp_path / "back" / "__1_0.distcp").read_bytes() == b"\x01" * 100
+    store.delete("step-00000003.dcp")
+    store.delete("step-00000001.pt")
+    assert store.names() == ["latest"]
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]  # nothing left staged

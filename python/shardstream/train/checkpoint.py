@@ -108,16 +108,28 @@ class TrainingState:
     loader_state: dict[str, Any] | None  # the loader's state_dict() after those steps
 
 
-def host_copy(value: Any) -> Any:
+def host_copy(value: Any, reuse: Any = None) -> Any:
     """``value`` with every tensor copied to host memory (the originals go on changing in place
-    as training continues); containers rebuilt, plain values kept."""
+    as training continues); containers rebuilt, plain values kept. ``reuse``: an earlier copy of
+    the same structure whose tensors (same shape and dtype) are overwritten instead of allocated:
+    filling fresh pages costs more than the copy itself."""
     if isinstance(value, torch.Tensor):
         tensor = value.detach()
+        if (
+            isinstance(reuse, torch.Tensor)
+            and reuse.device.type == "cpu"
+            and reuse.shape == tensor.shape
+            and reuse.dtype == tensor.dtype
+            and reuse.data_ptr() != tensor.data_ptr()
+        ):
+            return reuse.copy_(tensor)
         return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
     if isinstance(value, dict):
-        return {k: host_copy(v) for k, v in value.items()}
+        old = reuse if isinstance(reuse, dict) else {}
+        return {k: host_copy(v, old.get(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(host_copy(v) for v in value)
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else [None] * len(value)
+        return type(value)(host_copy(v, o) for v, o in zip(value, old, strict=True))
     return value
 
 
@@ -130,10 +142,13 @@ def snapshot_checkpoint(
     state: TrainingState,
     config: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    reuse: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The checkpoint of ``state.step`` as a payload in host memory (a collective: every rank
     calls it, for the RNG states; rank 0 gets the payload, the others None). ``extra``: more
-    entries of plain values (fp16's loss scaler state)."""
+    entries of plain values (fp16's loss scaler state). ``reuse``: the previous payload, whose
+    write has completed: its tensors are overwritten (see :func:`host_copy`)."""
+    old = reuse or {}
     rng = gather_rng_states(ctx)
     if not ctx.is_main:
         return None
@@ -144,9 +159,9 @@ def snapshot_checkpoint(
         "epoch": state.epoch,
         "step_in_epoch": state.step_in_epoch,
         "world_size": ctx.world_size,
-        "model": host_copy(model.state_dict()),
-        "optimizer": host_copy(optimizer.state_dict()),
-        "scheduler": host_copy(scheduler.state_dict()),
+        "model": host_copy(model.state_dict(), old.get("model")),
+        "optimizer": host_copy(optimizer.state_dict(), old.get("optimizer")),
+        "scheduler": host_copy(scheduler.state_dict(), old.get("scheduler")),
         "rng": rng,
         "loader_json": json.dumps(state.loader_state) if state.loader_state is not None else "",
         "config_json": json.dumps(config),

@@ -137,6 +137,7 @@ class Trainer:
         self.output_dir = Path(cfg.train.output_dir)
         self.store: CheckpointStore = open_store(cfg.checkpoint.dir, self.output_dir)
         self.writer = BackgroundWriter()
+        self._snapshot: dict[str, Any] | None = None  # rank 0's last checkpoint in host memory
         if ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
@@ -610,7 +611,10 @@ class Trainer:
             state=self.training_state(),
             config=self.cfg.to_dict(),
             extra=extra,
+            # the previous snapshot's buffers, its write done (settled above): no fresh pages
+            reuse=self._snapshot,
         )
+        self._snapshot = payload
         name = ckpt.checkpoint_name(self.step)
         shown = None
         if payload is not None:

@@ -239,6 +239,11 @@ class S3Store(CheckpointStore):
         for start in range(0, len(nested), 1000):
             batch = [{"Key": k} for k in nested[start : start + 1000]]
             _s3_call(where, self.client.delete_objects, Bucket=self.bucket, Delete={"Objects": batch})
+        # servers that keep folders as entries (SeaweedFS's filer) list an emptied one until its
+        # own marker goes, deepest first
+        folders = {k[: i + 1] for k in nested for i in range(len(key), len(k)) if k[i] == "/"}
+        for folder in sorted(folders, key=len, reverse=True):
+            _s3_call(where, self.client.delete_object, Bucket=self.bucket, Key=folder)
 
     def upload_dir(self, local_dir: Path, name: str) -> None:
         root = Path(local_dir)
