@@ -87,7 +87,9 @@ class LocalStore(CheckpointStore):
         self.url = str(self.directory)
 
     def check(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # created by the first write (a run without checkpoints leaves no folder)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise NotADirectoryError(f"not a folder: {self.directory}")
 
     def writer(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         return _local_writer(self.directory / name)
