@@ -133,3 +133,24 @@ def test_loading_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot load checkpoint"):
         ckpt.load_checkpoint(tmp_path / "evil.pt")
     assert not marker.exists()
+
+
+def test_a_snapshot_is_a_copy_and_reusing_its_buffers_takes_the_new_values(tmp_path: Path) -> None:
+    model, optimizer, scheduler = small_run()
+    state = ckpt.TrainingState(step=3, epoch=0, step_in_epoch=3, loader_state=None)
+    args = {"ctx": SINGLE, "model": model, "optimizer": optimizer, "scheduler": scheduler, "config": {}}
+    first = ckpt.snapshot_checkpoint(state=state, **args)
+    assert first is not None
+    weight = first["model"]["0.weight"]
+    before = weight.clone()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # training goes on: the snapshot keeps the step's values
+    assert torch.equal(weight, before)
+    assert weight.data_ptr() != model[0].weight.data_ptr()
+    second = ckpt.snapshot_checkpoint(state=state, reuse=first, **args)
+    assert second is not None
+    assert second["model"]["0.weight"].data_ptr() == weight.data_ptr()  # the same buffer, overwritten
+    assert torch.equal(second["model"]["0.weight"], model[0].weight)
+    moments = second["optimizer"]["state"][0]["exp_avg"]
+    assert torch.equal(moments, optimizer.state[model[0].weight]["exp_avg"])
+    assert moments.data_ptr() != optimizer.state[model[0].weight]["exp_avg"].data_ptr()

@@ -199,6 +199,10 @@ def test_dcp_metadata_naming_other_callables_is_refused(runs: dict[str, Path], t
         (["--train.compile", "true"], "train.compile"),
         (["--model.precision", "fp16"], "model.precision fp16 (use bf16, fp32 or pure_bf16)"),
         (["--model.lock_image", "true"], "model.lock_image"),
+        (
+            ["--checkpoint.dir", "s3://bucket/ckpt"],
+            "checkpoint.dir on s3:// (use a shared local folder)",
+        ),
     ],
 )
 def test_unsupported_combinations_are_refused_in_one_line(args: list[str], what: str) -> None:

@@ -4,9 +4,9 @@ As a callback (``--train.callbacks '[train_faults:KillOnFirstAttempt]'``, with t
 workers' PYTHONPATH): ``SHARDSTREAM_TEST_KILL=RANK:STEP`` SIGKILLs that rank right after that step
 (its checkpoint, if due, is written first: the checkpointer runs before configured callbacks),
 on torchrun's first attempt only, so the restarted workers run on.
-
-As a script in place of train_clip.py: ``SHARDSTREAM_TEST_STALL_RANK=R`` makes rank R sleep
-instead of joining the process group, so the other ranks wait for a peer that never comes.
+``[train_faults:StopServerAt]`` with ``SHARDSTREAM_TEST_STOP_SERVER=PGID:STEP``: rank 0 kills
+that process group (the S3 server) right after that step, once the checkpoint write in flight
+has landed, so that the next checkpoint's write is the one that meets the outage.
 """
 
 from __future__ import annotations
@@ -32,6 +32,17 @@ class KillOnFirstAttempt(Callback):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and trainer.ctx.rank == self.rank and trainer.step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StopServerAt(Callback):
+    def __init__(self) -> None:
+        group, step = os.environ["SHARDSTREAM_TEST_STOP_SERVER"].split(":")
+        self.group, self.step = int(group), int(step)
+
+    def on_step_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        if trainer.ctx.rank == 0 and trainer.step == self.step:
+            trainer.writer.wait()  # the earlier checkpoint is complete: the fault hits the next one
+            os.killpg(self.group, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,20 @@
-"""Checkpoints: written atomically, read without unpickling arbitrary objects.
+"""Checkpoints: snapshotted at a step boundary, written atomically, read without unpickling.
 
-A checkpoint is one file ``checkpoints/step-00000100.pt`` holding the model, optimizer and
-scheduler state, every rank's RNG states, the loader state and the position in the run. It is
-written by rank 0 to a temporary file, flushed to disk and renamed into place, then the small
-pointer file ``checkpoints/latest`` is replaced the same way: a crash at any moment leaves either
-the previous checkpoint or the new one, never a torn file.
+A checkpoint is one file ``step-00000100.pt`` holding the model, optimizer and scheduler state,
+every rank's RNG states, the loader state and the position in the run, in the checkpoint store
+(``checkpoint.dir``: a local folder, by default ``output_dir/checkpoints``, or an
+``s3://bucket/prefix``; see ``storage.py``). Saving has two halves: :func:`snapshot_checkpoint`
+(a collective at the step boundary: the RNG and loader states are gathered, and rank 0 copies
+every tensor to host memory) and :func:`write_checkpoint` (serialise, hash, publish, then the
+``latest`` pointer, then pruning), which the trainer runs on a background thread
+(``checkpoint_async.py``) so that training goes on while it writes. The checkpoint is published
+before the pointer that names it, each atomically: a crash at any moment leaves either the
+previous checkpoint or the new one, never a torn file.
 
 Everything in it is a tensor or a plain value (dict, list, str, int, float, bool); the loader
 state and the config are stored as JSON text. Loading uses ``torch.load(weights_only=True)``,
-which refuses anything else, so a checkpoint file cannot run code.
-
-The ``latest`` pointer records the checkpoint's identity as one JSON line: its file name, step
-and the sha256 of its bytes, hashed while they were written. On resume rank 0 alone resolves
-``latest`` (or the path given) and broadcasts that identity; every rank then hashes the file it
-would load and the ranks agree on one verdict in a collective, so that ranks which see different
-files (a stale NFS cache, a local disk per node) all stop with the same line instead of training
-with different weights.
+which refuses anything else, so a checkpoint file cannot run code. Which checkpoint a resume
+loads is agreed by every rank (``checkpoint_resume.py``).
 """
 
 from __future__ import annotations
@@ -25,27 +24,33 @@ import json
 import os
 import random
 import re
-import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardstream._files import AtomicFile, atomic_write
-from shardstream.train.dist import DistContext, all_gather, broadcast_json
-
-POINTER = "latest"
-_HASH_CHUNK = 16 << 20
+from shardstream.train.checkpoint_resume import (
+    POINTER,
+    CheckpointIdentity,
+    ResumeError,
+    agree_on_checkpoint,
+    as_store,
+    checkpoint_name,
+    checkpoint_steps,
+    content_sha256,
+    fetch,
+    file_sha256,
+    folder_sha256,
+    resolve_checkpoint,
+    resolve_identity,
+)
+from shardstream.train.dist import DistContext, all_gather
+from shardstream.train.storage import CheckpointStore
 
 FORMAT = "shardstream-clip-checkpoint"
 VERSION = 1
-_NAME = re.compile(r"^step-(\d{8,})\.(?:pt|dcp)$")  # a file, or a sharded folder (train/fsdp.py)
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}.pt"
 
 
 # -- RNG states -----------------------------------------------------------------------------------
@@ -105,8 +110,83 @@ class TrainingState:
     loader_state: dict[str, Any] | None  # the loader's state_dict() after those steps
 
 
+def host_copy(value: Any, reuse: Any = None) -> Any:
+    """``value`` with every tensor copied to host memory (the originals go on changing in place
+    as training continues); containers rebuilt, plain values kept. ``reuse``: an earlier copy of
+    the same structure whose tensors (same shape and dtype) are overwritten instead of allocated:
+    filling fresh pages costs more than the copy itself."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if (
+            isinstance(reuse, torch.Tensor)
+            and reuse.device.type == "cpu"
+            and reuse.shape == tensor.shape
+            and reuse.dtype == tensor.dtype
+            and reuse.data_ptr() != tensor.data_ptr()
+        ):
+            return reuse.copy_(tensor)
+        return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+    if isinstance(value, dict):
+        old = reuse if isinstance(reuse, dict) else {}
+        return {k: host_copy(v, old.get(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else [None] * len(value)
+        return type(value)(host_copy(v, o) for v, o in zip(value, old, strict=True))
+    return value
+
+
+def snapshot_checkpoint(
+    *,
+    ctx: DistContext,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: TrainingState,
+    config: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    reuse: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The checkpoint of ``state.step`` as a payload in host memory (a collective: every rank
+    calls it, for the RNG states; rank 0 gets the payload, the others None). ``extra``: more
+    entries of plain values (fp16's loss scaler state). ``reuse``: the previous payload, whose
+    write has completed: its tensors are overwritten (see :func:`host_copy`)."""
+    old = reuse or {}
+    rng = gather_rng_states(ctx)
+    if not ctx.is_main:
+        return None
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": state.step,
+        "epoch": state.epoch,
+        "step_in_epoch": state.step_in_epoch,
+        "world_size": ctx.world_size,
+        "model": host_copy(model.state_dict(), old.get("model")),
+        "optimizer": host_copy(optimizer.state_dict(), old.get("optimizer")),
+        "scheduler": host_copy(scheduler.state_dict(), old.get("scheduler")),
+        "rng": rng,
+        "loader_json": json.dumps(state.loader_state) if state.loader_state is not None else "",
+        "config_json": json.dumps(config),
+        "torch_version": str(torch.__version__),
+        **host_copy(extra or {}),
+    }
+
+
+def write_checkpoint(store: CheckpointStore, payload: dict[str, Any], keep: int) -> CheckpointIdentity:
+    """Publishes ``payload`` as ``step-N.pt``, then the ``latest`` pointer naming it with its
+    sha256 (hashed as the bytes are written), then deletes all but the ``keep`` newest."""
+    name = checkpoint_name(int(payload["step"]))
+    with store.writer(name) as f:
+        hashing = _HashingWriter(f)
+        torch.save(payload, hashing)
+    identity = CheckpointIdentity(name, int(payload["step"]), hashing.hexdigest(), in_directory=True)
+    store.put_bytes(POINTER, identity.pointer_line())
+    _prune(store, keep, protect=name)
+    return identity
+
+
 def save_checkpoint(
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | CheckpointStore,
     *,
     ctx: DistContext,
     model: torch.nn.Module,
@@ -117,38 +197,22 @@ def save_checkpoint(
     keep: int,
     extra: dict[str, Any] | None = None,
 ) -> Path | None:
-    """Writes the checkpoint for ``state.step`` (a collective: every rank calls it; rank 0 writes).
-    ``extra``: more entries of plain values (fp16's loss scaler state). Returns its path on rank
-    0, None elsewhere."""
-    rng = gather_rng_states(ctx)
-    if not ctx.is_main:
+    """Snapshot and write in one call, synchronously (a collective: every rank calls it; rank 0
+    writes). Returns the checkpoint's local path (or, in a remote store, its URL) on rank 0."""
+    store = as_store(directory)
+    payload = snapshot_checkpoint(
+        ctx=ctx,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=state,
+        config=config,
+        extra=extra,
+    )
+    if payload is None:
         return None
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "format": FORMAT,
-        "version": VERSION,
-        "step": state.step,
-        "epoch": state.epoch,
-        "step_in_epoch": state.step_in_epoch,
-        "world_size": ctx.world_size,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": rng,
-        "loader_json": json.dumps(state.loader_state) if state.loader_state is not None else "",
-        "config_json": json.dumps(config),
-        "torch_version": str(torch.__version__),
-        **(extra or {}),
-    }
-    path = directory / checkpoint_name(state.step)
-    with AtomicFile(path, fsync=True) as f:
-        hashing = _HashingWriter(f.file)
-        torch.save(payload, hashing)
-    identity = CheckpointIdentity(path.name, state.step, hashing.hexdigest(), in_directory=True)
-    atomic_write(directory / POINTER, identity.pointer_line(), fsync=True)
-    _prune(directory, keep, protect=path)
-    return path
+    identity = write_checkpoint(store, payload, keep)
+    return store.local_path(identity.name) or Path(store.describe(identity.name))
 
 
 class _HashingWriter:
@@ -169,176 +233,12 @@ class _HashingWriter:
         return self._sha256.hexdigest()
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def folder_sha256(path: str | os.PathLike[str]) -> str:
-    """A sharded checkpoint's identity: the sha256 of its manifest, one line per file (relative
-    path, size, sha256), sorted, so the same bytes in the same files give the same hash anywhere."""
-    root = Path(path)
-    lines = sorted(
-        f"{f.relative_to(root).as_posix()}\t{f.stat().st_size}\t{file_sha256(f)}\n"
-        for f in root.rglob("*")
-        if f.is_file()
-    )
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def content_sha256(path: str | os.PathLike[str]) -> str:
-    """The hash ``latest`` records: of the file, or of a sharded checkpoint folder's manifest."""
-    return folder_sha256(path) if Path(path).is_dir() else file_sha256(path)
-
-
-def _prune(directory: Path, keep: int, protect: Path) -> None:
+def _prune(store: CheckpointStore, keep: int, protect: str) -> None:
     if keep <= 0:
         return
-    steps = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)))
-    for _, old in steps[:-keep]:
+    for _, old in checkpoint_steps(store)[:-keep]:
         if old != protect:
-            if old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
-
-
-@dataclass(frozen=True)
-class CheckpointIdentity:
-    """Which checkpoint a run resumes: what rank 0 resolved, as every rank looks it up."""
-
-    name: str  # a file name in the checkpoint folder (in_directory), else the path as given
-    step: int | None  # None: not known before loading (a path whose name is not step-N.pt)
-    sha256: str | None  # None: not recorded (an older pointer, or a path): rank 0 hashes the file
-    in_directory: bool
-
-    def path_in(self, directory: str | os.PathLike[str]) -> Path:
-        """The file this rank loads: in its own checkpoint folder, or the path given."""
-        return Path(directory) / self.name if self.in_directory else Path(self.name)
-
-    def describe(self) -> str:
-        step = f"step {self.step}" if self.step is not None else "step unknown"
-        return f"{self.name} ({step}, sha256 {(self.sha256 or '?')[:16]})"
-
-    def pointer_line(self) -> bytes:
-        record = {"name": self.name, "step": self.step, "sha256": self.sha256}
-        return (json.dumps(record) + "\n").encode()
-
-
-def _step_of(name: str) -> int | None:
-    m = _NAME.match(Path(name).name)
-    return int(m.group(1)) if m else None
-
-
-def _read_pointer(directory: Path) -> CheckpointIdentity | None:
-    """The ``latest`` pointer: a JSON line, or (written before identities were recorded) the bare
-    file name. None when absent or pointing at a file that is not there."""
-    pointer = directory / POINTER
-    if not pointer.is_file():
-        return None
-    text = pointer.read_text(encoding="utf-8").strip()
-    if text.startswith("{"):
-        record = json.loads(text)
-        identity = CheckpointIdentity(
-            str(record["name"]), record.get("step"), record.get("sha256"), in_directory=True
-        )
-    else:
-        identity = CheckpointIdentity(text, _step_of(text), None, in_directory=True)
-    return identity if identity.path_in(directory).exists() else None
-
-
-def resolve_identity(spec: str, directory: str | os.PathLike[str]) -> CheckpointIdentity:
-    """What ``train.resume`` names, with its recorded hash where there is one (rank 0 calls it)."""
-    directory = Path(directory)
-    if spec == "latest":
-        recorded = _read_pointer(directory)
-        if recorded is not None:
-            return recorded
-    path = resolve_checkpoint(spec, directory)
-    in_directory = spec == "latest"
-    return CheckpointIdentity(
-        path.name if in_directory else str(path), _step_of(path.name), None, in_directory=in_directory
-    )
-
-
-def resolve_checkpoint(spec: str, directory: str | os.PathLike[str]) -> Path:
-    """``'latest'`` (the pointer file, else the highest step present) or a file path."""
-    directory = Path(directory)
-    if spec != "latest":
-        path = Path(spec)
-        if not path.exists():
-            raise FileNotFoundError(f"train.resume: checkpoint file not found: {path}")
-        return path
-    recorded = _read_pointer(directory)
-    if recorded is not None:
-        return recorded.path_in(directory)
-    candidates = (
-        sorted((int(m.group(1)), p) for p in directory.glob("step-*") if (m := _NAME.match(p.name)))
-        if directory.is_dir()
-        else []
-    )
-    if not candidates:
-        raise FileNotFoundError(f"train.resume latest: no checkpoint in {directory}")
-    return candidates[-1][1]
-
-
-class ResumeError(RuntimeError):
-    """``train.resume`` cannot go ahead; raised on every rank with the same one-line message."""
-
-
-_FOUND, _MISSING, _DIFFERENT, _UNREADABLE = 0, 1, 2, 3
-_VERDICTS = {_MISSING: "no such file", _DIFFERENT: "different content", _UNREADABLE: "cannot read it"}
-
-
-def agree_on_checkpoint(
-    ctx: DistContext, spec: str, directory: str | os.PathLike[str]
-) -> CheckpointIdentity | None:
-    """The checkpoint every rank resumes from (a collective: every rank calls it), or None when
-    ``spec`` is ``latest`` and rank 0 has none yet (every rank then starts from scratch).
-
-    Rank 0 resolves ``spec`` and broadcasts the identity; every rank (rank 0 too, against the
-    hash recorded at save time) hashes the file it would load; one all-gather of the verdicts
-    follows. Unless every rank holds the same bytes, every rank raises the same ``ResumeError``."""
-    what = f"train.resume {spec}"
-    if ctx.is_main:
-        try:
-            identity = resolve_identity(spec, directory)
-            if identity.sha256 is None:  # nothing recorded: rank 0's file is the reference
-                identity = replace(identity, sha256=content_sha256(identity.path_in(directory)))
-            choice: dict[str, Any] = {"identity": asdict(identity)}
-        except FileNotFoundError as e:
-            choice = {"none": str(e)} if spec == "latest" else {"error": f"{what}: {e}"}
-        except (OSError, ValueError) as e:
-            choice = {"error": f"{what}: cannot read the checkpoint on rank 0: {e}"}
-    else:
-        choice = {}
-    choice = broadcast_json(ctx, choice)
-    if "error" in choice:
-        raise ResumeError(choice["error"])
-    if "none" in choice:
-        return None
-    identity = CheckpointIdentity(**choice["identity"])
-    path = identity.path_in(directory)
-    if not path.exists():
-        verdict = _MISSING
-    else:
-        try:
-            verdict = _FOUND if content_sha256(path) == identity.sha256 else _DIFFERENT
-        except OSError:
-            verdict = _UNREADABLE
-    verdicts = [int(v.item()) for v in all_gather(ctx, torch.tensor([verdict], dtype=torch.int64))]
-    bad = [(rank, v) for rank, v in enumerate(verdicts) if v != _FOUND]
-    if bad:
-        ranks = "; ".join(f"rank {rank}: {_VERDICTS[v]}" for rank, v in bad)
-        raise ResumeError(
-            f"{what}: checkpoint {identity.describe()}, chosen by rank 0, is not the same on every rank "
-            f"({ranks}); every rank must see the same checkpoint files (train.output_dir on storage that "
-            "all nodes share)"
-        )
-    return identity
+            store.delete(old)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -369,3 +269,24 @@ def training_state(payload: dict[str, Any]) -> TrainingState:
         step_in_epoch=int(payload["step_in_epoch"]),
         loader_state=json.loads(loader_json) if loader_json else None,
     )
+
+
+__all__ = [
+    "POINTER",
+    "CheckpointIdentity",
+    "ResumeError",
+    "TrainingState",
+    "agree_on_checkpoint",
+    "checkpoint_name",
+    "content_sha256",
+    "fetch",
+    "file_sha256",
+    "folder_sha256",
+    "load_checkpoint",
+    "resolve_checkpoint",
+    "resolve_identity",
+    "save_checkpoint",
+    "snapshot_checkpoint",
+    "training_state",
+    "write_checkpoint",
+]

@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
             time.sleep(MISSING_GRACE_S)
         return 2
     from shardstream.train.checkpoint import ResumeError
+    from shardstream.train.checkpoint_async import CheckpointWriteError
     from shardstream.train.dist import DistJoinError, exit_process
     from shardstream.train.loop import train
 
@@ -103,7 +104,8 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
     except ConfigError as e:
         print(f"train_clip.py: config error: {e}", file=sys.stderr)
         code = 2
-    except (DistJoinError, ResumeError) as e:  # one line, and exit 1: torchrun restarts the workers if it may
+    # one line, and exit 1: torchrun restarts the workers if it may
+    except (DistJoinError, ResumeError, CheckpointWriteError) as e:
         print(f"train_clip.py: error: {e}", file=sys.stderr)
         code = 1
     if "RANK" in os.environ:

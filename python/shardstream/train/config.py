@@ -172,7 +172,9 @@ class TrainConfig:
     tf32: bool = _f(True, "on CUDA, TF32 matmuls and convolutions (Ampere and later); no effect on the CPU")
     grad_clip_norm: float = _f(1.0, "clip the gradient norm to this value; 0: no clipping")
     torch_threads: int = _f(0, "torch intra-op threads per process; 0: cores / local processes")
-    resume: str = _f("", "'latest' (the newest checkpoint in output_dir), a checkpoint file, or empty")
+    resume: str = _f(
+        "", "'latest' (the newest checkpoint in checkpoint.dir), a checkpoint file or s3:// URL, or empty"
+    )
     callbacks: list[str] = _f(
         [], "extra callbacks, as 'package.module:ClassName' (constructed with no arguments)"
     )
@@ -245,6 +247,22 @@ class CheckpointConfig:
     every_steps: int = _f(200, "write a checkpoint every this many steps; 0: only at the end")
     at_end: bool = _f(True, "write a checkpoint when training ends")
     keep: int = _f(2, "step checkpoints to keep (older ones are deleted); 0: keep all")
+    dir: str = _f(
+        "",
+        "where checkpoints go: empty (output_dir/checkpoints), a local folder, or s3://BUCKET/PREFIX "
+        "(boto3's credentials, AWS_ENDPOINT_URL; nodes need no shared filesystem)",
+    )
+    async_write: bool = _f(
+        True,
+        "snapshot the state to host memory at the step and write it on a background thread while "
+        "training goes on (one write in flight; a failed write is an error at the next checkpoint or at "
+        "the end); false: every rank waits for the write",
+    )
+    flush_timeout_s: float = _f(
+        120.0,
+        "at the end of the run (also after SIGTERM) wait at most this long for the last checkpoint "
+        "write, then fail naming it; keep it inside the scheduler's grace period; 0: no bound",
+    )
 
 
 @dataclass
@@ -258,6 +276,15 @@ class LogConfig:
         "log.jsonl still gets every step, the console one line per log",
     )
     tensorboard: bool = _f(True, "also write TensorBoard events under output_dir/tensorboard")
+    wandb: bool = _f(
+        False,
+        "also log to Weights & Biases (rank 0; WANDB_MODE=offline writes output_dir/wandb); the run id is "
+        "kept in the checkpoint, so a resumed run continues the same wandb run",
+    )
+    wandb_project: str = _f("shardstream", "the wandb project")
+    wandb_name: str = _f("", "the wandb run name; empty: wandb chooses one")
+    wandb_entity: str = _f("", "the wandb entity (team or user); empty: the default one")
+    wandb_tags: list[str] = _f([], "wandb run tags")
     progress: Literal["auto", "on", "off"] = _f("auto", "progress bar: auto shows it on a terminal only")
     log_keys: bool = _f(False, "add the sample keys of every step (rank 0's micro-batches) to log.jsonl")
 
@@ -466,6 +493,12 @@ def validate(cfg: Config) -> Config:
     )
     require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
     require(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0")
+    require(cfg.checkpoint.flush_timeout_s >= 0, "checkpoint.flush_timeout_s", "must be >= 0")
+    require(
+        not cfg.checkpoint.dir or cfg.checkpoint.dir.startswith("s3://") or "://" not in cfg.checkpoint.dir,
+        "checkpoint.dir",
+        "a local folder or s3://BUCKET/PREFIX",
+    )
     require(cfg.model.coca_contrastive_weight >= 0, "model.coca_contrastive_weight", "must be >= 0")
     require(cfg.model.coca_caption_weight > 0, "model.coca_caption_weight", "must be > 0")
     require(cfg.log.every_steps >= 1, "log.every_steps", "must be >= 1")
@@ -479,6 +512,9 @@ def validate(cfg: Config) -> Config:
             (cfg.train.compile, "train.compile"),
             (cfg.model.lock_image, "model.lock_image"),
             (cfg.model.lock_text, "model.lock_text"),
+            # each rank writes its DCP shards into one folder that all ranks see; the store's
+            # upload_dir is there for a remote copy, but that path is not wired or tested yet
+            (cfg.checkpoint.dir.startswith("s3://"), "checkpoint.dir on s3:// (use a shared local folder)"),
         ):
             if on:
                 raise ConfigError(f"dist.strategy: fsdp does not support {what}; use dist.strategy ddp")

@@ -30,6 +30,7 @@ class Requirement:
     needed_for: str
     off_switch: str = ""  # the setting that does without it ("" : nothing does)
     instead: str = ""  # a setting that provides it another way ("": none)
+    in_extra: bool = True  # installed by the shardstream[train] extra (else: by its own name only)
 
 
 def installed(module: str) -> bool:
@@ -65,6 +66,8 @@ def requirements(cfg: Config | None) -> list[Requirement]:
             )
     if cfg is not None and cfg.log.tensorboard:
         needed.append(Requirement("tensorboard", "tensorboard", "log.tensorboard", "--log.tensorboard false"))
+    if cfg is not None and cfg.log.wandb:
+        needed.append(Requirement("wandb", "wandb", "log.wandb", "--log.wandb false", in_extra=False))
     if cfg is not None and cfg.log.progress == "on":
         needed.append(Requirement("tqdm", "tqdm", "log.progress on", "--log.progress auto"))
     return needed
@@ -85,7 +88,7 @@ def problems(cfg: Config | None) -> list[str]:
     for req in requirements(cfg):
         if installed(req.module):
             continue
-        fix = f"pip install '{EXTRA}' (or {req.package})"
+        fix = f"pip install '{EXTRA}' (or {req.package})" if req.in_extra else f"pip install {req.package}"
         if req.off_switch:
             fix += f", or turn it off: {req.off_switch}"
         if req.instead:

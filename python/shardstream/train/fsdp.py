@@ -43,6 +43,7 @@ from shardstream._files import AtomicFile, atomic_write
 from shardstream.train import checkpoint as ckpt
 from shardstream.train.config import ConfigError
 from shardstream.train.dist import DistContext, barrier
+from shardstream.train.storage import LocalStore
 
 SUFFIX = ".dcp"
 TRAINER = "trainer.pt"  # rank 0's part: everything but the model and optimizer tensors
@@ -199,7 +200,7 @@ def save_sharded(
     os.replace(partial, final)
     identity = ckpt.CheckpointIdentity(final.name, state.step, ckpt.folder_sha256(final), in_directory=True)
     atomic_write(directory / ckpt.POINTER, identity.pointer_line(), fsync=True)
-    ckpt._prune(directory, keep, protect=final)
+    ckpt._prune(LocalStore(directory), keep, protect=final.name)
     return final
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardstream.errors import ShardError
 from shardstream.progress import progress_wanted
 from shardstream.train import checkpoint as ckpt
 from shardstream.train import fsdp
@@ -29,6 +30,7 @@ from shardstream.train.callbacks import (
     TensorBoardLogger,
     load_callback,
 )
+from shardstream.train.checkpoint_async import BackgroundWriter, CheckpointWriteError
 from shardstream.train.config import Config, ConfigError, config_to_yaml
 from shardstream.train.deps import check as check_dependencies
 from shardstream.train.deps import installed
@@ -36,6 +38,7 @@ from shardstream.train.device_setup import build_optimizer, intra_op_threads
 from shardstream.train.dist import (
     DistContext,
     StopVote,
+    broadcast_json,
     init_distributed,
     reduce_over_ranks,
     shutdown,
@@ -55,6 +58,7 @@ from shardstream.train.model import (
     unwrap,
 )
 from shardstream.train.schedule import WarmupCosine, global_batch_size, resolve_rule, scale_lr
+from shardstream.train.storage import CheckpointStore, open_store
 from shardstream.train.zeroshot import ZeroShotSet, evaluate_zeroshot, load_zeroshot_set, zeroshot_loader
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP clamps the temperature so logits stay below 100x
@@ -85,6 +89,7 @@ class Trainer:
         self._stop_requested = False
         self._stop_signal: str | None = None  # set by the SIGTERM handler
         self._t0 = time.perf_counter()
+        self.wandb_run_id: str | None = None  # kept in checkpoints: a resume continues the wandb run
 
     # -- public helpers for callbacks ------------------------------------------------------------
     @property
@@ -132,10 +137,16 @@ class Trainer:
         seed_everything(cfg.train.seed)
 
         self.output_dir = Path(cfg.train.output_dir)
-        self.checkpoint_dir = self.output_dir / "checkpoints"
+        self.store: CheckpointStore = open_store(cfg.checkpoint.dir, self.output_dir)
+        self.writer = BackgroundWriter()
+        self._snapshot: dict[str, Any] | None = None  # rank 0's last checkpoint in host memory
         if ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
+        try:  # every rank: each one may have to read a checkpoint from it
+            self.store.check()
+        except (OSError, ShardError) as e:
+            raise ConfigError(f"checkpoint.dir: cannot use {self.store.describe()}: {e}") from None
 
         # The model first: a wrong model name fails before any demo data is generated.
         self.bundle = create_model(
@@ -247,6 +258,11 @@ class Trainer:
         progress = {"on": True, "off": False}.get(
             cfg.log.progress, progress_wanted(sys.stderr) and installed("tqdm")
         )
+        if cfg.log.wandb:
+            from shardstream.train.wandb_logger import WandbLogger
+
+            log = cfg.log
+            builtins.append(WandbLogger(log.wandb_project, log.wandb_name, log.wandb_entity, log.wandb_tags))
         builtins.append(ConsoleLogger(cfg.log.every_steps, progress))
         if self.sources.heldout is not None or self.zeroshot is not None:
             builtins.append(Evaluator(cfg.eval.every_steps, cfg.eval.at_end))
@@ -262,28 +278,35 @@ class Trainer:
     def _resume(self, spec: str) -> None:
         cfg, ctx = self.cfg, self.ctx
         # rank 0 chooses; every rank checks that it holds the same bytes before loading them
-        identity = ckpt.agree_on_checkpoint(ctx, spec, self.checkpoint_dir)
+        identity = ckpt.agree_on_checkpoint(ctx, spec, self.store, scratch=self.output_dir)
         if identity is None:  # `latest` on a job's first attempt: nothing to resume yet
-            self.log(f"resume latest: no checkpoint in {self.checkpoint_dir} yet, starting from scratch")
+            self.log(f"resume latest: no checkpoint in {self.store.describe()} yet, starting from scratch")
             return
-        path = identity.path_in(self.checkpoint_dir)
-        if fsdp.is_sharded(path) != self.sharded:  # the parameters' shapes and keys differ
+        assert identity.local is not None
+        local = Path(identity.local)
+        path = self.store.describe(identity.name) if identity.in_directory else identity.name
+        if fsdp.is_sharded(local) != self.sharded:  # the parameters' shapes and keys differ
             kind, other = (
-                ("sharded (FSDP)", "fsdp") if fsdp.is_sharded(path) else ("single-file (DDP)", "ddp")
+                ("sharded (FSDP)", "fsdp") if fsdp.is_sharded(local) else ("single-file (DDP)", "ddp")
             )
             raise ConfigError(
                 f"train.resume: {path} is a {kind} checkpoint; resume it with dist.strategy {other}"
             )
         if self.sharded:  # DCP reshards onto this run's ranks
-            payload = fsdp.load_sharded(path, self.model, self.optimizer)
+            payload = fsdp.load_sharded(local, self.model, self.optimizer)
         else:
-            payload = ckpt.load_checkpoint(path)
+            try:
+                payload = ckpt.load_checkpoint(local)
+            finally:
+                if local.name.startswith(".resume-rank"):  # a download from a remote store
+                    local.unlink(missing_ok=True)
             unwrap(self.model).load_state_dict(payload["model"])
             self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         if self.scaler is not None and payload.get("scaler"):
             self.scaler.load_state_dict(payload["scaler"])
             self._skipped.fill_(int(payload["scaler"].get("skipped_steps", 0)))
+        self.wandb_run_id = str(payload.get("wandb_run_id") or "") or None
         state = ckpt.training_state(payload)
         self.step, self.epoch, self.step_in_epoch = state.step, state.epoch, state.step_in_epoch
         self._epoch_end_step = self.step + self.steps_per_epoch
@@ -329,6 +352,7 @@ class Trainer:
             self.finished = self.step >= self.total_steps
             self.flush_log()
             self.callbacks.on_train_end(self)
+            self._settle_writes(self.cfg.checkpoint.flush_timeout_s or None)  # the last one too
             completed = True
             return {
                 "step": self.step,
@@ -340,6 +364,11 @@ class Trainer:
         finally:
             if restore_sigterm is not None:
                 restore_sigterm()
+            if not completed and hasattr(self, "writer"):
+                # an error ends the run: still let the checkpoint in flight land (no collective)
+                failed = self.writer.wait(self.cfg.checkpoint.flush_timeout_s or None)
+                if failed:
+                    print(f"train_clip.py: error: {failed}", file=sys.stderr, flush=True)
             shutdown(self.ctx, finished=completed)
 
     def _stop_on_sigterm(self) -> Any:
@@ -580,26 +609,66 @@ class Trainer:
         return ckpt.TrainingState(self.step, self.epoch, self.step_in_epoch, loader_state)
 
     def save_checkpoint(self) -> str | None:
+        """Snapshots the state at this step and writes it (a collective: every rank calls it).
+        The write runs on rank 0's background thread unless ``checkpoint.async_write`` is off;
+        the previous write is waited for first, and its failure raised here on every rank."""
         self.flush_log()  # the log holds every step the checkpoint holds
+        self._settle_writes(None)
         extra = {}
         if self.scaler is not None:
             assert self._skipped is not None
             extra["scaler"] = {**self.scaler.state_dict(), "skipped_steps": int(self._skipped)}
-        save = fsdp.save_sharded if self.sharded else ckpt.save_checkpoint
-        path = save(
-            self.checkpoint_dir,
+        if self.wandb_run_id:
+            extra["wandb_run_id"] = self.wandb_run_id
+        if self.sharded:
+            # every rank writes its own shards, synchronously, into the local checkpoint folder
+            # (config refuses dist.strategy fsdp with a remote checkpoint.dir)
+            folder = self.store.local_path("")
+            assert folder is not None
+            written = fsdp.save_sharded(
+                folder,
+                ctx=self.ctx,
+                model=unwrap(self.model),
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=self.training_state(),
+                config=self.cfg.to_dict(),
+                keep=self.cfg.checkpoint.keep,
+                extra=extra,
+            )
+            shown = str(written) if written is not None else None
+            self.callbacks.on_checkpoint(self, shown)
+            return shown
+        payload = ckpt.snapshot_checkpoint(
             ctx=self.ctx,
             model=unwrap(self.model),
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             state=self.training_state(),
             config=self.cfg.to_dict(),
-            keep=self.cfg.checkpoint.keep,
             extra=extra,
+            # the previous snapshot's buffers, its write done (settled above): no fresh pages
+            reuse=self._snapshot,
         )
-        shown = str(path) if path is not None else None
+        self._snapshot = payload
+        name = ckpt.checkpoint_name(self.step)
+        shown = None
+        if payload is not None:
+            store, keep = self.store, self.cfg.checkpoint.keep
+            shown = store.describe(name)
+            self.writer.submit(shown, lambda: ckpt.write_checkpoint(store, payload, keep))
+        if not self.cfg.checkpoint.async_write:
+            self._settle_writes(None)
         self.callbacks.on_checkpoint(self, shown)
         return shown
+
+    def _settle_writes(self, timeout: float | None) -> None:
+        """Waits for rank 0's checkpoint write in flight (at most ``timeout`` s) and raises its
+        failure on every rank (a collective: one small broadcast)."""
+        error = self.writer.wait(timeout) if self.ctx.is_main else None
+        error = broadcast_json(self.ctx, {"error": error})["error"]
+        if error:
+            raise CheckpointWriteError(error)
 
 
 def train(cfg: Config, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:

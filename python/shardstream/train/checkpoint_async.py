@@ -1,0 +1,69 @@
+"""Checkpoint writes on a background thread, one at a time, whose failures are never silent.
+
+The trainer snapshots a checkpoint into host memory at the step boundary and hands the write
+(serialise, hash, publish, pointer, prune) to :class:`BackgroundWriter` on rank 0, then trains
+on. A new checkpoint first waits for the previous write, so at most one is in flight (and one
+snapshot held beside the live state). A failed write is kept and raised as
+:class:`CheckpointWriteError`, naming the checkpoint, at the next checkpoint or when the run
+ends; the run's end waits for the last write, within ``checkpoint.flush_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (or not within the flush bound); names the checkpoint."""
+
+
+class BackgroundWriter:
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._what = ""
+        self._error: str | None = None
+        self._started = 0.0
+        self.last_write_s = 0.0  # how long the last completed write took (reported in the log)
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, what: str, write: Callable[[], Any]) -> None:
+        """Runs ``write()`` on a new thread; the previous write must have been waited for."""
+        assert not self.busy, "one checkpoint write at a time: wait() first"
+        self._what, self._started = what, time.perf_counter()
+
+        def run() -> None:
+            try:
+                write()
+                self.last_write_s = time.perf_counter() - self._started
+            except BaseException as e:  # noqa: BLE001 - kept and raised on the training thread
+                first = (str(e).strip().splitlines() or [""])[0]
+                self._error = f"checkpoint {what}: write failed: {type(e).__name__}: {first}"
+
+        # A daemon, so that a write past the flush bound cannot hold the exit beyond it (that exit
+        # is an error); every other exit joins it first.
+        self._thread = threading.Thread(target=run, name="shardstream-checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> str | None:
+        """Waits for the write in flight (at most ``timeout`` seconds; None: no bound) and returns
+        the failure, if any, as one line (once: it is then cleared)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                return (
+                    f"checkpoint {self._what}: not written within {timeout:g} s "
+                    "(checkpoint.flush_timeout_s); the previous checkpoint is the latest"
+                )
+            self._thread = None
+        error, self._error = self._error, None
+        return error
+
+
+__all__ = ["BackgroundWriter", "CheckpointWriteError"]
