@@ -16,6 +16,14 @@ from train_support import run_bounded
 TESTS = Path(__file__).resolve().parent
 SEED = 7  # the loaders' seed, in the workers and in the reference runs
 COUNTS = [13, 9, 11, 7]  # 40 real photos: 5 steps of 4 per rank on 2 ranks, 10 on one
+# The drill switch of test_drills.py: with it, each framework's stop/resume key-equality scenario
+# (open_clip_train, HF Trainer, accelerate, Lightning) runs 5 times; the suite runs it once.
+LONG_DRILLS = os.environ.get("SHARDSTREAM_DRILLS_LONG", "") not in ("", "0")
+REPETITIONS = list(range(5 if LONG_DRILLS else 1))
+
+
+def repetition_id(repetition: int) -> str:
+    return f"rep{repetition}"
 
 
 def photo_dataset(directory: Path) -> tuple[str, str, list[str]]:

@@ -1,8 +1,8 @@
 """One rank of lightning.Trainer(strategy="ddp", accelerator="cpu", devices=2) over
 shardstream.integrations.lightning (run by test_integration_lightning.py under torchrun, gloo): a
 small LightningModule for two epochs on real-photo shards, a checkpoint every 2 steps (and
-last.ckpt). ``--kill-at n``: rank 1 SIGKILLs itself when step n begins; ``--ckpt`` resumes.
-Each training step's keys are logged."""
+last.ckpt). ``--kill-at n``: rank 1 SIGKILLs itself when step n begins; ``--ckpt`` resumes
+(``--devices 1`` on another world size). Each training step's keys are logged."""
 
 from __future__ import annotations
 
@@ -43,14 +43,17 @@ def main() -> None:
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--ckpt", default=None)
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--max-epochs", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     datamodule = ShardDataModule(lambda: make_loader(a.shards, a.index))
     checkpoints = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=2, save_top_k=-1, save_last=True)
     trainer = lightning.Trainer(
-        strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, callbacks=[checkpoints], logger=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        strategy="ddp", accelerator="cpu", devices=a.devices, max_epochs=a.max_epochs,
+        callbacks=[checkpoints], logger=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(Tiny(a.keys_dir, a.kill_at), datamodule=datamodule, ckpt_path=a.ckpt)
 

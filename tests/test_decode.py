@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import struct
 
 import numpy as np
@@ -184,6 +185,57 @@ def test_a_corrupt_jpeg_does_not_poison_the_next_decode_on_the_same_thread(photo
     keys = [k for b in loader for k in b.keys]
     assert keys == ["a", "z0", "z1", "z2"]
     assert loader.stats["skipped"] == {"corrupt_image": 1}
+
+
+# -- the random crop's aspect-ratio range --------------------------------------------------------
+
+
+def _best_box_error(out: np.ndarray, img: Image.Image, area: float, aspect: float) -> float:
+    """The smallest error between ``out`` and Pillow's resize of any whole-pixel box of that
+    area and aspect ratio in ``img``: small only if the crop's source box had that shape."""
+    w, h = img.size
+    cw, ch = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+    size = out.shape[-1]
+
+    def resized(x: int, y: int) -> np.ndarray:
+        box = (x, y, x + cw, y + ch)
+        return np.asarray(img.resize((size, size), Image.BICUBIC, box=box)).transpose(2, 0, 1)
+
+    return min(mae(out, resized(x, y)) for x in range(w - cw + 1) for y in range(h - ch + 1))
+
+
+def test_random_crop_ratio_sets_the_source_boxs_aspect(photos, tmp_path):
+    """A narrow ``random_crop_ratio`` ([2, 2]) at a fixed area (half the photo): the crops of a
+    real photo, from decode_image and from the loader, are Pillow's resize of a 2:1 box of that
+    area (at a position each seed picks), and of no 1:1 or 4:3 box; a bad range is refused."""
+    import shardstream
+    from corpus import sample_members, tar_bytes, write_file
+
+    img = photos[3].resize((150, 100), Image.BICUBIC)
+    data = encode(img, "PNG")  # lossless: only the crop and the resize differ from Pillow's
+    area, size = 150 * 100 * 0.5, 32
+    kw = {"crop": "random", "random_crop_scale": (0.5, 0.5), "random_crop_ratio": (2.0, 2.0)}
+    crops = [ours(data, size, **kw, crop_seed=seed) for seed in range(3)]
+    members = []
+    for i in range(3):
+        members += sample_members(f"s{i}", {"png": data, "txt": "x"})
+    path = write_file(str(tmp_path / "ratio.tar"), tar_bytes(members))
+    loader = shardstream.ShardLoader(
+        path, batch_size=3, image_size=size, threads=1, shuffle_buffer=1,
+        random_crop_scale=(0.5, 0.5), random_crop_ratio=(2.0, 2.0), crop="random",
+    )  # fmt: skip
+    crops += [np.asarray(image) for batch in loader for image in batch.images]
+    assert len(crops) == 6 and not np.array_equal(crops[0], crops[1]), "each seed places its box"
+    for out in crops:
+        matched = _best_box_error(out, img, area, 2.0)
+        assert matched < 2.0, matched
+        for other in (1.0, 4 / 3):
+            assert _best_box_error(out, img, area, other) > 2 * matched, other
+    for bad in ((2.0, 1.0), (0.0, 1.0)):
+        with pytest.raises(ValueError, match="random_crop_ratio"):
+            ours(data, size, crop="random", random_crop_ratio=bad)
+        with pytest.raises(ValueError, match="random_crop_ratio"):
+            shardstream.ShardLoader(path, batch_size=1, crop="random", random_crop_ratio=bad)
 
 
 # -- decoding only the rows a crop needs ---------------------------------------------------------

@@ -5,14 +5,15 @@ with the uninterrupted run's keys, and its next epoch is the uninterrupted run's
 from __future__ import annotations
 
 import pytest
-from integration_support import key_log, launch, photo_dataset
+from integration_support import REPETITIONS, key_log, launch, photo_dataset, repetition_id
 
 pytest.importorskip("accelerate")
 
 SAVE_AT, STEPS = 2, 5  # 40 samples, 2 ranks x batch 4: 5 steps per epoch
 
 
-def test_load_state_continues_with_the_uninterrupted_keys(tmp_path):
+@pytest.mark.parametrize("repetition", REPETITIONS, ids=repetition_id)
+def test_load_state_continues_with_the_uninterrupted_keys(tmp_path, repetition):
     shards, index, keys = photo_dataset(tmp_path / "data")
     common = ["--shards", shards, "--index", index, "--state-dir", str(tmp_path / "state")]
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from integration_support import key_log, launch, photo_dataset, reference_keys
+from integration_support import REPETITIONS, key_log, launch, photo_dataset, reference_keys, repetition_id
 
 pytest.importorskip("transformers")
 
 STOP, STEPS = 2, 5  # 40 samples, 2 ranks x batch 4: 5 steps per epoch
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf")
+@pytest.fixture(scope="module", params=REPETITIONS, ids=repetition_id)
+def runs(tmp_path_factory, request):
+    root = tmp_path_factory.mktemp(f"hf-rep{request.param}")
     shards, index, keys = photo_dataset(root / "data")
 
     def train(name, *, nproc, max_steps, resume=None):

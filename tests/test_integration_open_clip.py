@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from integration_support import REPETITIONS, repetition_id
 from servers import free_ports
 from train_support import (
     ROOT,
@@ -121,8 +122,9 @@ def test_open_clip_train_writes_its_logs_checkpoints_and_validation(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("repetition", REPETITIONS, ids=repetition_id)
 def test_resume_latest_after_a_kill_continues_with_the_uninterrupted_keys(
-    uninterrupted: Path, dataset: SmallDataset, tmp_path: Path
+    uninterrupted: Path, dataset: SmallDataset, tmp_path: Path, repetition: int
 ) -> None:
     logs = tmp_path / "logs"
     (port,) = free_ports(1)

@@ -11,6 +11,7 @@ own tokenizer.json layout built from open_clip's vocabulary.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -101,6 +102,68 @@ def test_loader_tokens_equal_the_tokenizers_package_live(caption_shard, tmp_path
     for path in [os.path.join(FIXTURES, n) for n in NAMES] + [clip]:
         want = make.reference_ids(path, [c.strip() for c in captions])
         _assert_rows_equal(_loader_rows(shard, path), captions, want)
+
+
+def _pad_one_tokenizer(captions: list[str]):
+    """A WordLevel tokenizer trained on the real captions, SigLIP-like: ``</s>`` after the text
+    and a pad id that is not 0 (``<unk>`` 0, ``<pad>`` 1, ``</s>`` 2)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(vocab_size=2000, special_tokens=["<unk>", "<pad>", "</s>"])
+    tok.train_from_iterator(captions, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return tok
+
+
+def test_rows_are_padded_with_the_tokenizers_own_pad_id(caption_shard, tmp_path):
+    """A tokenizer.json whose padding section says pad_id 1 pads with 1, as the ``tokenizers``
+    package and transformers pad it (formerly with 0); a Hugging Face folder whose
+    tokenizer_config.json names its pad token (SigLIP's is ``</s>``) pads with that token's id, as
+    open_clip's HFTokenizer (transformers, ``padding="max_length"``) does."""
+    pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from shardstream import _core
+
+    shard, captions = caption_shard
+    texts = [c.strip() for c in captions]
+    tok = _pad_one_tokenizer(texts)
+    tok.enable_padding(pad_id=1, pad_token="<pad>")
+    padded = tmp_path / "padded" / "tokenizer.json"
+    padded.parent.mkdir()
+    tok.save(str(padded))
+    tok.enable_truncation(max_length=77)
+    tok.enable_padding(pad_id=1, pad_token="<pad>", length=77)
+    want = np.array([e.ids for e in tok.encode_batch(texts)], dtype=np.int64)
+    assert (want[:, -1] == 1).any(), "the captions are padded"
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(padded))
+    assert hf.pad_token_id == 1
+    theirs = hf(texts, padding="max_length", max_length=77, truncation=True)["input_ids"]
+    assert np.array_equal(np.array(theirs), want)
+    assert _core.ClipTokenizer("json", str(padded), 77).pad_id == 1
+    _assert_rows_equal(_loader_rows(shard, str(padded)), captions, want)
+
+    folder = tmp_path / "siglip-like"
+    folder.mkdir()
+    tok.no_padding()
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"pad_token": "</s>", "tokenizer_class": "PreTrainedTokenizerFast"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert hf.pad_token_id == 2
+    want = np.array(hf(texts, padding="max_length", max_length=77, truncation=True)["input_ids"])
+    rust = _core.ClipTokenizer("json", str(folder / "tokenizer.json"), 77)
+    assert rust.pad_id == 2
+    rows = torch.zeros((len(texts), 77), dtype=torch.int64)
+    rust.tokenize_into(texts, rows.data_ptr(), rows.numel())
+    assert np.array_equal(rows.numpy(), want)
+
+    config["pad_token"] = "<nothing>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ValueError, match='tokenizer_config.json: pad_token "<nothing>" is not in'):
+        ShardLoader(shard, batch_size=4, tokenizer=str(folder / "tokenizer.json"))
 
 
 def test_a_missing_tokenizer_file_is_named(tmp_path):

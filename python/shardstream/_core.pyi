@@ -106,7 +106,7 @@ class Loader:
     ``skip_emitted``, ``planned``, ``cycle``, ``drop_last``, ``max_member_bytes``,
     ``num_batches``, ``last_batch_size``, ``on_error``, ``caption_key``, ``image_keys``,
     ``max_pixels``, ``crop`` (``"center"``/``"random"``), ``random_crop_scale``,
-    ``connect_timeout``, ``read_timeout``, ``max_retries``, ``signer``, ``sources``,
+    ``random_crop_ratio``, ``connect_timeout``, ``read_timeout``, ``max_retries``, ``signer``, ``sources``,
     ``tokenizer``. A key that is absent or None keeps the core's default (rust/src/defaults.rs);
     ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
     """
@@ -298,14 +298,16 @@ def decode_image(
     *,
     crop: Literal["center", "random"] = ...,
     random_crop_scale: tuple[float, float] = ...,
+    random_crop_ratio: tuple[float, float] = ...,
     crop_seed: int = 0,
     whole: bool = False,
 ) -> bytes:
     """Decodes one image exactly as the loader does: ``3 * size * size`` uint8 bytes, CHW.
 
-    ``crop``, ``random_crop_scale`` and ``crop_seed`` as in the loader's config (the crop's
-    randomness also depends on the sample key, here ``"image"``); ``whole`` decodes every row
-    and block of the image, as validation does, instead of only what the crop's resize reads."""
+    ``crop``, ``random_crop_scale``, ``random_crop_ratio`` and ``crop_seed`` as in the loader's
+    config (the crop's randomness also depends on the sample key, here ``"image"``); ``whole``
+    decodes every row and block of the image, as validation does, instead of only what the crop's
+    resize reads."""
 
 def redact_url(url: str) -> str:
     """The URL with credentials and query string (presigned signatures) removed."""
@@ -335,6 +337,9 @@ class ClipTokenizer:
     def __new__(cls, kind: str, path: str, context_length: int) -> ClipTokenizer: ...
     @property
     def context_length(self) -> int: ...
+    @property
+    def pad_id(self) -> int:
+        """The id rows are padded with: 0 for open_clip's BPE, a tokenizer.json's own pad id."""
     @staticmethod
     def clean(text: str) -> str: ...
     def tokenize_into(self, texts: list[str], ptr: int, len: int) -> None: ...

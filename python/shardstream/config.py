@@ -30,6 +30,7 @@ class CoreDefaults:
     max_member_bytes: int
     crop: Crop
     random_crop_scale: tuple[float, float]
+    random_crop_ratio: tuple[float, float]
     loader_on_error: OnError
     read_samples_on_error: OnError
     shuffle_buffer: int
@@ -47,6 +48,7 @@ def _core_defaults() -> CoreDefaults:
     values = dict(_core.DEFAULTS)
     values["image_keys"] = tuple(values["image_keys"])
     values["random_crop_scale"] = tuple(values["random_crop_scale"])
+    values["random_crop_ratio"] = tuple(values["random_crop_ratio"])
     return CoreDefaults(**values)
 
 
@@ -70,6 +72,7 @@ class LoaderConfig:
     image_keys: tuple[str, ...] | None = None
     crop: Crop = DEFAULTS.crop
     random_crop_scale: tuple[float, float] = DEFAULTS.random_crop_scale
+    random_crop_ratio: tuple[float, float] = DEFAULTS.random_crop_ratio
     samples_per_epoch: int | None = None
     read_ahead: int = DEFAULTS.read_ahead
     prefetch: int = DEFAULTS.prefetch
@@ -91,12 +94,16 @@ class LoaderConfig:
             raise ValueError(f"on_error must be 'skip' or 'raise', got {self.on_error!r}")
         if self.crop not in ("center", "random"):
             raise ValueError(f"crop must be 'center' or 'random', got {self.crop!r}")
+        ratio = tuple(self.random_crop_ratio)
+        if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1] < float("inf")):
+            raise ValueError(f"random_crop_ratio must be two aspect ratios 0 < low <= high, got {ratio}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be at least 2, got {self.context_length}")
         # Sequences are kept as tuples, so that the configuration stays immutable.
         if self.image_keys is not None:
             object.__setattr__(self, "image_keys", tuple(self.image_keys))
         object.__setattr__(self, "random_crop_scale", tuple(self.random_crop_scale))
+        object.__setattr__(self, "random_crop_ratio", ratio)
 
     def core_config(self) -> dict[str, Any]:
         """The options the Rust pipeline reads (``_core.Loader``'s config), by its key names.

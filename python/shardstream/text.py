@@ -5,7 +5,9 @@ shipped inside the open_clip package, and the model's context length) or the pat
 Face ``tokenizer.json``, which the ``tokenizers`` library (the Rust crate behind the Python
 package) runs with the file's own normalizer, pre-tokenizer, model (BPE, WordPiece, Unigram) and
 post-processor: the tokens are the package's ``encode(text)`` with ``enable_truncation(77)``,
-padded with 0 to 77. Nothing is downloaded.
+padded to 77 with the tokenizer's own pad id, as transformers pads: the ``pad_token`` its folder's
+``tokenizer_config.json`` (else ``special_tokens_map.json``) names, else the file's ``padding``
+``pad_id``, else 0. Nothing is downloaded.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -122,6 +123,10 @@ class DataConfig:
     crop_scale: list[float] = _f(
         list(DEFAULTS.random_crop_scale),
         "with crop random: the range of the crop's area as a fraction of the image (open_clip's)",
+    )
+    crop_ratio: list[float] = _f(
+        list(DEFAULTS.random_crop_ratio),
+        "with crop random: the range of the crop's aspect ratio, width / height (torchvision's)",
     )
     shuffle_buffer: int = _f(2048, "samples held by each rank's shuffle buffer (memory vs randomness)")
     threads: int = _f(0, "decode threads per rank; 0: the loader's default")
@@ -473,6 +478,11 @@ def validate(cfg: Config) -> Config:
         len(cfg.data.crop_scale) == 2 and 0 < cfg.data.crop_scale[0] <= cfg.data.crop_scale[1] <= 1,
         "data.crop_scale",
         "must be two fractions 0 < low <= high <= 1",
+    )
+    require(
+        len(cfg.data.crop_ratio) == 2 and 0 < cfg.data.crop_ratio[0] <= cfg.data.crop_ratio[1] < math.inf,
+        "data.crop_ratio",
+        "must be two aspect ratios 0 < low <= high",
     )
     require(cfg.optim.cooldown_steps >= 0, "optim.cooldown_steps", "must be >= 0")
     require(cfg.optim.cooldown_power > 0, "optim.cooldown_power", "must be > 0")

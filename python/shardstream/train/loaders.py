@@ -121,6 +121,7 @@ def train_loader(
         caption_key=cfg.data.caption_key,
         crop=cfg.data.crop,
         random_crop_scale=(cfg.data.crop_scale[0], cfg.data.crop_scale[1]),
+        random_crop_ratio=(cfg.data.crop_ratio[0], cfg.data.crop_ratio[1]),
         samples_per_epoch=cfg.data.samples_per_epoch or None,
         **(loader_tokenizer(cfg, context_length) if cfg.data.tokenize_in_loader else {}),
     )

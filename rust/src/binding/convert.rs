@@ -27,6 +27,7 @@ pub(super) fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("max_member_bytes", MAX_MEMBER_BYTES)?;
     d.set_item("crop", CROP)?;
     d.set_item("random_crop_scale", RANDOM_CROP_SCALE)?;
+    d.set_item("random_crop_ratio", RANDOM_CROP_RATIO)?;
     d.set_item("loader_on_error", LOADER_ON_ERROR)?;
     d.set_item("read_samples_on_error", READ_SAMPLES_ON_ERROR)?;
     d.set_item("shuffle_buffer", SHUFFLE_BUFFER)?;
@@ -56,13 +57,16 @@ pub(super) fn on_error(s: &str) -> PyResult<OnError> {
     }
 }
 
-pub(super) fn crop_mode(crop: &str, scale: (f64, f64)) -> PyResult<CropMode> {
+pub(super) fn crop_mode(crop: &str, scale: (f64, f64), ratio: (f64, f64)) -> PyResult<CropMode> {
+    // The crop samples the aspect log-uniformly in the range: both ends must be finite and > 0.
+    if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
+        return Err(PyValueError::new_err(format!(
+            "random_crop_ratio must be two aspect ratios 0 < low <= high, not {ratio:?}"
+        )));
+    }
     match crop {
         "center" => Ok(CropMode::Center),
-        "random" => Ok(CropMode::RandomResized {
-            scale,
-            ratio: defaults::RANDOM_CROP_RATIO,
-        }),
+        "random" => Ok(CropMode::RandomResized { scale, ratio }),
         other => Err(PyValueError::new_err(format!(
             "crop must be 'center' or 'random', not {other:?}"
         ))),
@@ -89,8 +93,12 @@ fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
         Some(v) => v.extract()?,
         None => defaults::RANDOM_CROP_SCALE,
     };
+    let ratio: (f64, f64) = match config.get_item("random_crop_ratio")? {
+        Some(v) => v.extract()?,
+        None => defaults::RANDOM_CROP_RATIO,
+    };
     if let Some(v) = config.get_item("crop")? {
-        spec.crop = crop_mode(&v.extract::<String>()?, scale)?;
+        spec.crop = crop_mode(&v.extract::<String>()?, scale, ratio)?;
     }
     Ok(spec)
 }

@@ -124,14 +124,14 @@ pub(super) fn probe_image(data: &[u8]) -> PyResult<(String, u32, u32)> {
     Ok((probe.format.name().to_string(), w, h))
 }
 
-/// Decodes one image exactly as the loader does: [3, size, size] uint8 bytes. `crop` and
-/// `random_crop_scale` and `crop_seed` as in the loader's config; `whole` decodes every row, as
-/// validation does.
+/// Decodes one image exactly as the loader does: [3, size, size] uint8 bytes. `crop`,
+/// `random_crop_scale`, `random_crop_ratio` and `crop_seed` as in the loader's config; `whole`
+/// decodes every row, as validation does.
 #[pyfunction]
 #[pyo3(signature = (
     data, size = defaults::IMAGE_SIZE, max_pixels = defaults::MAX_PIXELS, *,
-    crop = defaults::CROP, random_crop_scale = defaults::RANDOM_CROP_SCALE, crop_seed = 0,
-    whole = false,
+    crop = defaults::CROP, random_crop_scale = defaults::RANDOM_CROP_SCALE,
+    random_crop_ratio = defaults::RANDOM_CROP_RATIO, crop_seed = 0, whole = false,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn decode_image(
@@ -141,13 +141,14 @@ pub(super) fn decode_image(
     max_pixels: u64,
     crop: &str,
     random_crop_scale: (f64, f64),
+    random_crop_ratio: (f64, f64),
     crop_seed: u64,
     whole: bool,
 ) -> PyResult<Py<PyBytes>> {
     let spec = SampleSpec {
         image_size: size,
         max_pixels,
-        crop: crop_mode(crop, random_crop_scale)?,
+        crop: crop_mode(crop, random_crop_scale, random_crop_ratio)?,
         ..SampleSpec::default()
     };
     let pixels = py

@@ -31,6 +31,12 @@ impl PyClipTokenizer {
         self.inner.context_length
     }
 
+    /// The id rows are padded with: 0 for open_clip's BPE, a tokenizer.json's own pad id.
+    #[getter]
+    fn pad_id(&self) -> u32 {
+        self.inner.pad
+    }
+
     /// The cleaned text the tokenizer splits (for listing differences).
     #[staticmethod]
     fn clean(text: &str) -> String {

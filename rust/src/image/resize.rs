@@ -459,6 +459,27 @@ mod tests {
         }
     }
 
+    #[test]
+    fn random_boxes_have_an_aspect_in_the_ratio_range() {
+        // Single, narrow and wide ranges; a box that falls back to the whole image is clamped to
+        // the range too.
+        for ratio in [(2.0, 2.0), (0.5, 0.6), (1.2, 1.8)] {
+            let mode = CropMode::RandomResized {
+                scale: (0.2, 0.4),
+                ratio,
+            };
+            for seed in 0..100 {
+                let b = crop_box(640, 480, mode, &mut SplitMix64::new(seed));
+                // Each side is rounded to whole pixels: the aspect is within that of the range.
+                let aspect = b.w / b.h;
+                assert!(
+                    aspect > ratio.0 * 0.99 && aspect < ratio.1 * 1.01,
+                    "{ratio:?}: {b:?}"
+                );
+            }
+        }
+    }
+
     /// A 2x upscale whose first output pixel sits exactly on a source pixel: fast_image_resize's
     /// own Catmull-Rom read out of bounds here (a crash in release builds, an overflow panic in
     /// debug ones), as chroma planes of 4:2:0 JPEGs at DCT scale 1/2 met it on ordinary photos.

@@ -7,7 +7,8 @@
 //!
 //! The steps are open_clip's: `basic_clean` (ftfy.fix_text, `html.unescape` twice, strip),
 //! `whitespace_clean`, lowercasing, its regex, byte-level encoding (`bytes_to_unicode`), BPE
-//! with `</w>`, start/end tokens, truncation that keeps the end token, padding with 0.
+//! with `</w>`, start/end tokens, truncation that keeps the end token, padding with 0 (a
+//! `tokenizer.json` pads with its own pad id: `json_pad_id`).
 //!
 //! Where the output can differ from open_clip (ftfy is Python and is not reproduced in full):
 //! - `ftfy_lite` reproduces only ftfy's cheap character fixes: removal of its control
@@ -162,6 +163,8 @@ pub struct ClipTokenizer {
     spare: std::sync::Arc<SpareCaches>,
     pub sot: u32,
     pub eot: u32,
+    /// The id rows are padded with: 0 for open_clip's BPE, a `tokenizer.json`'s own otherwise.
+    pub pad: u32,
     pub context_length: usize,
 }
 
@@ -238,7 +241,8 @@ impl ClipTokenizer {
     /// WordPiece, Unigram, with the file's normalizer, pre-tokenizer and post-processor), as the
     /// `tokenizers` package encodes with `enable_truncation(context_length)`: the special tokens
     /// of its post-processor (e.g. CLIP's start and end) are kept, the text is cut. The loader
-    /// pads the row with 0, as open_clip does.
+    /// pads the row with the file's pad id (`json_pad_id`), as open_clip's `HFTokenizer` does
+    /// through transformers (padding to `max_length` with `pad_token_id`).
     pub fn from_tokenizer_json(path: &str, context_length: usize) -> Result<Self, TokenizerError> {
         let bad = |detail: String| TokenizerError::Format {
             path: path.into(),
@@ -258,6 +262,7 @@ impl ClipTokenizer {
             ..Default::default()
         }))
         .map_err(|e| bad(format!("truncation to {context_length} tokens: {e}")))?;
+        let pad = json_pad_id(&json, path)?;
         json.with_padding(None);
         // A context too short for the special tokens fails here, once, not on every caption.
         json.encode_fast("a", true).map_err(|e| {
@@ -267,6 +272,7 @@ impl ClipTokenizer {
         })?;
         let mut tok = Self::from_bpe_parts(context_length);
         tok.json = Some(Box::new(json));
+        tok.pad = pad;
         Ok(tok)
     }
 
@@ -327,6 +333,7 @@ impl ClipTokenizer {
             eot_text: eot.to_string(),
             sot: sot_id,
             eot: eot_id,
+            pad: 0,
             context_length,
         })
     }
@@ -411,19 +418,19 @@ impl ClipTokenizer {
         })
     }
 
-    /// `[sot] + encode + [eot]`, truncated to `context_length` with eot last, padded with 0.
+    /// `[sot] + encode + [eot]`, truncated to `context_length` with eot last, padded with `pad`.
     /// The ids are written straight into `out`, and the words past the truncation point are
     /// never encoded.
     pub fn tokenize_into(&self, text: &str, out: &mut [i64]) {
         if let Some(json) = &self.json {
-            // Checked when loaded; a caption it still cannot encode gets an all-0 row.
+            // Checked when loaded; a caption it still cannot encode gets a row of padding.
             let ids = json.encode_fast(text, true).map(|e| e.get_ids().to_vec());
             let ids = ids.as_deref().unwrap_or(&[]);
             let body = ids.len().min(out.len());
             for (o, &id) in out.iter_mut().zip(&ids[..body]) {
                 *o = id as i64;
             }
-            out[body..].fill(0);
+            out[body..].fill(self.pad as i64);
             return;
         }
         let n = out.len();
@@ -445,7 +452,7 @@ impl ClipTokenizer {
             pos + 1 < n
         });
         out[pos] = self.eot as i64;
-        out[pos + 1..].fill(0);
+        out[pos + 1..].fill(self.pad as i64);
     }
 
     pub fn tokenize(&self, text: &str) -> Vec<i64> {
@@ -829,6 +836,49 @@ fn unescape_one(s: &str) -> Option<(String, usize)> {
         }
     }
     None
+}
+
+/// The id a `tokenizer.json` pads with, as transformers (and so open_clip's `HFTokenizer`, which
+/// pads to `max_length` with `pad_token_id`) pads it: the pad token its folder names
+/// (`pad_token` in `tokenizer_config.json`, else in `special_tokens_map.json`, beside the file;
+/// SigLIP's is `</s>` = 1); else the file's own `padding` section's `pad_id`, as the `tokenizers`
+/// package pads; else 0, as open_clip pads its CLIP BPE.
+fn json_pad_id(json: &tokenizers::Tokenizer, path: &str) -> Result<u32, TokenizerError> {
+    let bad = |file: &std::path::Path, detail: String| TokenizerError::Format {
+        path: file.display().to_string(),
+        detail,
+    };
+    let dir = std::path::Path::new(path)
+        .parent()
+        .unwrap_or(std::path::Path::new(""));
+    for name in ["tokenizer_config.json", "special_tokens_map.json"] {
+        let file = dir.join(name);
+        let raw = match std::fs::read(&file) {
+            Ok(raw) => raw,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(TokenizerError::Io {
+                    path: file.display().to_string(),
+                    source,
+                })
+            }
+        };
+        let config: serde_json::Value =
+            serde_json::from_slice(&raw).map_err(|e| bad(&file, format!("not JSON: {e}")))?;
+        // A string, or an AddedToken object with its `content`; null: none named here.
+        let token = match config.get("pad_token") {
+            None | Some(serde_json::Value::Null) => continue,
+            Some(serde_json::Value::String(s)) => s.as_str(),
+            Some(other) => other
+                .get("content")
+                .and_then(|c| c.as_str())
+                .ok_or_else(|| bad(&file, format!("pad_token {other} is not a token")))?,
+        };
+        return json
+            .token_to_id(token)
+            .ok_or_else(|| bad(&file, format!("pad_token {token:?} is not in {path}")));
+    }
+    Ok(json.get_padding().map_or(0, |p| p.pad_id))
 }
 
 /// The tokenizer of (kind, path, context_length), built once per process: a loader makes a
