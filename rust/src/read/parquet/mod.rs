@@ -207,7 +207,7 @@ impl ParquetSamples {
             }
             match member_bytes(value) {
                 Some(bytes) => members.push((name.clone(), bytes)),
-                None if self.columns.images.iter().any(|i| i == name) && defect.is_none() => {
+                None if self.columns.images.contains(name) && defect.is_none() => {
                     defect = Some((
                         Reason::NullImage,
                         format!("the image column {name:?} is null in row {ordinal}"),
@@ -217,10 +217,7 @@ impl ParquetSamples {
             }
         }
         // A null image is only a defect when no other image column holds one.
-        if members
-            .iter()
-            .any(|(n, _)| self.columns.images.iter().any(|i| i == n))
-        {
+        if members.iter().any(|(n, _)| self.columns.images.contains(n)) {
             defect = None;
         }
         RawSample {

@@ -110,7 +110,7 @@ impl FileSchema {
             .filter(|c| {
                 Some(&c.name) == key.as_ref()
                     || match wanted {
-                        Some(names) => names.iter().any(|n| *n == c.name),
+                        Some(names) => names.contains(&c.name),
                         None => !matches!(c.kind, ColumnKind::Number | ColumnKind::Other),
                     }
             })
