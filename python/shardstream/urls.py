@@ -32,7 +32,7 @@ from typing import Any
 
 from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".parquet")
 REMOTE_SCHEMES = ("http", "https")
 KNOWN_SCHEMES = ("file", "http", "https", "s3", "hf")
 _GLOB_CHARS = re.compile(r"[*?\[]")

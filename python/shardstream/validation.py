@@ -117,6 +117,17 @@ def is_unreadable(result: dict[str, Any]) -> bool:
     return bool(result["fatal"]) and result["fatal"]["reason"] == "unreadable"
 
 
+def is_not_a_shard(result: dict[str, Any]) -> bool:
+    """Whether the file of ``result`` is neither a tar nor a Parquet file: its very first bytes
+    are no tar header, or (a file named ``.parquet``) its footer does not decode."""
+    fatal = result["fatal"]
+    return (
+        bool(fatal)
+        and result["samples"] == 0
+        and fatal["reason"] in ("corrupt_tar", "truncated_tar", "corrupt_parquet")
+    )
+
+
 def scan_shards(
     shards: Sequence[Shard],
     options: ScanOptions,

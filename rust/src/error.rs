@@ -32,13 +32,22 @@ pub enum Reason {
     TooManyPixels,
     /// The shard could not be fetched (after the retry budget) or opened.
     Unreadable,
+    /// A Parquet file's footer, a page or a row group does not decode (or holds other row
+    /// counts than its footer says).
+    CorruptParquet,
+    /// A Parquet file has no column of that name (an image or caption column).
+    MissingColumn,
+    /// A Parquet column has a type that cannot be that member (an image column of numbers).
+    WrongType,
+    /// A Parquet row's image column is null.
+    NullImage,
     /// A bug in shardstream (a panic while decoding a sample or reading a shard), reported
     /// (the sample counted, the pass failed) rather than ending the pass early unnoticed.
     Internal,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 17] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -51,6 +60,10 @@ impl Reason {
         Reason::UnsupportedFormat,
         Reason::TooManyPixels,
         Reason::Unreadable,
+        Reason::CorruptParquet,
+        Reason::MissingColumn,
+        Reason::WrongType,
+        Reason::NullImage,
         Reason::Internal,
     ];
 
@@ -68,6 +81,10 @@ impl Reason {
             Reason::UnsupportedFormat => "unsupported_format",
             Reason::TooManyPixels => "too_many_pixels",
             Reason::Unreadable => "unreadable",
+            Reason::CorruptParquet => "corrupt_parquet",
+            Reason::MissingColumn => "missing_column",
+            Reason::WrongType => "wrong_type",
+            Reason::NullImage => "null_image",
             Reason::Internal => "internal_error",
         }
     }

@@ -86,6 +86,12 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="index a file that is neither a tar nor a Parquet file as a shard of 0 samples, with a "
+        "warning (by default it is an error, exit status 2)",
+    )
+    p.add_argument(
         "--from-img2dataset-stats",
         action="store_true",
         help="read sample counts from img2dataset's NNNNN_stats.json next to each shard "
@@ -182,7 +188,7 @@ def _finish_index(
     elapsed: float,
 ) -> int:
     from ..index import assemble_update, with_identities, write_index
-    from ..validation import is_unreadable
+    from ..validation import is_not_a_shard, is_unreadable
 
     reports_at = {i: report for part in scanned for i, report in part}
     results = [reports_at[i] for i in plan.scan]
@@ -194,6 +200,18 @@ def _finish_index(
             "index",
             f"{len(unreadable)} of {len(urls)} shards unreadable: no index written "
             "(an index without them would silently drop their samples)",
+        )
+        return EXIT_USAGE
+    strangers = [r for r in results if is_not_a_shard(r)]
+    if strangers and not args.keep_going:
+        for r in strangers:
+            print_err(
+                "index",
+                f"{r['url']} is not a shard (neither a tar nor a Parquet file): {r['fatal']['detail']}",
+            )
+        print_err(
+            "index",
+            f"{len(strangers)} file(s) not shards: no index written (--keep-going indexes them as empty)",
         )
         return EXIT_USAGE
     with_identities(results, [identities[i] for i in plan.scan])

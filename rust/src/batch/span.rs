@@ -8,9 +8,11 @@
 use std::sync::Arc;
 
 use crate::batch::config::PipelineConfig;
+use crate::batch::sample::{CaptionSource, SampleSpec};
 use crate::batch::stats::Stats;
 use crate::error::{Reason, SourceKind};
-use crate::read::group::{is_gzip_name, open_shard, SampleReader, ShardFault};
+use crate::read::group::{is_gzip_name, open_shard, open_shard_columns, SampleReader, ShardFault};
+use crate::read::parquet::is_parquet_name;
 use crate::read::seek::DetailSource;
 use crate::read::source::Expected;
 
@@ -148,6 +150,21 @@ impl ShardSpan {
         cfg: &PipelineConfig,
         stats: &Stats,
     ) -> Result<SampleReader, ShardFault> {
+        if is_parquet_name(&self.url) {
+            // Rows are addressed by number: the footer's row counts find the first one, no
+            // detail block needed; only the columns this source's spec reads are fetched.
+            let spec = cfg.spec_for(self.shard);
+            return open_shard_columns(
+                &self.url,
+                0,
+                self.skip_before.max(self.first_ordinal),
+                cfg.max_member_bytes,
+                &self.expected,
+                &cfg.source,
+                &stats.source,
+                Some(&wanted_columns(spec)),
+            );
+        }
         let (start, first) = self.entry_point(cfg, stats)?;
         open_shard(
             &self.url,
@@ -188,6 +205,18 @@ fn seek_gap(url: &str) -> u64 {
     } else {
         512 << 10
     }
+}
+
+/// The Parquet columns a sample spec reads: its image keys and its caption's member.
+pub fn wanted_columns(spec: &SampleSpec) -> Vec<String> {
+    let mut out = spec.image_keys.clone();
+    match &spec.caption {
+        CaptionSource::Member(m) | CaptionSource::JsonField { member: m, .. } => {
+            out.push(m.clone())
+        }
+        CaptionSource::None => {}
+    }
+    out
 }
 
 /// (start, end) bytes of each kept ordinal, from a shard's `num_samples + 1` offsets.

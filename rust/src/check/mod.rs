@@ -1,11 +1,12 @@
 //! The check stage: shards and parsers checked rather than loaded.
 //!
 //! `scan` validates a whole shard (what `shardstream validate` reports and `shardstream index`
-//! records). `fuzzing` holds the fuzz targets' seeds and checks, shared by the proptest driver
+//! records), with `parquet`'s column checks for Parquet files. `fuzzing` holds the fuzz targets' seeds and checks, shared by the proptest driver
 //! (`fuzz`, run by `cargo test`) and the libFuzzer targets in `fuzz/`.
 
 #[cfg(test)]
 mod fuzz;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod parquet;
 pub mod scan;

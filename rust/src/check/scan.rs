@@ -7,9 +7,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::sample::{caption, image_bytes, prepare, CaptionSource, SampleSpec, Worker};
+use crate::check::parquet::{checked_columns, footer_scan};
 use crate::error::{Reason, SourceKind};
 use crate::index::{InvalidSample, ShardEntry};
-use crate::read::group::{open_shard, ShardFault};
+use crate::read::group::{open_shard_columns, ShardFault};
+use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::source::{redact_url, SourceOptions, SourceStats};
 
 /// What ended the scan of a shard before its end.
@@ -81,7 +83,28 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         identity: None,
         captured: Vec::new(),
     };
-    let reader = match open_shard(
+    let mut columns = None;
+    if is_parquet_name(url) {
+        let file = match ParquetFile::open(url, &Default::default(), &opts.source, &stats) {
+            Ok(f) => f,
+            Err(f) => {
+                report.fatal = Some(f.into());
+                return report;
+            }
+        };
+        if !opts.decode && opts.capture.is_none() {
+            footer_scan(file, &mut report, &stats);
+            return report;
+        }
+        match checked_columns(url, &file.schema, opts) {
+            Ok(wanted) => columns = Some(wanted),
+            Err(fatal) => {
+                report.fatal = Some(fatal);
+                return report;
+            }
+        }
+    }
+    let reader = match open_shard_columns(
         url,
         0,
         0,
@@ -89,6 +112,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         &Default::default(),
         &opts.source,
         &stats,
+        columns.as_deref(),
     ) {
         Ok(r) => r,
         Err(f) => {

@@ -13,6 +13,7 @@ use flate2::bufread::MultiGzDecoder;
 use regex::Regex;
 
 use crate::error::{Reason, SourceKind};
+use crate::read::parquet;
 use crate::read::source::{self, redact_url, SourceOptions, SourceStats};
 use crate::read::tar::{Entry, TarError, TarReader};
 
@@ -98,6 +99,42 @@ pub fn open_shard(
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<SampleReader, ShardFault> {
+    open_shard_columns(
+        url,
+        start,
+        first_ordinal,
+        max_member_bytes,
+        expected,
+        opts,
+        stats,
+        None,
+    )
+}
+
+/// [`open_shard`], reading only the members `columns` names from a Parquet file (None: all;
+/// a tar is read whole either way). A Parquet file starts at row `first_ordinal`.
+#[allow(clippy::too_many_arguments)]
+pub fn open_shard_columns(
+    url: &str,
+    start: u64,
+    first_ordinal: u64,
+    max_member_bytes: u64,
+    expected: &source::Expected,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+    columns: Option<&[String]>,
+) -> Result<SampleReader, ShardFault> {
+    if parquet::is_parquet_name(url) {
+        let file = parquet::ParquetFile::open(url, expected, opts, stats)?;
+        let rows = file.num_rows();
+        let mut samples = SampleReader::new(
+            TarReader::new(Box::new(std::io::empty()), 0, max_member_bytes),
+            first_ordinal,
+        );
+        samples.data_end = rows;
+        samples.parquet = Some((file.samples(first_ordinal, columns), max_member_bytes));
+        return Ok(samples);
+    }
     let unreadable = |e: source::SourceError| ShardFault {
         reason: Reason::Unreadable,
         kind: e.kind(),
@@ -165,6 +202,8 @@ pub struct SampleReader {
     ready: std::collections::VecDeque<Result<RawSample, ShardFault>>,
     compressed: bool,
     data_end: u64,
+    /// A Parquet file's rows instead of the tar (and the member size cap).
+    parquet: Option<(parquet::ParquetSamples, u64)>,
 }
 
 impl SampleReader {
@@ -177,6 +216,7 @@ impl SampleReader {
             ready: std::collections::VecDeque::new(),
             compressed: false,
             data_end: 0,
+            parquet: None,
         }
     }
 
@@ -229,6 +269,20 @@ impl Iterator for SampleReader {
     type Item = Result<RawSample, ShardFault>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some((rows, max_member_bytes)) = &mut self.parquet {
+            let mut item = rows.next()?;
+            if let Ok(sample) = &mut item {
+                let oversized = sample
+                    .members
+                    .iter()
+                    .find(|(_, d)| d.len() as u64 > *max_member_bytes)
+                    .map(|(ext, d)| format!("{ext}: {} bytes > {max_member_bytes}", d.len()));
+                if let Some(detail) = oversized {
+                    sample.defect = Some((Reason::MemberTooLarge, detail));
+                }
+            }
+            return Some(item);
+        }
         if let Some(item) = self.ready.pop_front() {
             return Some(item);
         }

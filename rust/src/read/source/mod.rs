@@ -457,6 +457,66 @@ fn open_http(
     }
 }
 
+/// The size of the object at `url` in bytes: the file's, or what the server reports for a
+/// one-byte range (refusing a version other than `expected`). Readers that start at the end
+/// (a Parquet footer) need it first.
+pub fn object_size(
+    url: &str,
+    expected: &Expected,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<u64, SourceError> {
+    let unknown = || SourceError::Open {
+        url: redact_url(url),
+        message: "the server did not say how large the object is (no Content-Range)".into(),
+    };
+    match locate(url)? {
+        Location::Local(path) => {
+            let len = std::fs::metadata(path)
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::NotFound => SourceError::NotFound {
+                        url: redact_url(url),
+                    },
+                    _ => SourceError::Open {
+                        url: redact_url(url),
+                        message: e.to_string(),
+                    },
+                })?
+                .len();
+            match expected.size {
+                Some(size) if size != len => Err(SourceError::Changed {
+                    url: redact_url(url),
+                    offset: 0,
+                    message: format!(
+                        "it has {len} bytes, the index recorded {size}: the shard was replaced \
+                         since it was indexed; index it again"
+                    ),
+                }),
+                _ => Ok(len),
+            }
+        }
+        Location::Http => {
+            http::HttpReader::open_expecting(url, None, 0, Some(1), expected, opts, stats)?
+                .total_size()
+                .ok_or_else(unknown)
+        }
+        Location::S3 => {
+            let signer = opts.signer.as_ref().ok_or_else(|| SourceError::BadUrl {
+                url: redact_url(url),
+                message: "s3:// URLs need S3 options (shardstream.expand_urls gives them)".into(),
+            })?;
+            let signed = (signer.0)(url).map_err(|message| SourceError::Unsigned {
+                url: redact_url(url),
+                message,
+            })?;
+            http::HttpReader::open_expecting(&signed, None, 0, Some(1), expected, opts, stats)
+                .map_err(|e| e.naming(url))?
+                .total_size()
+                .ok_or_else(unknown)
+        }
+    }
+}
+
 /// Opens bytes `start..end` of `url` (`end = None`: to the end of the object). Knowing the end
 /// lets an HTTP source ask for exactly that span instead of the rest of a large shard.
 pub fn open_range(

@@ -1,0 +1,116 @@
+"""Parquet benchmark, side by side in one run: the loader over Parquet files against the loader
+over tars holding the same real-photo JPEGs and captions, per core; Parquet from S3 (SeaweedFS,
+tests/servers.py) against local; and the footer rate of `index --no-decode` on many small files.
+
+Targets (issue 21): Parquet per core within 10 % of tars; Parquet from S3 at least 0.9x local;
+footers at >= 2,000 files/s from local disk.
+
+Both loaders run the full job (decode, resize to 224x224) on one core (threads=1, pinned),
+alternating, best of --repeat, each repeat's ratio printed.
+
+    python benches/bench_parquet.py [--shards 4] [--per-shard 200] [--repeat 3] [--footers 500] [--no-s3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import photo_shards  # noqa: E402
+from _harness import pin  # noqa: E402
+
+
+def to_parquet(tar_path: str, out: str, rows_per_group: int) -> str:
+    """The tar's samples as HF `datasets` writes them: an Image struct column, `text`, `key`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keys, images, texts = [], [], []
+    with tarfile.open(tar_path) as tf:
+        members = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+    for name in sorted(n for n in members if n.endswith(".jpg")):
+        key = name[:-4]
+        keys.append(key)
+        images.append({"bytes": members[name], "path": None})
+        texts.append(members[key + ".txt"].decode())
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"key": keys, "image": pa.array(images, image_type), "text": texts})
+    pq.write_table(table, out, row_group_size=rows_per_group)
+    return out
+
+
+def rate(urls, **kw) -> float:
+    import shardstream
+
+    loader = shardstream.ShardLoader(
+        urls, batch_size=64, image_size=224, threads=1, drop_last=False, shuffle_buffer=64, **kw
+    )
+    start = time.perf_counter()
+    n = sum(len(b.keys) for b in loader)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--per-shard", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--footers", type=int, default=500)
+    ap.add_argument("--no-s3", action="store_true")
+    args = ap.parse_args()
+    pin("[0]")
+    cache = os.path.join(tempfile.gettempdir(), "shardstream-bench-photos")
+    tars = photo_shards.build(cache, shards=args.shards, per_shard=args.per_shard, seed=21)
+    parquets = [to_parquet(t, t[:-4] + ".parquet", 100) for t in tars]
+    hf = {"caption_key": "text", "image_keys": ["image"]}
+    best_tar = best_pq = 0.0
+    for i in range(args.repeat):
+        t = rate(tars)
+        p = rate(parquets, **hf)
+        best_tar, best_pq = max(best_tar, t), max(best_pq, p)
+        print(f"repeat {i}: tar {t:.0f}/s, parquet {p:.0f}/s, parquet/tar {p / t:.3f}")
+    print(
+        f"per core, best of {args.repeat}: tar {best_tar:.0f} samples/s, parquet {best_pq:.0f} samples/s, "
+        f"parquet/tar {best_pq / best_tar:.3f}"
+    )
+    if not args.no_s3:
+        from servers import SeaweedS3
+
+        with tempfile.TemporaryDirectory() as tmp, SeaweedS3(tmp) as server:
+            server.upload("parquet-bench", parquets, "hf/")
+            os.environ.update(server.env())
+            spec = "s3://parquet-bench/hf/*.parquet"
+            best_s3 = best_local = 0.0
+            for i in range(args.repeat):
+                s, p = rate(spec, **hf), rate(parquets, **hf)
+                best_s3, best_local = max(best_s3, s), max(best_local, p)
+                print(f"repeat {i}: s3 {s:.0f}/s, local {p:.0f}/s, s3/local {s / p:.3f}")
+            print(f"parquet from S3 {best_s3:.0f} samples/s, local {best_local:.0f} (same repeats)")
+            print(f"best s3/local {best_s3 / best_local:.3f}")
+    from parquet_corpus import write_img2dataset
+    from shardstream.index import build_index
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = [("k", {"jpg": b"\xff\xd8", "txt": "t"})]
+        files = [
+            write_img2dataset(os.path.join(tmp, f"f{i:05d}.parquet"), tiny * 4, 2)
+            for i in range(args.footers)
+        ]
+        start = time.perf_counter()
+        index = build_index(files, decode=False, threads=1)
+        elapsed = time.perf_counter() - start
+        print(
+            f"index --no-decode of {len(files)} files ({index.num_samples} rows): "
+            f"{len(files) / elapsed:.0f} files/s (one thread, footers and key columns)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+//! A Parquet file as the `parquet` crate's [`ChunkReader`] over the source layer's range reads.
+//!
+//! The reader asks for many small pieces (a page header, then its data); one HTTP request per
+//! piece would cost a round trip each. So the footer and then each row group's needed column
+//! chunks are fetched whole, one range request each ([`RangedFile::hold`]), and the crate's reads
+//! are served from those; a read outside them (a footer larger than the first guess) is fetched
+//! on its own. Local files go through the same path (a positioned read each).
+
+use std::io::{Cursor, Read};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use parquet::errors::ParquetError;
+use parquet::file::reader::{ChunkReader, Length};
+
+use crate::read::source::{self, Expected, SourceError, SourceOptions, SourceStats};
+
+pub struct RangedFile {
+    url: String,
+    len: u64,
+    opts: SourceOptions,
+    stats: Arc<SourceStats>,
+    /// Fetched ranges, (start, bytes): the footer and the current row group's chunks.
+    held: Mutex<Vec<(u64, Bytes)>>,
+    /// The first source failure behind a parquet error: it keeps its kind (not found,
+    /// credentials) instead of reading as a corrupt file.
+    pub(super) failure: Mutex<Option<SourceError>>,
+}
+
+impl RangedFile {
+    /// Opens `url`, learning its size (the index's, checked, or the source's).
+    pub fn open(
+        url: &str,
+        expected: &Expected,
+        opts: &SourceOptions,
+        stats: &Arc<SourceStats>,
+    ) -> Result<Self, SourceError> {
+        let len = source::object_size(url, expected, opts, stats)?;
+        Ok(Self {
+            url: url.to_string(),
+            len,
+            opts: opts.clone(),
+            stats: stats.clone(),
+            held: Mutex::new(Vec::new()),
+            failure: Mutex::new(None),
+        })
+    }
+
+    /// Fetches `start..end` with one range request and keeps it for later reads.
+    pub fn hold(&self, start: u64, end: u64) -> Result<(), SourceError> {
+        let bytes = self.fetch(start, end)?;
+        self.held.lock().expect("held ranges").push((start, bytes));
+        Ok(())
+    }
+
+    /// Forgets every held range but the one at `keep_from` and after (the footer).
+    pub fn release_before(&self, keep_from: u64) {
+        self.held
+            .lock()
+            .expect("held ranges")
+            .retain(|(start, _)| *start >= keep_from);
+    }
+
+    fn fetch(&self, start: u64, end: u64) -> Result<Bytes, SourceError> {
+        let end = end.min(self.len);
+        let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
+        let read = source::open_range(&self.url, start, Some(end), &self.opts, &self.stats)
+            .and_then(|r| {
+                r.take(end - start)
+                    .read_to_end(&mut out)
+                    .map_err(|e| from_io(&self.url, e))
+            });
+        match read {
+            Ok(_) if out.len() as u64 == end - start => Ok(out.into()),
+            Ok(_) => Err(SourceError::Open {
+                url: source::redact_url(&self.url),
+                message: format!(
+                    "the file ended {} bytes into a read of {} at byte {start}",
+                    out.len(),
+                    end - start
+                ),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn held_slice(&self, start: u64, len: usize) -> Option<Bytes> {
+        let held = self.held.lock().expect("held ranges");
+        held.iter().find_map(|(at, bytes)| {
+            let from = start.checked_sub(*at)? as usize;
+            (from + len <= bytes.len()).then(|| bytes.slice(from..from + len))
+        })
+    }
+
+    fn remember(&self, e: SourceError) -> ParquetError {
+        let text = e.to_string();
+        self.failure.lock().expect("failure slot").get_or_insert(e);
+        ParquetError::General(text)
+    }
+}
+
+impl Length for RangedFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for RangedFile {
+    type T = Box<dyn Read + Send>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        {
+            let held = self.held.lock().expect("held ranges");
+            if let Some((at, bytes)) = held
+                .iter()
+                .find(|(at, b)| start >= *at && start < at + b.len() as u64)
+            {
+                return Ok(Box::new(Cursor::new(bytes.slice((start - at) as usize..))));
+            }
+        }
+        source::open_range(&self.url, start, None, &self.opts, &self.stats)
+            .map_err(|e| self.remember(e))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        if let Some(bytes) = self.held_slice(start, length) {
+            return Ok(bytes);
+        }
+        self.fetch(start, start + length as u64)
+            .map_err(|e| self.remember(e))
+    }
+}
+
+/// The source error inside a read's `io::Error`, or one naming `url`.
+fn from_io(url: &str, e: std::io::Error) -> SourceError {
+    let message = e.to_string();
+    match e.into_inner().map(|inner| inner.downcast::<SourceError>()) {
+        Some(Ok(source)) => *source,
+        _ => SourceError::Open {
+            url: source::redact_url(url),
+            message,
+        },
+    }
+}

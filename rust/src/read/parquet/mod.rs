@@ -1,0 +1,307 @@
+//! Parquet image-text files as shards: each row is a sample, each wanted column a member.
+//!
+//! The column's name is the member's name, so `image_keys=["image"]` and `caption_key="text"`
+//! name columns here as they name extensions in a tar. An image is a binary column (img2dataset's
+//! `jpg`) or the struct Hugging Face `datasets` writes for its `Image` feature (`bytes`, `path`);
+//! text columns give their UTF-8 bytes. The sample key is the `key` or `__key__` column, else
+//! `{file stem}/{row}`. A sample's ordinal is its row number in the file, which is also what the
+//! index records as its "offset": a run that starts mid-file skips whole row groups by the
+//! footer's row counts and reads only the rows it needs from the one it starts in.
+//!
+//! Only the wanted columns' chunks are fetched (`chunks`), one row group at a time, and they are
+//! decompressed here, in the reader thread.
+
+mod chunks;
+pub mod schema;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::ReaderProperties;
+use parquet::file::reader::RowGroupReader;
+use parquet::file::serialized_reader::SerializedRowGroupReader;
+use parquet::record::reader::RowIter;
+use parquet::record::{Field, Row};
+
+pub use chunks::RangedFile;
+pub use schema::{ColumnKind, FileSchema};
+
+use crate::error::{Reason, SourceKind};
+use crate::read::group::{RawSample, ShardFault};
+use crate::read::source::{redact_url, Expected, SourceOptions, SourceStats};
+
+/// Footer bytes fetched at first: most footers fit, a larger one costs one more read.
+const FOOTER_GUESS: u64 = 64 << 10;
+
+/// Whether a URL names a Parquet file (by its path, case-insensitively).
+pub fn is_parquet_name(url: &str) -> bool {
+    url.split(['?', '#'])
+        .next()
+        .unwrap_or(url)
+        .to_ascii_lowercase()
+        .ends_with(".parquet")
+}
+
+/// An opened Parquet file: its footer, read.
+pub struct ParquetFile {
+    file: Arc<RangedFile>,
+    pub meta: Arc<ParquetMetaData>,
+    pub schema: FileSchema,
+    display: String,
+    footer_start: u64,
+}
+
+impl ParquetFile {
+    /// Opens `url` and reads its footer (one range read for most files).
+    pub fn open(
+        url: &str,
+        expected: &Expected,
+        opts: &SourceOptions,
+        stats: &Arc<SourceStats>,
+    ) -> Result<Self, ShardFault> {
+        let display = redact_url(url);
+        let file = RangedFile::open(url, expected, opts, stats).map_err(|e| ShardFault {
+            reason: Reason::Unreadable,
+            kind: e.kind(),
+            detail: e.to_string(),
+            offset: 0,
+        })?;
+        let len = parquet::file::reader::Length::len(&file);
+        let footer_start = len.saturating_sub(FOOTER_GUESS);
+        file.hold(footer_start, len).map_err(|e| ShardFault {
+            reason: Reason::Unreadable,
+            kind: e.kind(),
+            detail: e.to_string(),
+            offset: footer_start,
+        })?;
+        let file = Arc::new(file);
+        let meta = ParquetMetaDataReader::new()
+            .parse_and_finish(&*file)
+            .map_err(|e| fault(&file, &display, format!("footer: {e}")))?;
+        let schema = FileSchema::of(&meta);
+        Ok(Self {
+            file,
+            meta: Arc::new(meta),
+            schema,
+            display,
+            footer_start,
+        })
+    }
+
+    /// Rows in each row group, from the footer.
+    pub fn row_counts(&self) -> Vec<u64> {
+        self.meta
+            .row_groups()
+            .iter()
+            .map(|g| g.num_rows().max(0) as u64)
+            .collect()
+    }
+
+    /// The file's size in bytes.
+    pub fn len(&self) -> u64 {
+        parquet::file::reader::Length::len(&*self.file)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn num_rows(&self) -> u64 {
+        self.row_counts().iter().sum()
+    }
+
+    /// The samples from row `first` on, with the members `wanted` names (None: every column
+    /// that can be one) and the key column.
+    pub fn samples(self, first: u64, wanted: Option<&[String]>) -> ParquetSamples {
+        let columns = self.schema.members(wanted);
+        let stem = file_stem(&self.display);
+        let counts = self.row_counts();
+        let mut group = 0;
+        let mut group_first = 0;
+        while group < counts.len() && group_first + counts[group] <= first {
+            group_first += counts[group];
+            group += 1;
+        }
+        ParquetSamples {
+            file: self,
+            columns,
+            stem,
+            counts,
+            group,
+            group_first,
+            first,
+            ready: VecDeque::new(),
+            done: false,
+        }
+    }
+}
+
+/// The samples of a Parquet file, in row order.
+pub struct ParquetSamples {
+    file: ParquetFile,
+    columns: schema::Members,
+    stem: String,
+    counts: Vec<u64>,
+    /// The next row group to read, and the row number of its first row.
+    group: usize,
+    group_first: u64,
+    /// Rows before this one are not handed out.
+    first: u64,
+    ready: VecDeque<RawSample>,
+    done: bool,
+}
+
+impl ParquetSamples {
+    /// Reads row group `self.group` into `ready`: fetches its wanted column chunks (one range
+    /// each), then decodes the rows.
+    fn read_group(&mut self) -> Result<(), ShardFault> {
+        let f = &self.file;
+        let meta = f.meta.row_group(self.group);
+        f.file.release_before(f.footer_start);
+        for &c in &self.columns.leaves {
+            let (start, len) = meta.column(c).byte_range();
+            f.file.hold(start, start + len).map_err(|e| ShardFault {
+                reason: Reason::Unreadable,
+                kind: e.kind(),
+                detail: e.to_string(),
+                offset: self.group_first,
+            })?;
+        }
+        let props = Arc::new(ReaderProperties::builder().build());
+        let page_index = f.meta.page_index_for_row_group(self.group);
+        let reader = SerializedRowGroupReader::new(f.file.clone(), meta, page_index, props)
+            .map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
+        let reader: &dyn RowGroupReader = &reader;
+        let rows = RowIter::from_row_group(Some(self.columns.projection.clone()), reader)
+            .map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
+        let mut ordinal = self.group_first;
+        for row in rows {
+            let row = row.map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
+            if ordinal >= self.first {
+                self.ready.push_back(self.sample(&row, ordinal));
+            }
+            ordinal += 1;
+        }
+        if ordinal - self.group_first != self.counts[self.group] {
+            return Err(self.corrupt(format!(
+                "row group {} holds {} rows, its footer says {}",
+                self.group,
+                ordinal - self.group_first,
+                self.counts[self.group]
+            )));
+        }
+        self.group_first = ordinal;
+        self.group += 1;
+        Ok(())
+    }
+
+    fn sample(&self, row: &Row, ordinal: u64) -> RawSample {
+        let mut key = None;
+        let mut members = Vec::with_capacity(3);
+        let mut defect = None;
+        for (name, value) in row.get_column_iter() {
+            if self.columns.key.as_deref() == Some(name.as_str()) {
+                key = key_text(value);
+                continue;
+            }
+            match member_bytes(value) {
+                Some(bytes) => members.push((name.clone(), bytes)),
+                None if self.columns.images.contains(name) && defect.is_none() => {
+                    defect = Some((
+                        Reason::NullImage,
+                        format!("the image column {name:?} is null in row {ordinal}"),
+                    ));
+                }
+                None => {}
+            }
+        }
+        // A null image is only a defect when no other image column holds one.
+        if members.iter().any(|(n, _)| self.columns.images.contains(n)) {
+            defect = None;
+        }
+        RawSample {
+            key: key.unwrap_or_else(|| format!("{}/{ordinal}", self.stem)),
+            members,
+            offset: ordinal,
+            ordinal,
+            defect,
+        }
+    }
+
+    fn corrupt(&self, detail: String) -> ShardFault {
+        fault(&self.file.file, &self.file.display, detail)
+    }
+}
+
+impl Iterator for ParquetSamples {
+    type Item = Result<RawSample, ShardFault>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(sample) = self.ready.pop_front() {
+                return Some(Ok(sample));
+            }
+            if self.done || self.group >= self.counts.len() {
+                return None;
+            }
+            if let Err(f) = self.read_group() {
+                self.done = true;
+                return Some(Err(f));
+            }
+        }
+    }
+}
+
+/// A parquet error as a shard fault: the source failure behind it when there was one, else a
+/// corrupt file.
+fn fault(file: &RangedFile, display: &str, detail: String) -> ShardFault {
+    match file.failure.lock().expect("failure slot").take() {
+        Some(e) => ShardFault {
+            reason: Reason::Unreadable,
+            kind: e.kind(),
+            detail: e.to_string(),
+            offset: 0,
+        },
+        None => ShardFault {
+            reason: Reason::CorruptParquet,
+            kind: SourceKind::Other,
+            detail: format!("{display}: {detail}"),
+            offset: 0,
+        },
+    }
+}
+
+/// A member's bytes: a binary or text value, or an image struct's `bytes`; None when null.
+fn member_bytes(value: &Field) -> Option<Vec<u8>> {
+    match value {
+        Field::Bytes(b) => Some(b.data().to_vec()),
+        Field::Str(s) => Some(s.as_bytes().to_vec()),
+        Field::Group(g) => g
+            .get_column_iter()
+            .find_map(|(n, v)| match (n.as_str(), v) {
+                ("bytes", Field::Bytes(b)) => Some(b.data().to_vec()),
+                _ => None,
+            }),
+        _ => None,
+    }
+}
+
+fn key_text(value: &Field) -> Option<String> {
+    match value {
+        Field::Str(s) => Some(s.clone()),
+        Field::Bytes(b) => std::str::from_utf8(b.data()).ok().map(str::to_owned),
+        Field::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+/// The file name without its folder and `.parquet`.
+fn file_stem(url: &str) -> String {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.strip_suffix(".parquet")
+        .or_else(|| name.strip_suffix(".PARQUET"))
+        .unwrap_or(name)
+        .to_string()
+}

@@ -1,0 +1,166 @@
+//! What a Parquet file's top-level columns are, as members: which can be read as a member's
+//! bytes, which is the key, and the projection that reads just the wanted ones.
+
+use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
+use parquet::file::metadata::ParquetMetaData;
+use parquet::schema::types::{Type, TypePtr};
+
+/// The kind of a top-level column, as far as a sample is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColumnKind {
+    /// Binary (an image, or any bytes).
+    Binary,
+    /// UTF-8 text.
+    Text,
+    /// Hugging Face `datasets`' `Image` feature: a struct with a binary `bytes` field.
+    ImageStruct,
+    /// A number (a key column may be one).
+    Number,
+    /// Anything else (lists, other structs, floats): never a member.
+    Other,
+}
+
+impl ColumnKind {
+    /// Whether a column of this kind can hold an image.
+    pub fn holds_image(self) -> bool {
+        matches!(self, ColumnKind::Binary | ColumnKind::ImageStruct)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ColumnKind::Binary => "binary",
+            ColumnKind::Text => "string",
+            ColumnKind::ImageStruct => "image struct",
+            ColumnKind::Number => "number",
+            ColumnKind::Other => "another type",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Column {
+    pub name: String,
+    pub kind: ColumnKind,
+    field: TypePtr,
+    /// Leaf column indices (the chunks to fetch).
+    leaves: Vec<usize>,
+}
+
+/// The top-level columns of a file.
+#[derive(Clone, Debug)]
+pub struct FileSchema {
+    pub columns: Vec<Column>,
+}
+
+/// What one read takes from a file.
+#[derive(Clone, Debug)]
+pub struct Members {
+    pub projection: Type,
+    pub leaves: Vec<usize>,
+    /// Selected columns that may hold the image (a null there is a null image).
+    pub images: Vec<String>,
+    pub key: Option<String>,
+}
+
+impl FileSchema {
+    pub fn of(meta: &ParquetMetaData) -> Self {
+        let descr = meta.file_metadata().schema_descr();
+        let mut columns: Vec<Column> = descr
+            .root_schema()
+            .get_fields()
+            .iter()
+            .map(|field| Column {
+                name: field.name().to_string(),
+                kind: kind_of(field),
+                field: field.clone(),
+                leaves: Vec::new(),
+            })
+            .collect();
+        for leaf in 0..descr.num_columns() {
+            let root = descr.get_column_root_idx(leaf);
+            if let Some(c) = columns.get_mut(root) {
+                c.leaves.push(leaf);
+            }
+        }
+        Self { columns }
+    }
+
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// The key column: `key`, else `__key__`, when it is text or a number.
+    pub fn key(&self) -> Option<&Column> {
+        ["key", "__key__"].iter().find_map(|name| {
+            self.column(name).filter(|c| {
+                matches!(
+                    c.kind,
+                    ColumnKind::Text | ColumnKind::Number | ColumnKind::Binary
+                )
+            })
+        })
+    }
+
+    /// What reading `wanted` (None: every column that can be a member) takes, with the key.
+    pub fn members(&self, wanted: Option<&[String]>) -> Members {
+        let key = self.key().map(|c| c.name.clone());
+        let chosen: Vec<&Column> = self
+            .columns
+            .iter()
+            .filter(|c| {
+                Some(&c.name) == key.as_ref()
+                    || match wanted {
+                        Some(names) => names.contains(&c.name),
+                        None => !matches!(c.kind, ColumnKind::Number | ColumnKind::Other),
+                    }
+            })
+            .collect();
+        let projection = Type::group_type_builder("schema")
+            .with_fields(chosen.iter().map(|c| c.field.clone()).collect())
+            .build()
+            .expect("a projection of the file's own fields");
+        Members {
+            projection,
+            leaves: chosen.iter().flat_map(|c| c.leaves.clone()).collect(),
+            images: chosen
+                .iter()
+                .filter(|c| c.kind.holds_image() && Some(&c.name) != key.as_ref())
+                .map(|c| c.name.clone())
+                .collect(),
+            key,
+        }
+    }
+}
+
+fn kind_of(field: &Type) -> ColumnKind {
+    if field.is_primitive() {
+        let info = field.get_basic_info();
+        if info.has_repetition() && info.repetition() == parquet::basic::Repetition::REPEATED {
+            return ColumnKind::Other;
+        }
+        return match field.get_physical_type() {
+            PhysicalType::BYTE_ARRAY | PhysicalType::FIXED_LEN_BYTE_ARRAY => {
+                let text = matches!(info.logical_type_ref(), Some(LogicalType::String))
+                    || matches!(info.converted_type(), ConvertedType::UTF8);
+                if text {
+                    ColumnKind::Text
+                } else {
+                    ColumnKind::Binary
+                }
+            }
+            PhysicalType::INT32 | PhysicalType::INT64 => ColumnKind::Number,
+            _ => ColumnKind::Other,
+        };
+    }
+    let has_bytes = field.get_fields().iter().any(|f| {
+        f.name() == "bytes" && f.is_primitive() && f.get_physical_type() == PhysicalType::BYTE_ARRAY
+    });
+    let info = field.get_basic_info();
+    let repeated =
+        info.has_repetition() && info.repetition() == parquet::basic::Repetition::REPEATED;
+    if has_bytes && !repeated {
+        ColumnKind::ImageStruct
+    } else {
+        ColumnKind::Other
+    }
+}
