@@ -509,7 +509,11 @@ pub fn object_size(
                 url: redact_url(url),
                 message,
             })?;
-            http::HttpReader::open_expecting(&signed, None, 0, Some(1), expected, opts, stats)
+            let opts = &SourceOptions {
+                headers: RequestHeaders(signed.headers),
+                ..opts.clone()
+            };
+            http::HttpReader::open_expecting(&signed.url, None, 0, Some(1), expected, opts, stats)
                 .map_err(|e| e.naming(url))?
                 .total_size()
                 .ok_or_else(unknown)
