@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -38,6 +39,8 @@ class Recorded:
     method: str
     path: str
     headers: dict[str, str]
+    # When it arrived (monotonic): tests check a retry came after the Retry-After it was given.
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass

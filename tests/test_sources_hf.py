@@ -11,7 +11,7 @@ import pytest
 from hub_server import LocalHub
 from servers import build_photo_shards
 from shardstream import ShardLoader, read_samples
-from shardstream.errors import BadUrlError, CredentialsError, NotFoundError
+from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
 from shardstream.index import build_index, write_index
 from shardstream.urls import expand_urls
 from source_checks import comparable
@@ -126,12 +126,31 @@ def test_a_wrong_url_form_is_a_bad_url_error(url):
 def test_429s_are_retried_as_told_and_counted(hub, shard_dir):
     hub.throttle("train/shard-000002.tar", 2)
     spec = f"hf://datasets/{REPO}/train/shard-00000{{2..3}}.tar"
-    loader = ShardLoader(spec, batch_size=PER_SHARD, image_size=32, shuffle_buffer=1, threads=1, **FAST)
+    # backoff_max far below the server's Retry-After (1 s): the server's wait wins, in full.
+    loader = ShardLoader(
+        spec, batch_size=PER_SHARD, image_size=32, shuffle_buffer=1, threads=1, backoff_max=0.2, **FAST
+    )
     keys = [k for batch in loader for k in batch.keys]
     assert len(keys) == 2 * PER_SHARD
     assert loader.stats["retries"] == 2
+    assert loader.stats["throttled"] == 2
     throttled = [r for r in hub.requests if r.path.endswith("shard-000002.tar")]
     assert len(throttled) == 3
+    gaps = [b.at - a.at for a, b in zip(throttled, throttled[1:], strict=False)]
+    assert all(gap >= hub.retry_after for gap in gaps), gaps
+
+
+def test_a_retry_after_over_the_ceiling_fails_the_read_naming_the_url_and_the_wait(hub):
+    hub.retry_after = 3600
+    hub.throttle("train/shard-000004.tar", 1)
+    shard = expand_urls(f"hf://datasets/{REPO}/train/shard-000004.tar")
+    with pytest.raises(SourceError) as caught:
+        list(read_samples(shard, **FAST))
+    message = str(caught.value)
+    assert "\n" not in message and "train/shard-000004.tar" in message, message
+    assert "retry after 3600 s" in message and "HTTP 429" in message, message
+    # Given up at once: no second request sleeping through the hour.
+    assert len([r for r in hub.requests if r.path.endswith("shard-000004.tar")]) == 1
 
 
 def test_a_pin_and_an_index_read_the_bytes_of_their_commit_after_main_moved(hub, shard_dir, tmp_path):

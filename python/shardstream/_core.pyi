@@ -134,8 +134,8 @@ class Loader:
 
         Raises ``CoreFault`` with ``on_error="raise"``."""
     def stats(self) -> dict[str, Any]:
-        """samples, batches, bytes, retries, decode_seconds, skipped (by reason), skipped_total,
-        shard_errors, replaced, padded, remainder, remainder_keys, faults."""
+        """samples, batches, bytes, retries, throttled, resumes, decode_seconds, skipped (by reason),
+        skipped_total, shard_errors, replaced, padded, remainder, remainder_keys, faults."""
     def close(self) -> None:
         """Stops every thread; afterwards no lent buffer is written any more."""
 

@@ -417,9 +417,10 @@ class ShardLoader:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Counters of the last (or current) pass: samples, bytes, skipped by reason, retries,
-        decode seconds, replaced/padded samples, and the dropped remainder with its keys
-        (with an index: the epoch's remainder across all ranks, from the plan)."""
+        """Counters of the last (or current) pass: samples, bytes, skipped by reason, retries
+        (``throttled``: those that waited for a server's ``Retry-After``), decode seconds,
+        replaced/padded samples, and the dropped remainder with its keys (with an index: the
+        epoch's remainder across all ranks, from the plan)."""
         stats = dict(self._last_stats)
         by_source = stats.pop("samples_by_source", None)
         if self._source_names is not None:

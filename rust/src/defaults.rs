@@ -50,6 +50,10 @@ pub const MAX_RETRIES: u32 = 8;
 /// First backoff delay; doubles per consecutive failure up to `BACKOFF_MAX`.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The longest `Retry-After` (429/503) a stream waits for, plus jitter; a longer one fails the
+/// read with `Throttled` rather than sleeping for hours. Hub and S3 rate limits ask for seconds
+/// to a few minutes.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(300);
 /// Size the on-disk shard cache may grow to when a `cache_dir` is given.
 pub const CACHE_MAX_BYTES: u64 = 64 << 30;
 

@@ -78,6 +78,7 @@ impl Stats {
             "batches": self.batches.load(Ordering::Relaxed),
             "bytes": self.source.bytes.load(Ordering::Relaxed),
             "retries": self.source.retries.load(Ordering::Relaxed),
+            "throttled": self.source.throttled.load(Ordering::Relaxed),
             "resumes": self.source.resumes.load(Ordering::Relaxed),
             "cache_hits": self.source.cache_hits.load(Ordering::Relaxed),
             "cache_misses": self.source.cache_misses.load(Ordering::Relaxed),

@@ -378,6 +378,7 @@ mod tests {
             read_timeout: Duration::from_millis(500),
             backoff_initial: Duration::from_millis(5),
             backoff_max: Duration::from_millis(50),
+            retry_after_max: Duration::from_secs(2),
             cache: Some(CacheOptions {
                 dir: dir.to_path_buf(),
                 max_bytes,

@@ -3,7 +3,8 @@
 //! One `HttpReader` delivers bytes `start..end` of one object, in order, exactly once:
 //! - every attempt has a connect timeout and a per-read timeout (a stall breaks the stream);
 //! - resets, timeouts, short bodies, 408/429/5xx (S3 `503 SlowDown`) are retried with
-//!   exponential backoff and jitter, honouring `Retry-After`;
+//!   exponential backoff and jitter; a `Retry-After` is waited in full plus jitter (counted as
+//!   `throttled`), and one over `retry_after_max` fails the read at once (`Throttled`);
 //! - a broken body is resumed with `Range: bytes=<next byte>-` and `If-Match: <ETag>` (or
 //!   `If-Unmodified-Since`), and the answer is checked (status 206, `Content-Range` start,
 //!   ETag, Last-Modified, total size) so bytes of a replaced object are never spliced in;
@@ -25,7 +26,7 @@ use ureq::http::{HeaderMap, Response, StatusCode};
 use ureq::tls::{parse_pem, Certificate, PemItem, RootCerts, TlsConfig};
 use ureq::{Agent, Body, BodyReader};
 
-use super::backoff::Backoff;
+use super::backoff::{Backoff, BackoffRule, Wait};
 use super::{redact_url, scrub, Expected, SourceError, SourceOptions, SourceStats};
 
 /// Size of ureq's socket read buffer: large reads keep syscall overhead per byte small.
@@ -209,7 +210,11 @@ impl HttpReader {
             done: end.is_some_and(|e| e <= start),
             failures: 0,
             max_retries: opts.max_retries,
-            backoff: Backoff::new(opts.backoff_initial, opts.backoff_max),
+            backoff: Backoff::new(BackoffRule {
+                initial: opts.backoff_initial,
+                max: opts.backoff_max,
+                retry_after_max: opts.retry_after_max,
+            }),
             stats: stats.clone(),
         };
         if !reader.done {
@@ -251,11 +256,28 @@ impl HttpReader {
                 message,
             });
         }
+        let delay = match self.backoff.delay(self.failures, retry_after) {
+            Wait::Sleep(delay) => delay,
+            // Waiting for hours would look like a hung job; retrying earlier than told would
+            // be refused again (and may prolong the ban): fail now, saying what the server asked.
+            Wait::TooLong(asked) => {
+                return Err(SourceError::Throttled {
+                    url: self.shown.clone(),
+                    offset: self.pos,
+                    retry_after_secs: asked.as_secs(),
+                    max_secs: self.backoff.retry_after_max().as_secs(),
+                    message,
+                })
+            }
+        };
         self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        if retry_after.is_some() {
+            self.stats.throttled.fetch_add(1, Ordering::Relaxed);
+        }
         if self.version.is_some() {
             self.stats.resumes.fetch_add(1, Ordering::Relaxed);
         }
-        std::thread::sleep(self.backoff.delay(self.failures, retry_after));
+        std::thread::sleep(delay);
         Ok(())
     }
 
@@ -587,6 +609,7 @@ mod tests {
             max_retries: 4,
             backoff_initial: Duration::from_millis(5),
             backoff_max: Duration::from_millis(50),
+            retry_after_max: Duration::from_secs(2),
             cache: None,
             ca_bundle: None,
             signer: None,

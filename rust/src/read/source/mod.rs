@@ -48,6 +48,9 @@ pub struct SourceOptions {
     /// First backoff delay; doubles per consecutive failure, with jitter, up to `backoff_max`.
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// The longest server `Retry-After` waited for (in full, plus jitter; not capped at
+    /// `backoff_max`); a longer one fails the read with [`SourceError::Throttled`].
+    pub retry_after_max: Duration,
     /// Optional on-disk shard cache for remote URLs (local files are never cached).
     pub cache: Option<CacheOptions>,
     /// PEM file of root certificates to trust for HTTPS instead of the built-in Mozilla roots
@@ -109,6 +112,7 @@ impl Default for SourceOptions {
             max_retries: defaults::MAX_RETRIES,
             backoff_initial: defaults::BACKOFF_INITIAL,
             backoff_max: defaults::BACKOFF_MAX,
+            retry_after_max: defaults::RETRY_AFTER_MAX,
             cache: None,
             ca_bundle: None,
             signer: None,
@@ -131,6 +135,9 @@ pub struct SourceStats {
     pub bytes: AtomicU64,
     /// Failed attempts that were retried (connect errors, resets, 5xx, throttling, stalls).
     pub retries: AtomicU64,
+    /// Retries that waited for a server's `Retry-After` (429/503 throttling; a subset of
+    /// `retries`).
+    pub throttled: AtomicU64,
     /// Retries that continued a broken body with a Range request (a subset of `retries`).
     pub resumes: AtomicU64,
     pub cache_hits: AtomicU64,
@@ -164,6 +171,18 @@ pub enum SourceError {
         attempts: u32,
         message: String,
     },
+    /// The server (429/503) asked to wait longer than `retry_after_max`.
+    #[error(
+        "{url} throttled at byte {offset}: the server asks to retry after {retry_after_secs} s, \
+         over the {max_secs} s this reader waits ({message})"
+    )]
+    Throttled {
+        url: String,
+        offset: u64,
+        retry_after_secs: u64,
+        max_secs: u64,
+        message: String,
+    },
     #[error("cannot open {url}: {message}")]
     Open { url: String, message: String },
     #[error("unsupported URL {url}: {message}")]
@@ -182,6 +201,7 @@ impl SourceError {
             SourceError::BadUrl { .. } => SourceKind::BadUrl,
             SourceError::Changed { .. }
             | SourceError::Unavailable { .. }
+            | SourceError::Throttled { .. }
             | SourceError::Open { .. } => SourceKind::Other,
         }
     }
@@ -206,7 +226,9 @@ impl SourceError {
             SourceError::Denied { .. } | SourceError::Unsigned { .. } => {
                 io::ErrorKind::PermissionDenied
             }
-            SourceError::Unavailable { .. } => io::ErrorKind::TimedOut,
+            SourceError::Unavailable { .. } | SourceError::Throttled { .. } => {
+                io::ErrorKind::TimedOut
+            }
             SourceError::BadUrl { .. } => io::ErrorKind::InvalidInput,
             SourceError::Changed { .. } | SourceError::Open { .. } => io::ErrorKind::Other,
         }
@@ -240,6 +262,19 @@ impl SourceError {
                 url,
                 offset,
                 attempts,
+                message,
+            },
+            SourceError::Throttled {
+                offset,
+                retry_after_secs,
+                max_secs,
+                message,
+                ..
+            } => SourceError::Throttled {
+                url,
+                offset,
+                retry_after_secs,
+                max_secs,
                 message,
             },
             SourceError::Open { message, .. } => SourceError::Open { url, message },
