@@ -5,6 +5,8 @@ epoch_runs.py, cli_runs.py, train_support.py, torchrun_jobs.py, accum_gradients.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from torchrun_jobs import Jobs
 
@@ -13,3 +15,15 @@ from torchrun_jobs import Jobs
 def jobs(tmp_path_factory):
     """Memoised torchrun jobs for one test module (see torchrun_jobs.Jobs)."""
     return Jobs(tmp_path_factory.mktemp("jobs"))
+
+
+@pytest.fixture
+def hermetic_aws_env(monkeypatch, tmp_path):
+    """No credentials, profiles or instance-metadata lookups leak in from the machine (the S3
+    tests name their server and keys themselves)."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))

@@ -127,13 +127,8 @@ def shard_names() -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def hermetic_aws_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+def _no_machine_aws(hermetic_aws_env: None) -> None:
+    """Every test of this module runs without the machine's AWS settings (conftest.py)."""
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,8 @@ HF = {"caption_key": "text", "image_keys": ["image"]}
 
 
 @pytest.fixture(autouse=True)
-def hermetic_aws_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+def _no_machine_aws(hermetic_aws_env: None) -> None:
+    """Every test of this module runs without the machine's AWS settings (conftest.py)."""
 
 
 def by_key(loader) -> dict[str, tuple[bytes, str]]:

@@ -41,13 +41,8 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
-def hermetic_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+def _no_machine_aws(hermetic_aws_env: None) -> None:
+    """Every test of this module runs without the machine's AWS settings (conftest.py)."""
 
 
 @pytest.fixture(scope="module")
