@@ -155,20 +155,30 @@ def snapshot_checkpoint(
     if not ctx.is_main:
         return None
     return {
+        **run_entries(ctx, state, config, rng),
+        "model": host_copy(model.state_dict(), old.get("model")),
+        "optimizer": host_copy(optimizer.state_dict(), old.get("optimizer")),
+        "scheduler": host_copy(scheduler.state_dict(), old.get("scheduler")),
+        **host_copy(extra or {}),
+    }
+
+
+def run_entries(
+    ctx: DistContext, state: TrainingState, config: dict[str, Any], rng: list[dict[str, torch.Tensor]]
+) -> dict[str, Any]:
+    """What every checkpoint holds besides the weights and optimizer state (a file's and a
+    sharded folder's ``trainer.pt`` alike): format, position in the run, RNG, loader, config."""
+    return {
         "format": FORMAT,
         "version": VERSION,
         "step": state.step,
         "epoch": state.epoch,
         "step_in_epoch": state.step_in_epoch,
         "world_size": ctx.world_size,
-        "model": host_copy(model.state_dict(), old.get("model")),
-        "optimizer": host_copy(optimizer.state_dict(), old.get("optimizer")),
-        "scheduler": host_copy(scheduler.state_dict(), old.get("scheduler")),
         "rng": rng,
         "loader_json": json.dumps(state.loader_state) if state.loader_state is not None else "",
         "config_json": json.dumps(config),
         "torch_version": str(torch.__version__),
-        **host_copy(extra or {}),
     }
 
 
@@ -285,6 +295,7 @@ __all__ = [
     "load_checkpoint",
     "resolve_checkpoint",
     "resolve_identity",
+    "run_entries",
     "save_checkpoint",
     "snapshot_checkpoint",
     "training_state",

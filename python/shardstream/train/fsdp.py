@@ -27,7 +27,6 @@ other callable is refused instead of run. The shard files themselves torch reads
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import shutil
@@ -180,18 +179,9 @@ def save_sharded(
     if not ctx.is_main:
         return None
     payload = {
-        "format": ckpt.FORMAT,
-        "version": ckpt.VERSION,
+        **ckpt.run_entries(ctx, state, config, rng),
         "sharded": True,
-        "step": state.step,
-        "epoch": state.epoch,
-        "step_in_epoch": state.step_in_epoch,
-        "world_size": ctx.world_size,
         "scheduler": scheduler.state_dict(),
-        "rng": rng,
-        "loader_json": json.dumps(state.loader_state) if state.loader_state is not None else "",
-        "config_json": json.dumps(config),
-        "torch_version": str(torch.__version__),
         **(extra or {}),
     }
     with AtomicFile(partial / TRAINER, fsync=True) as f:
