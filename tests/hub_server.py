@@ -20,6 +20,7 @@ count API calls and check where a token went. Commits are content hashes of the 
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
 import threading
@@ -58,6 +59,8 @@ class LocalHub:
         self.token = token
         self.page_size = page_size
         self.retry_after = retry_after
+        # Send Retry-After as an HTTP-date (now + retry_after) instead of seconds, as CDNs do.
+        self.retry_after_as_date = False
         self.repos: dict[str, Repo] = {}
         self.blobs: dict[str, bytes] = {}
         self.requests: list[Recorded] = []
@@ -211,7 +214,10 @@ def _handler(hub: LocalHub, *, storage: bool) -> type[BaseHTTPRequestHandler]:
                 ):
                     return self._error(401, "Access to this file is restricted", "GatedRepo")
                 if hub._take_throttle(path):
-                    return self._send(429, b"Too Many Requests", {"Retry-After": str(hub.retry_after)})
+                    wait = str(hub.retry_after)
+                    if hub.retry_after_as_date:
+                        wait = email.utils.formatdate(time.time() + hub.retry_after, usegmt=True)
+                    return self._send(429, b"Too Many Requests", {"Retry-After": wait})
                 blob = hashlib.sha256(tree[path]).hexdigest()
                 return self._send(
                     302, b"", {"Location": f"{hub.storage}/blobs/{blob}", "X-Linked-Etag": blob}

@@ -153,6 +153,36 @@ def test_a_retry_after_over_the_ceiling_fails_the_read_naming_the_url_and_the_wa
     assert len([r for r in hub.requests if r.path.endswith("shard-000004.tar")]) == 1
 
 
+def test_a_retry_after_given_as_an_http_date_is_waited_until_that_time(hub):
+    # RFC 9110 allows an HTTP-date; read as seconds it parsed as nothing and the 0.2 s backoff won.
+    hub.retry_after, hub.retry_after_as_date = 3, True
+    hub.throttle("train/shard-000005.tar", 1)
+    shard = expand_urls(f"hf://datasets/{REPO}/train/shard-000005.tar")
+    samples = list(read_samples(shard, backoff_max=0.2, **FAST))
+    assert len(samples) == PER_SHARD
+    tried = [r for r in hub.requests if r.path.endswith("shard-000005.tar")]
+    assert len(tried) == 2
+    # The date has whole seconds: the wait is at least the 3 s asked less the one truncated.
+    assert tried[1].at - tried[0].at >= 2.0, tried[1].at - tried[0].at
+
+
+def test_the_retry_after_ceiling_is_an_option_of_the_reader(hub):
+    hub.retry_after = 30
+    hub.throttle("train/shard-000006.tar", 1)
+    shard = expand_urls(f"hf://datasets/{REPO}/train/shard-000006.tar")
+    with pytest.raises(SourceError, match="retry after 30 s"):
+        list(read_samples(shard, retry_after_max=5, **FAST))
+    assert len([r for r in hub.requests if r.path.endswith("shard-000006.tar")]) == 1
+
+
+@pytest.mark.parametrize("option", ["backoff_max", "read_timeout", "retry_after_max"])
+def test_a_negative_duration_option_is_a_value_error_naming_it(shard_dir, option):
+    # Duration::from_secs_f64 panicked on these before.
+    shard = os.path.join(shard_dir, "shard-000000.tar")
+    with pytest.raises(ValueError, match=option):
+        list(read_samples(shard, **{option: -1.0}))
+
+
 def test_a_pin_and_an_index_read_the_bytes_of_their_commit_after_main_moved(hub, shard_dir, tmp_path):
     old = hub.repos[REPO].branches["main"]
     spec = f"hf://datasets/{REPO}/train/*.tar"

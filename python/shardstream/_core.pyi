@@ -76,10 +76,10 @@ class SampleIter:
     """Raw samples of a list of shards, grouped as webdataset groups them.
 
     Yields dicts with ``__key__``, ``__url__`` (the display URL) and one ``bytes`` value per member
-    extension. ``config`` may hold ``connect_timeout``, ``read_timeout`` (seconds),
-    ``max_retries``, and ``signer`` (a callable presigning an ``s3://`` URL, or resolving an
-    ``hf://`` one, when it is opened; it returns a URL, or ``(url, [(header, value), ...])`` for
-    headers such as a token).
+    extension. ``config`` may hold ``connect_timeout``, ``read_timeout``, ``backoff_initial``,
+    ``backoff_max``, ``retry_after_max`` (seconds), ``max_retries``, and ``signer`` (a callable
+    presigning an ``s3://`` URL, or resolving an ``hf://`` one, when it is opened; it returns a
+    URL, or ``(url, [(header, value), ...])`` for headers such as a token).
     """
 
     def __new__(
@@ -106,7 +106,8 @@ class Loader:
     ``skip_emitted``, ``planned``, ``cycle``, ``drop_last``, ``max_member_bytes``,
     ``num_batches``, ``last_batch_size``, ``on_error``, ``caption_key``, ``image_keys``,
     ``max_pixels``, ``crop`` (``"center"``/``"random"``), ``random_crop_scale``,
-    ``random_crop_ratio``, ``connect_timeout``, ``read_timeout``, ``max_retries``, ``signer``, ``sources``,
+    ``random_crop_ratio``, ``connect_timeout``, ``read_timeout``, ``backoff_initial``, ``backoff_max``,
+    ``retry_after_max``, ``max_retries``, ``signer``, ``sources``,
     ``tokenizer``. A key that is absent or None keeps the core's default (rust/src/defaults.rs);
     ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
     """

@@ -41,6 +41,7 @@ class CoreDefaults:
     max_retries: int
     backoff_initial: float
     backoff_max: float
+    retry_after_max: float
     cache_max_bytes: int
 
 

@@ -48,6 +48,7 @@ READER_OPTIONS = frozenset(
         "max_retries",
         "backoff_initial",
         "backoff_max",
+        "retry_after_max",
         "cache_dir",
         "cache_max_bytes",
         "ca_bundle",

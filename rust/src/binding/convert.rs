@@ -38,6 +38,7 @@ pub(super) fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("max_retries", MAX_RETRIES)?;
     d.set_item("backoff_initial", BACKOFF_INITIAL.as_secs_f64())?;
     d.set_item("backoff_max", BACKOFF_MAX.as_secs_f64())?;
+    d.set_item("retry_after_max", RETRY_AFTER_MAX.as_secs_f64())?;
     d.set_item("cache_max_bytes", CACHE_MAX_BYTES)?;
     Ok(d)
 }
@@ -103,6 +104,17 @@ fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
     Ok(spec)
 }
 
+/// A duration option in seconds; a negative, infinite or NaN one is a `ValueError` naming it
+/// (`Duration::from_secs_f64` would panic).
+fn seconds(value: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::Duration> {
+    let secs: f64 = value.extract()?;
+    std::time::Duration::try_from_secs_f64(secs).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name} must be a finite number of seconds >= 0, got {secs}"
+        ))
+    })
+}
+
 /// Reader options from a config dict (any of its keys may be absent); none: the defaults.
 pub(super) fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<SourceOptions> {
     let mut opts = SourceOptions::default();
@@ -110,19 +122,22 @@ pub(super) fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<Sou
         return Ok(opts);
     };
     if let Some(v) = config.get_item("connect_timeout")? {
-        opts.connect_timeout = std::time::Duration::from_secs_f64(v.extract()?);
+        opts.connect_timeout = seconds(&v, "connect_timeout")?;
     }
     if let Some(v) = config.get_item("read_timeout")? {
-        opts.read_timeout = std::time::Duration::from_secs_f64(v.extract()?);
+        opts.read_timeout = seconds(&v, "read_timeout")?;
     }
     if let Some(v) = config.get_item("max_retries")? {
         opts.max_retries = v.extract()?;
     }
     if let Some(v) = config.get_item("backoff_initial")? {
-        opts.backoff_initial = std::time::Duration::from_secs_f64(v.extract()?);
+        opts.backoff_initial = seconds(&v, "backoff_initial")?;
     }
     if let Some(v) = config.get_item("backoff_max")? {
-        opts.backoff_max = std::time::Duration::from_secs_f64(v.extract()?);
+        opts.backoff_max = seconds(&v, "backoff_max")?;
+    }
+    if let Some(v) = config.get_item("retry_after_max")? {
+        opts.retry_after_max = seconds(&v, "retry_after_max")?;
     }
     if let Some(dir) = config.get_item("cache_dir")?.filter(|v| !v.is_none()) {
         let max_bytes = match config.get_item("cache_max_bytes")?.filter(|v| !v.is_none()) {

@@ -572,11 +572,10 @@ fn parse_content_range(value: &str) -> Option<(u64, Option<u64>)> {
     Some((first, total))
 }
 
-/// `Retry-After: <seconds>` (the HTTP-date form is rare for object stores and ignored).
+/// The wait a 429/503's `Retry-After` asks for: seconds, or an HTTP-date measured from now.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     header(headers, "retry-after")
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_secs)
+        .and_then(|v| super::retry_after::parse_retry_after(&v, std::time::SystemTime::now()))
 }
 
 /// For S3-style XML errors, `" (SlowDown)"`: makes throttling visible in the final message.

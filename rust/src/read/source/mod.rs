@@ -20,6 +20,7 @@
 mod backoff;
 pub mod cache;
 pub mod http;
+mod retry_after;
 #[cfg(test)]
 mod testserver;
 
