@@ -392,6 +392,11 @@ class FaultProxy:
                 )
             )
 
+    def add_faults(self, path: str, faults: Iterable[Fault | None]) -> None:
+        """Queues faults for the next requests of ``path`` (after any still queued)."""
+        with self._lock:
+            self._faults.setdefault(path, []).extend(faults)
+
     def faults_left(self) -> int:
         with self._lock:
             return sum(len([f for f in q if f is not None]) for q in self._faults.values())
