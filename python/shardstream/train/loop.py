@@ -490,6 +490,7 @@ class Trainer:
         if inputs is None:
             return None
         model_start = time.perf_counter()
+        self.metrics.begin_compute()
         lr = self.scheduler.lr
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.scaler
@@ -524,6 +525,7 @@ class Trainer:
         logit_bias = getattr(unwrap(self.model), "logit_bias", None)
         with torch.no_grad():
             logit_scale.clamp_(0.0, LOGIT_SCALE_MAX)
+        self.metrics.end_compute()
         model_end = time.perf_counter()
 
         self.step += 1
