@@ -35,6 +35,7 @@ other callable is refused instead of run. The shard files themselves torch reads
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -261,6 +262,9 @@ def _upload_shards(
     outcomes = all_gather_json(ctx, {"error": error, "manifest": lines})
     failed = [(rank, o["error"]) for rank, o in enumerate(outcomes) if o["error"]]
     if failed:
+        if ctx.is_main:  # the ranks that did upload left a partial folder: not a checkpoint
+            with contextlib.suppress(Exception):
+                store.delete(name)
         rank, first = failed[0]
         raise CheckpointWriteError(f"checkpoint {where}: write failed on rank {rank}: {first}")
     published = None
