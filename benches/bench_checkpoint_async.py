@@ -13,15 +13,21 @@ The model is an open_clip model (default ViT-B-32, 151 M parameters) on the CPU 
   printed beside it);
 - ``background_s``: the write that then runs beside training.
 
-Prints one line per store and the ratio blocking / sync (target < 0.10).
+Prints one line per store and the ratio blocking / sync (target < 0.10). Then, on the same model
+and store, what the write in flight costs the steps that run beside it: real training steps
+(forward, backward, AdamW on a batch of 2) before, during and after one background write; the
+median time of the steps that started while it was in flight against that of the steps with
+none, and their ratio (the write's serialising, hashing and I/O share the cores).
 
     python benches/bench_checkpoint_async.py [--model ViT-B-32] [--repeats 2] [--dir /tmp/x] [--no-s3]
+        [--quiet-steps 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -41,22 +47,54 @@ from shardstream.train.storage import CheckpointStore, LocalStore, S3Store  # no
 SINGLE = DistContext(0, 1, 0, 1, torch.device("cpu"), None)
 
 
-def build(name: str) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
-    import open_clip
+class Bundle:
+    """The model, its optimizer and scheduler, and one training step on a fixed batch of 2."""
 
-    model = open_clip.create_model(name, pretrained=None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    size = model.visual.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else size
-    images = torch.randn(2, 3, size, size)
-    texts = torch.randint(0, 1000, (2, 77))
-    image_features, text_features, scale = model(images, texts)
-    logits = scale * image_features @ text_features.T
-    torch.nn.functional.cross_entropy(logits, torch.arange(2)).backward()
-    optimizer.step()
-    scheduler.step()
-    return model, optimizer, scheduler
+    def __init__(self, name: str) -> None:
+        import open_clip
+        from shardstream.train.model import register_model_configs
+
+        register_model_configs()  # shardstream-tiny too, for a quick run
+        self.model = open_clip.create_model(name, pretrained=None)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+        size = self.model.visual.image_size
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        self.images = torch.randn(2, 3, size, size)
+        self.texts = torch.randint(0, 1000, (2, 77))
+        self.step()  # the optimizer holds its moments from here on
+
+    def step(self) -> float:
+        """One training step; its wall time."""
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        image_features, text_features, scale = self.model(self.images, self.texts)
+        logits = scale * image_features @ text_features.T
+        torch.nn.functional.cross_entropy(logits, torch.arange(2)).backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return time.perf_counter() - start
+
+
+def steps_beside_a_write(store: CheckpointStore, bundle: Bundle, step: int, quiet: int) -> dict[str, float]:
+    """Step times with no write in flight (``quiet`` before the write and ``quiet`` after it)
+    and beside one (the steps that started while it was in flight), in one sequence."""
+    idle = [bundle.step() for _ in range(quiet)]
+    payload = ckpt.snapshot_checkpoint(
+        ctx=SINGLE, model=bundle.model, optimizer=bundle.optimizer, scheduler=bundle.scheduler,
+        state=ckpt.TrainingState(step, 0, step, None), config={},
+    )  # fmt: skip
+    assert payload is not None
+    writer = BackgroundWriter()
+    writer.submit(f"step {step}", lambda: ckpt.write_checkpoint(store, payload, keep=2))
+    busy: list[float] = []
+    while writer.busy:  # each of these steps starts with the write in flight (the last may
+        busy.append(bundle.step())  # see it end: it still ran beside part of it)
+    failed = writer.wait()
+    if failed:
+        raise RuntimeError(failed)
+    idle += [bundle.step() for _ in range(quiet)]
+    return {"idle_s": statistics.median(idle), "busy_s": statistics.median(busy), "busy_steps": len(busy)}
 
 
 def measure(store: CheckpointStore, model, optimizer, scheduler, step: int, reuse: dict) -> dict[str, float]:
@@ -96,9 +134,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", default="", help="local folder to write into (default: a temp folder)")
     parser.add_argument("--no-s3", action="store_true", help="the local folder only")
+    parser.add_argument(
+        "--quiet-steps", type=int, default=6, help="steps timed before and after the write (each)"
+    )
     args = parser.parse_args()
 
-    model, optimizer, scheduler = build(args.model)
+    bundle = Bundle(args.model)
+    model, optimizer, scheduler = bundle.model, bundle.optimizer, bundle.scheduler
     params = sum(p.numel() for p in model.parameters())
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-ckpt-"))
     stores: list[tuple[str, CheckpointStore]] = [("local", LocalStore(work / "local"))]
@@ -135,6 +177,13 @@ def main() -> None:
                 f"writes {best['background_s']:.2f} s behind | blocking/sync = "
                 f"{best['blocking_s'] / best['sync_s']:.3f} ({size / 1e9:.2f} GB; the first snapshot, "
                 f"allocating its buffers: {first_blocking:.2f} s)",
+                flush=True,
+            )
+            beside = steps_beside_a_write(store, bundle, 10 * (args.repeats + 1), args.quiet_steps)
+            print(
+                f"{'':>26}  step time, median: {beside['idle_s']:.3f} s with no write in flight, "
+                f"{beside['busy_s']:.3f} s during the background write ({beside['busy_steps']} steps) | "
+                f"during/none = {beside['busy_s'] / beside['idle_s']:.2f}",
                 flush=True,
             )
     finally:

@@ -246,3 +246,89 @@ def test_both_stores_publish_list_fetch_and_delete_files_and_folders(
     store.delete("step-00000001.pt")
     assert store.names() == ["latest"]
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]  # nothing left staged
+
+
+class _Schedule:
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+
+@pytest.mark.timeout(180)
+def test_a_sharded_checkpoint_goes_to_s3_and_resumes_from_an_empty_disk(
+    s3: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process, no group (the 2-rank run is in test_train_fsdp.py): the folder's objects,
+    its pointer's manifest hash as computed from the bucket's bytes, pruning of an older folder,
+    the download verified and loaded, and a failed upload that leaves ``latest`` as it was."""
+    import torch
+    from shardstream.train import checkpoint as ckpt
+    from shardstream.train import fsdp
+    from shardstream.train.checkpoint_async import CheckpointWriteError
+    from shardstream.train.dist import DistContext
+    from shardstream.train.storage import open_store
+
+    use_s3(monkeypatch, s3, "ckpt-dcp")
+    ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), None)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    store = open_store("s3://ckpt-dcp/run", tmp_path / "out")
+    for step in (3, 4):
+        model(torch.randn(4, 6)).square().mean().backward()
+        optimizer.step()
+        state = ckpt.TrainingState(step, 0, step, {"position": [step]})
+        written = fsdp.save_sharded(
+            store, ctx=ctx, model=model, optimizer=optimizer, scheduler=_Schedule(step), state=state,
+            config={}, keep=1,
+        )  # fmt: skip
+        assert written == f"s3://ckpt-dcp/run/step-{step:08d}.dcp"
+    stored = objects(s3, "ckpt-dcp", "run/")
+    folder = "step-00000004.dcp/"
+    assert sorted(stored) == ["latest", *(folder + n for n in (".metadata", "__0_0.distcp", "trainer.pt"))]
+    manifest = "".join(
+        sorted(
+            f"{k[len(folder) :]}\t{len(v)}\t{hashlib.sha256(v).hexdigest()}\n"
+            for k, v in stored.items()
+            if k.startswith(folder)
+        )
+    )
+    pointer = json.loads(stored["latest"])
+    assert pointer == {
+        "name": "step-00000004.dcp",
+        "step": 4,
+        "sha256": hashlib.sha256(manifest.encode()).hexdigest(),
+    }
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]  # nothing left staged
+
+    fresh = tmp_path / "fresh"  # another node: nothing local
+    identity = ckpt.agree_on_checkpoint(ctx, "latest", open_store("s3://ckpt-dcp/run", fresh), scratch=fresh)
+    assert identity is not None and identity.local is not None and identity.step == 4
+    other = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    other_optimizer = torch.optim.AdamW(other.parameters(), lr=1e-2)
+    payload = fsdp.load_sharded(identity.local, other, other_optimizer)
+    ckpt.discard_download(Path(identity.local))
+    assert ckpt.training_state(payload) == state and payload["scheduler"] == {"step": 4}
+    for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert not list(fresh.iterdir())
+
+    # the server refuses the next upload (a wrong key): an error naming the folder, pointer kept
+    client = s3.client()
+    for key in stored:
+        client.delete_object(Bucket="ckpt-dcp", Key=f"run/{key}")
+    client.put_object(Bucket="ckpt-dcp", Key="run/latest", Body=stored["latest"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    store = open_store("s3://ckpt-dcp/run", tmp_path / "out")
+    with pytest.raises(CheckpointWriteError) as info:
+        fsdp.save_sharded(
+            store, ctx=ctx, model=model, optimizer=optimizer, scheduler=_Schedule(5),
+            state=ckpt.TrainingState(5, 0, 5, None), config={}, keep=1,
+        )  # fmt: skip
+    assert str(info.value).startswith(
+        "checkpoint s3://ckpt-dcp/run/step-00000005.dcp: write failed on rank 0: SourceError: "
+    ), info.value
+    assert "not-the-secret" not in str(info.value)
+    assert objects(s3, "ckpt-dcp", "run/") == {"latest": stored["latest"]}

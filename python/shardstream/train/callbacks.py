@@ -180,6 +180,8 @@ class TensorBoardLogger(Callback):
         "loader_wait_s_mean",
         "input_frac_max",
         "input_frac_mean",
+        "device_idle_s_max",  # CUDA only
+        "device_idle_s_mean",
         "samples_per_s_wall",
         "samples_per_s_per_device",
     )

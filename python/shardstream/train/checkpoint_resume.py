@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from shardstream.train.dist import DistContext, all_gather, broadcast_json
 from shardstream.train.storage import CheckpointStore, LocalStore, S3Store
 
 POINTER = "latest"
+DOWNLOAD_PREFIX = ".resume-rank"  # + rank + "-" + name: a download from a remote store
 _HASH_CHUNK = 16 << 20
 _NAME = re.compile(r"^step-(\d{8,})\.(?:pt|dcp)$")  # a file, or a sharded folder (train/fsdp.py)
 
@@ -45,16 +47,26 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def folder_sha256(path: str | os.PathLike[str]) -> str:
-    """A sharded checkpoint's identity: the sha256 of its manifest, one line per file (relative
-    path, size, sha256), sorted, so the same bytes in the same files give the same hash anywhere."""
+def manifest_lines(path: str | os.PathLike[str]) -> list[str]:
+    """The manifest of the files under ``path``: one line per file (relative path, size, sha256).
+    Ranks that each hold part of a sharded checkpoint list their own files; the lines together
+    give the folder's :func:`manifest_sha256`."""
     root = Path(path)
-    lines = sorted(
+    return [
         f"{f.relative_to(root).as_posix()}\t{f.stat().st_size}\t{file_sha256(f)}\n"
         for f in root.rglob("*")
         if f.is_file()
-    )
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
+    ]
+
+
+def manifest_sha256(lines: list[str]) -> str:
+    return hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
+
+
+def folder_sha256(path: str | os.PathLike[str]) -> str:
+    """A sharded checkpoint's identity: the sha256 of its manifest (:func:`manifest_lines`),
+    sorted, so the same bytes in the same files give the same hash anywhere."""
+    return manifest_sha256(manifest_lines(path))
 
 
 def content_sha256(path: str | os.PathLike[str]) -> str:
@@ -156,8 +168,9 @@ def resolve_checkpoint(spec: str, directory: str | os.PathLike[str]) -> Path:
 
 
 def fetch(identity: CheckpointIdentity, store: CheckpointStore, scratch: Path, rank: int) -> Path:
-    """A local file holding the checkpoint's bytes: the file itself in a local store, else a
-    download into ``scratch`` (this rank's own name; the caller deletes it after loading)."""
+    """A local file (or, for a sharded checkpoint, folder) holding the checkpoint's bytes: the
+    entry itself in a local store, else a download into ``scratch`` under this rank's own name
+    (the caller deletes it after loading; a failed download leaves nothing)."""
     where, name = _entry(identity, store)
     local = where.local_path(name)
     if local is not None:
@@ -165,9 +178,29 @@ def fetch(identity: CheckpointIdentity, store: CheckpointStore, scratch: Path, r
             raise FileNotFoundError(str(local))
         return local
     scratch.mkdir(parents=True, exist_ok=True)
-    target = scratch / f".resume-rank{rank}-{name}"
-    where.get_file(name, target)
+    target = scratch / f"{DOWNLOAD_PREFIX}{rank}-{name}"
+    folder = name.endswith(".dcp")
+    try:
+        if folder:  # into an empty folder: a leftover of an earlier attempt would change its hash
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            where.download_dir(name, target)
+        else:
+            where.get_file(name, target)
+    except BaseException:
+        discard_download(target)
+        raise
     return target
+
+
+def discard_download(path: Path) -> None:
+    """Deletes what :func:`fetch` downloaded (a local store's own entry is left alone)."""
+    if not path.name.startswith(DOWNLOAD_PREFIX):
+        return
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 class ResumeError(RuntimeError):

@@ -261,7 +261,8 @@ class CheckpointConfig:
         True,
         "snapshot the state to host memory at the step and write it on a background thread while "
         "training goes on (one write in flight; a failed write is an error at the next checkpoint or at "
-        "the end); false: every rank waits for the write",
+        "the end); false: every rank waits for the write. dist.strategy fsdp always writes its shards "
+        "synchronously",
     )
     flush_timeout_s: float = _f(
         120.0,
@@ -522,9 +523,6 @@ def validate(cfg: Config) -> Config:
             (cfg.train.compile, "train.compile"),
             (cfg.model.lock_image, "model.lock_image"),
             (cfg.model.lock_text, "model.lock_text"),
-            # each rank writes its DCP shards into one folder that all ranks see; the store's
-            # upload_dir is there for a remote copy, but that path is not wired or tested yet
-            (cfg.checkpoint.dir.startswith("s3://"), "checkpoint.dir on s3:// (use a shared local folder)"),
         ):
             if on:
                 raise ConfigError(f"dist.strategy: fsdp does not support {what}; use dist.strategy ddp")

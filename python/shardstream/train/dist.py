@@ -271,6 +271,19 @@ def reduce_over_ranks(ctx: DistContext, values: torch.Tensor, op: str = "sum") -
     return t.cpu()
 
 
+def all_gather_json(ctx: DistContext, value: Any) -> list[Any]:
+    """Every rank's ``value`` (plain JSON data), in rank order (a collective: all ranks call it).
+    Two small all-gathers: the lengths, then the bytes padded to the longest."""
+    if not ctx.distributed:
+        return [value]
+    data = json.dumps(value).encode()
+    sizes = [int(t.item()) for t in all_gather(ctx, torch.tensor([len(data)], dtype=torch.int64))]
+    padded = torch.zeros(max(sizes), dtype=torch.uint8)
+    padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # never empty: JSON
+    parts = all_gather(ctx, padded)
+    return [json.loads(bytes(part[:n].tolist()).decode()) for part, n in zip(parts, sizes, strict=True)]
+
+
 def broadcast_json(ctx: DistContext, value: Any) -> Any:
     """Rank 0's ``value`` (plain JSON data) on every rank; what the other ranks pass is ignored.
     Through the host group: two small host-side broadcasts, the length then the bytes."""

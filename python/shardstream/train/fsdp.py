@@ -17,6 +17,15 @@ complete; then ``latest`` records its name, step and the sha256 of its manifest 
 ``checkpoint.folder_sha256``), so that every rank checks it holds the same bytes before resuming,
 as for a file. A checkpoint written on W ranks loads on W' (DCP reshards by parameter name).
 
+In an ``s3://`` store each rank writes its files into a staging folder of its own (under
+``output_dir/.checkpoint-staging``) and uploads them under ``prefix/step-N.dcp/``; once every
+rank's upload is done (agreed in one all-gather, which also carries each rank's manifest lines)
+rank 0 publishes ``latest`` with the whole folder's manifest hash, the same one a local folder
+would give. A resume downloads the folder into an empty local one on every rank, verifies it
+and loads it. The write is synchronous, whatever ``checkpoint.async_write`` says: ``latest`` may
+only be published once every rank's upload is known to be done, which needs a collective, and
+the background writer is one thread on rank 0 that no collective may wait on.
+
 Trust: DCP's ``.metadata`` is a pickle that torch 2.15 reads with ``pickle.load``. Before torch
 reads it, ``check_metadata`` replays it with an unpickler that only resolves DCP's own metadata
 classes, torch sizes, dtypes and layouts and pathlib paths, so a folder whose metadata names any
@@ -26,6 +35,7 @@ other callable is refused instead of run. The shard files themselves torch reads
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -40,9 +50,10 @@ import torch
 
 from shardstream._files import AtomicFile, atomic_write
 from shardstream.train import checkpoint as ckpt
+from shardstream.train.checkpoint_async import CheckpointWriteError
 from shardstream.train.config import ConfigError
-from shardstream.train.dist import DistContext, barrier
-from shardstream.train.storage import LocalStore
+from shardstream.train.dist import DistContext, all_gather_json, barrier, broadcast_json
+from shardstream.train.storage import CheckpointStore, S3Store
 
 SUFFIX = ".dcp"
 TRAINER = "trainer.pt"  # rank 0's part: everything but the model and optimizer tensors
@@ -143,7 +154,7 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def save_sharded(
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | CheckpointStore,
     *,
     ctx: DistContext,
     model: torch.nn.Module,
@@ -153,45 +164,125 @@ def save_sharded(
     config: dict[str, Any],
     keep: int,
     extra: dict[str, Any] | None = None,
-) -> Path | None:
-    """Writes ``step-N.dcp/`` (a collective: every rank writes its shards). Returns its path on
-    rank 0, None elsewhere."""
-    import torch.distributed.checkpoint as dcp
+) -> Path | str | None:
+    """Writes ``step-N.dcp/`` into the checkpoint store (a collective: every rank writes its
+    shards), synchronously. Returns, on rank 0, its path (a local store) or URL; None elsewhere.
+    A failed upload raises :class:`CheckpointWriteError` on every rank, and ``latest`` stays."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    store = ckpt.as_store(directory)
+    name = checkpoint_name(state.step)
     rng = ckpt.gather_rng_states(ctx)
-    directory = Path(directory)
-    final = directory / checkpoint_name(state.step)
-    partial = final.with_name(final.name + ".tmp")
+    payload = None
     if ctx.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while writing
-        partial.mkdir()
-    barrier(ctx)
-    model_state, optim_state = get_state_dict(model, optimizer)
+        payload = {
+            **ckpt.run_entries(ctx, state, config, rng),
+            "sharded": True,
+            "scheduler": scheduler.state_dict(),
+            **(extra or {}),
+        }
+    folder = store.local_path("")
+    if folder is not None:
+        final = folder / name
+        _write_in_place(final, ctx, get_state_dict(model, optimizer), payload)
+        if not ctx.is_main:
+            return None
+        identity = ckpt.CheckpointIdentity(name, state.step, ckpt.folder_sha256(final), in_directory=True)
+        atomic_write(folder / ckpt.POINTER, identity.pointer_line(), fsync=True)
+        ckpt._prune(store, keep, protect=name)
+        return final
+    assert isinstance(store, S3Store)
+    _upload_shards(store, name, ctx, get_state_dict(model, optimizer), payload, state.step, keep)
+    return store.describe(name) if ctx.is_main else None
+
+
+def _dcp_save(states: tuple[Any, Any], path: Path, ctx: DistContext) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    model_state, optim_state = states
     with _single_process_expected():
         dcp.save(
             {"model": model_state, "optim": optim_state},
-            storage_writer=dcp.FileSystemWriter(str(partial), sync_files=True),
+            storage_writer=dcp.FileSystemWriter(str(path), sync_files=True),
             no_dist=not ctx.distributed,  # one process: no group to coordinate through
         )
+
+
+def _write_in_place(final: Path, ctx: DistContext, states: tuple[Any, Any], payload: Any) -> None:
+    """A local store: every rank writes its shards into ``step-N.dcp.tmp`` in the one folder all
+    ranks see, rank 0 adds ``trainer.pt`` and renames it whole."""
+    partial = final.with_name(final.name + ".tmp")
+    if ctx.is_main:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while writing
+        partial.mkdir()
+    barrier(ctx)
+    _dcp_save(states, partial, ctx)
     barrier(ctx)  # every rank's shards are on disk
-    if not ctx.is_main:
-        return None
-    payload = {
-        **ckpt.run_entries(ctx, state, config, rng),
-        "sharded": True,
-        "scheduler": scheduler.state_dict(),
-        **(extra or {}),
-    }
-    with AtomicFile(partial / TRAINER, fsync=True) as f:
-        torch.save(payload, f.file)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(partial, final)
-    identity = ckpt.CheckpointIdentity(final.name, state.step, ckpt.folder_sha256(final), in_directory=True)
-    atomic_write(directory / ckpt.POINTER, identity.pointer_line(), fsync=True)
-    ckpt._prune(LocalStore(directory), keep, protect=final.name)
-    return final
+    if payload is not None:
+        with AtomicFile(partial / TRAINER, fsync=True) as f:
+            torch.save(payload, f.file)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+
+
+def _upload_shards(
+    store: S3Store,
+    name: str,
+    ctx: DistContext,
+    states: tuple[Any, Any],
+    payload: Any,
+    step: int,
+    keep: int,
+) -> None:
+    """A remote store: each rank writes its shards (rank 0 also DCP's ``.metadata`` and
+    ``trainer.pt``) into a staging folder of its own and uploads them under ``step-N.dcp/``.
+    One all-gather then gives every rank every rank's outcome and manifest lines: on any failure
+    every rank raises the same error; otherwise rank 0 publishes ``latest`` (the objects are all
+    there by then) with the hash of the whole folder's manifest, as a local folder would give,
+    and prunes, and its outcome is broadcast too."""
+    staging = store.staging / f"rank-{ctx.rank}"
+    local = staging / name
+    shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while uploading
+    local.mkdir(parents=True)
+    error = None
+    lines: list[str] = []
+    try:
+        # DCP's own collectives run inside: every rank gets here, whatever happens after
+        _dcp_save(states, local, ctx)
+        if payload is not None:
+            torch.save(payload, local / TRAINER)
+        lines = ckpt.manifest_lines(local)
+        store.upload_dir(local, name)
+    except Exception as e:  # noqa: BLE001 - every rank must reach the agreement below
+        error = _one_line(e)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    where = store.describe(name)
+    outcomes = all_gather_json(ctx, {"error": error, "manifest": lines})
+    failed = [(rank, o["error"]) for rank, o in enumerate(outcomes) if o["error"]]
+    if failed:
+        if ctx.is_main:  # the ranks that did upload left a partial folder: not a checkpoint
+            with contextlib.suppress(Exception):
+                store.delete(name)
+        rank, first = failed[0]
+        raise CheckpointWriteError(f"checkpoint {where}: write failed on rank {rank}: {first}")
+    published = None
+    if ctx.is_main:
+        manifest = [line for o in outcomes for line in o["manifest"]]
+        identity = ckpt.CheckpointIdentity(name, step, ckpt.manifest_sha256(manifest), in_directory=True)
+        try:
+            store.put_bytes(ckpt.POINTER, identity.pointer_line())
+            ckpt._prune(store, keep, protect=name)
+        except Exception as e:  # noqa: BLE001 - raised on every rank, after the broadcast
+            published = f"checkpoint {where}: write failed: {_one_line(e)}"
+    published = broadcast_json(ctx, published)
+    if published:
+        raise CheckpointWriteError(published)
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 @contextmanager

@@ -292,16 +292,15 @@ class Trainer:
             raise ConfigError(
                 f"train.resume: {path} is a {kind} checkpoint; resume it with dist.strategy {other}"
             )
-        if self.sharded:  # DCP reshards onto this run's ranks
-            payload = fsdp.load_sharded(local, self.model, self.optimizer)
-        else:
-            try:
+        try:
+            if self.sharded:  # DCP reshards onto this run's ranks
+                payload = fsdp.load_sharded(local, self.model, self.optimizer)
+            else:
                 payload = ckpt.load_checkpoint(local)
-            finally:
-                if local.name.startswith(".resume-rank"):  # a download from a remote store
-                    local.unlink(missing_ok=True)
-            unwrap(self.model).load_state_dict(payload["model"])
-            self.optimizer.load_state_dict(payload["optimizer"])
+                unwrap(self.model).load_state_dict(payload["model"])
+                self.optimizer.load_state_dict(payload["optimizer"])
+        finally:
+            ckpt.discard_download(local)  # a download from a remote store, once loaded
         self.scheduler.load_state_dict(payload["scheduler"])
         if self.scaler is not None and payload.get("scaler"):
             self.scaler.load_state_dict(payload["scaler"])
@@ -491,6 +490,7 @@ class Trainer:
         if inputs is None:
             return None
         model_start = time.perf_counter()
+        self.metrics.begin_compute()
         lr = self.scheduler.lr
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.scaler
@@ -525,6 +525,7 @@ class Trainer:
         logit_bias = getattr(unwrap(self.model), "logit_bias", None)
         with torch.no_grad():
             logit_scale.clamp_(0.0, LOGIT_SCALE_MAX)
+        self.metrics.end_compute()
         model_end = time.perf_counter()
 
         self.step += 1
@@ -621,12 +622,10 @@ class Trainer:
         if self.wandb_run_id:
             extra["wandb_run_id"] = self.wandb_run_id
         if self.sharded:
-            # every rank writes its own shards, synchronously, into the local checkpoint folder
-            # (config refuses dist.strategy fsdp with a remote checkpoint.dir)
-            folder = self.store.local_path("")
-            assert folder is not None
+            # every rank writes its own shards, synchronously (see fsdp.py: publishing `latest`
+            # needs every rank's upload done, a collective the background thread cannot run)
             written = fsdp.save_sharded(
-                folder,
+                self.store,
                 ctx=self.ctx,
                 model=unwrap(self.model),
                 optimizer=self.optimizer,

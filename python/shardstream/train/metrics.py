@@ -12,6 +12,11 @@ The same collective carries each rank's window of host times (its loader wait an
 over the steps since the last flush), so that the logging step's record shows their max and mean
 over ranks: rank 0's own figures would hide a starving rank. The window's wall-clock throughput
 counts everything between two flushes (checks, logging, evaluation, checkpoints), not steps alone.
+
+On CUDA each step's compute is bracketed by two CUDA events (``begin_compute``/``end_compute``),
+read at the flush, when the device has finished them anyway: the window's ``device_idle_s`` is its
+wall-clock time minus the events' elapsed compute time, one more window value per rank (max and
+mean over ranks). Elsewhere there are no such events, and no such key (not a made-up 0).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from shardstream.train.dist import DistContext
 #: Per window, each rank's: the sum of its steps' loader waits, and the part of its step time that
 #: was input work. Logged as NAME_max and NAME_mean over ranks (and NAME_max_rank: whose).
 WINDOW_NAMES = ("loader_wait_s", "input_frac")
+#: On CUDA, one more: the window's wall time the device spent outside the steps' compute.
+DEVICE_WINDOW_NAMES = (*WINDOW_NAMES, "device_idle_s")
 
 
 def window_host_values(records: list[dict[str, Any]]) -> list[float]:
@@ -47,6 +54,34 @@ class StepMetrics:
         self._names: tuple[str, ...] | None = None
         self._values: list[Tensor] = []
         self._window_start: float | None = None  # the previous flush (or the first step's start)
+        # CUDA events around each step's compute, whose elapsed times give device_idle_s
+        self._timed = ctx.device.type == "cuda"
+        self.window_names = DEVICE_WINDOW_NAMES if self._timed else WINDOW_NAMES
+        self._compute: list[tuple[Any, Any]] = []
+        self._compute_start: Any = None
+
+    def begin_compute(self) -> None:
+        """Marks, on CUDA, where this step's device work starts on the current stream."""
+        if self._timed:
+            self._compute_start = torch.cuda.Event(enable_timing=True)
+            self._compute_start.record()
+
+    def end_compute(self) -> None:
+        """Marks, on CUDA, where this step's device work ends (after ``begin_compute``)."""
+        if self._timed and self._compute_start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._compute.append((self._compute_start, end))
+            self._compute_start = None
+
+    def _compute_s(self) -> float:
+        """The elapsed time of the window's compute events (waits for the last to complete)."""
+        if not self._compute:
+            return 0.0
+        self._compute[-1][1].synchronize()  # the flush reads the device's values next anyway
+        seconds = sum(start.elapsed_time(end) for start, end in self._compute) / 1000.0
+        self._compute = []
+        return seconds
 
     def __len__(self) -> int:
         return len(self._records)
@@ -80,8 +115,12 @@ class StepMetrics:
             values = values.cpu()  # gloo reduces host tensors
         world, rank = self.ctx.world_size, self.ctx.rank
         # one slot per rank for its window values, zero elsewhere: the sum over ranks gathers them
-        slots = torch.zeros((world, len(WINDOW_NAMES)), dtype=torch.float64)
-        slots[rank] = torch.tensor(window_host_values(self._records), dtype=torch.float64)
+        names = self.window_names
+        slots = torch.zeros((world, len(names)), dtype=torch.float64)
+        own = window_host_values(self._records)
+        if self._timed:
+            own.append(max(0.0, window_wall_s - self._compute_s()))
+        slots[rank] = torch.tensor(own, dtype=torch.float64)
         slots = slots.to(values.device)
         if self.ctx.distributed:
             # the losses and the slots in one collective: the sum over ranks of the losses is the
@@ -89,10 +128,10 @@ class StepMetrics:
             packed = torch.cat([values[:, 0], slots.reshape(-1)])
             dist.all_reduce(packed)
             values[:, 0] = packed[: len(values)]
-            slots = packed[len(values) :].reshape(world, len(WINDOW_NAMES))
+            slots = packed[len(values) :].reshape(world, len(names))
         host = torch.cat([values.reshape(-1), slots.reshape(-1)]).cpu()  # the window's one read
         rows = host[: values.numel()].reshape(values.shape).tolist()
-        per_rank = host[values.numel() :].reshape(world, len(WINDOW_NAMES)).tolist()
+        per_rank = host[values.numel() :].reshape(world, len(names)).tolist()
         done = []
         for record, row in zip(self._records, rows, strict=True):
             record = dict(record)
@@ -101,16 +140,18 @@ class StepMetrics:
             for name, value in zip(self._names[1:], row[1:], strict=True):
                 record[name] = int(value) if name == "skipped_steps" else value
             done.append(record)
-        done[-1].update(window_record(per_rank, len(done) * samples_per_step, window_wall_s))
+        done[-1].update(window_record(per_rank, len(done) * samples_per_step, window_wall_s, names))
         self._records, self._values, self._names = [], [], None
         return done
 
 
-def window_record(per_rank: list[list[float]], samples: int, wall_s: float) -> dict[str, Any]:
-    """The window's figures, from ``per_rank`` (one row per rank, ``WINDOW_NAMES`` columns),
-    ``samples`` trained in it over all ranks, and its wall-clock time."""
+def window_record(
+    per_rank: list[list[float]], samples: int, wall_s: float, names: tuple[str, ...] = WINDOW_NAMES
+) -> dict[str, Any]:
+    """The window's figures, from ``per_rank`` (one row per rank, ``names`` columns), ``samples``
+    trained in it over all ranks, and its wall-clock time."""
     out: dict[str, Any] = {}
-    for column, name in enumerate(WINDOW_NAMES):
+    for column, name in enumerate(names):
         values = [row[column] for row in per_rank]
         highest = max(values)
         out[f"{name}_max"] = highest
@@ -123,4 +164,4 @@ def window_record(per_rank: list[list[float]], samples: int, wall_s: float) -> d
     return out
 
 
-__all__ = ["WINDOW_NAMES", "StepMetrics", "window_record"]
+__all__ = ["DEVICE_WINDOW_NAMES", "WINDOW_NAMES", "StepMetrics", "window_record"]

@@ -31,6 +31,8 @@ KEYS = (
     "loader_wait_s_mean",
     "input_frac_max",
     "input_frac_mean",
+    "device_idle_s_max",  # CUDA only
+    "device_idle_s_mean",
     "samples_per_s_wall",
     "samples_per_s_per_device",
 )
