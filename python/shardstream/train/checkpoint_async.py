@@ -10,6 +10,7 @@ ends; the run's end waits for the last write, within ``checkpoint.flush_timeout_
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,26 @@ from typing import Any
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (or not within the flush bound); names the checkpoint."""
+
+
+# How much lower than the training thread the writer runs (a nice increment; 19 is the lowest).
+WRITER_NICENESS = 10
+
+
+def lower_thread_priority(increment: int = WRITER_NICENESS) -> None:
+    """Lowers the calling thread's CPU priority (Linux: nice is per thread, and threads it
+    starts, such as boto3's upload pool, inherit it). The write serialises, hashes and uploads
+    gigabytes on the cores the step's intra-op threads and the loader use; at equal priority it
+    takes its share of them out of every step it overlaps, and lower it still finishes in the
+    gaps the step leaves (and at full speed when the run waits for it at the end)."""
+    get_native_id = getattr(threading, "get_native_id", None)
+    if get_native_id is None or not hasattr(os, "setpriority"):
+        return
+    tid = get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except OSError:
+        pass  # a sandbox that forbids it: the write runs at the training thread's priority
 
 
 class BackgroundWriter:
@@ -38,6 +59,7 @@ class BackgroundWriter:
         self._what, self._started = what, time.perf_counter()
 
         def run() -> None:
+            lower_thread_priority()
             try:
                 write()
                 self.last_write_s = time.perf_counter() - self._started
