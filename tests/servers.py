@@ -211,7 +211,7 @@ class RangeHTTPServer:
 class Fault:
     """One fault for one request. Build with the helpers below."""
 
-    kind: str  # "reset" | "status" | "stall" | "short"
+    kind: str  # "reset" | "status" | "stall" | "short" | "delay"
     after: int = 0  # body bytes passed through before the fault
     status: int = 503
     code: str = "SlowDown"
@@ -222,6 +222,8 @@ class Fault:
             return f"status {self.status} {self.code}"
         if self.kind == "stall":
             return f"stall {self.seconds}s after {self.after}"
+        if self.kind == "delay":
+            return f"delay {self.seconds}s"
         return f"{self.kind} after {self.after}"
 
 
@@ -238,6 +240,12 @@ def short_body(n: int) -> Fault:
 def stall_after(n: int, seconds: float) -> Fault:
     """``n`` body bytes, then silence for ``seconds`` (longer than the read timeout), then close."""
     return Fault("stall", after=n, seconds=seconds)
+
+
+def delay_before(seconds: float) -> Fault:
+    """The request waits ``seconds`` before the proxy forwards it (nothing is sent meanwhile), then
+    passes: the window in which a test changes what the server will answer."""
+    return Fault("delay", seconds=seconds)
 
 
 def error_status(status: int = 503, code: str = "SlowDown") -> Fault:
@@ -302,6 +310,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             if method == "GET":
                 self.wfile.write(body)
             return
+        if fault is not None and fault.kind == "delay":
+            owner._stop.wait(fault.seconds)
+            fault = None
         upstream = http.client.HTTPConnection(owner.upstream_host, owner.upstream_port, timeout=30)
         try:
             dropped = _HOP_BY_HOP if owner.preserve_host else _HOP_BY_HOP | {"host"}

@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 
 import pytest
 from parquet_corpus import row_groups, write_pairs
-from servers import FaultProxy, RangeHTTPServer, error_status, reset_after, short_body, stall_after
+from servers import (
+    FaultProxy,
+    RangeHTTPServer,
+    delay_before,
+    error_status,
+    reset_after,
+    short_body,
+    stall_after,
+)
 from shardstream import ShardLoader, read_samples
 from shardstream.errors import ShardError
 from shardstream.index import build_index, write_index
@@ -87,3 +97,35 @@ def test_a_file_replaced_after_indexing_is_refused_by_name_never_spliced(files, 
             list(loader)
     message = str(caught.value)
     assert "data.parquet" in message and "\n" not in message, message
+
+
+def test_a_file_replaced_between_its_footer_and_a_row_group_is_an_error_not_a_splice(files, tmp_path):
+    # The footer says where the row groups' chunks are; read from another version of the file,
+    # those offsets splice two files. Every range read after the first carries the version seen.
+    directory, names = files
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copy(os.path.join(directory, names[0]), served / "data.parquet")
+    # Requests: the size probe, the footer, then a row group's chunks, held back before the
+    # server sees them while the file is replaced: that read is the first to meet the new file.
+    plan = {"/data.parquet": [None, None, delay_before(0.5)]}
+    outcome: dict[str, object] = {}
+
+    def read(url: str) -> None:
+        try:
+            outcome["samples"] = list(read_samples([url], on_error="raise", **FAST))
+        except ShardError as e:
+            outcome["error"] = e
+
+    with RangeHTTPServer(str(served)) as srv, FaultProxy(srv.url(), plan) as proxy:
+        reader = threading.Thread(target=read, args=(proxy.url("data.parquet"),))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not any(r.fault for r in proxy.requests) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        shutil.copy(os.path.join(directory, names[1]), served / "data.parquet.new")
+        os.replace(served / "data.parquet.new", served / "data.parquet")
+        reader.join(timeout=60)
+    assert "samples" not in outcome, "read on across two versions of the file"
+    message = str(outcome["error"])
+    assert "data.parquet" in message and "changed while it was being read" in message, message

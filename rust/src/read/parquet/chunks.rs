@@ -20,6 +20,9 @@ pub struct RangedFile {
     len: u64,
     opts: SourceOptions,
     stats: Arc<SourceStats>,
+    /// The version opened (size, ETag): every later range read refuses another, so a file
+    /// replaced between the footer and a row group is an error, never a splice of two files.
+    version: Expected,
     /// Fetched ranges, (start, bytes): the footer and the current row group's chunks.
     held: Mutex<Vec<(u64, Bytes)>>,
     /// The first source failure behind a parquet error: it keeps its kind (not found,
@@ -35,10 +38,11 @@ impl RangedFile {
         opts: &SourceOptions,
         stats: &Arc<SourceStats>,
     ) -> Result<Self, SourceError> {
-        let len = source::object_size(url, expected, opts, stats)?;
+        let version = source::object_version(url, expected, opts, stats)?;
         Ok(Self {
             url: url.to_string(),
-            len,
+            len: version.size.unwrap_or(0),
+            version,
             opts: opts.clone(),
             stats: stats.clone(),
             held: Mutex::new(Vec::new()),
@@ -64,12 +68,11 @@ impl RangedFile {
     fn fetch(&self, start: u64, end: u64) -> Result<Bytes, SourceError> {
         let end = end.min(self.len);
         let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
-        let read = source::open_range(&self.url, start, Some(end), &self.opts, &self.stats)
-            .and_then(|r| {
-                r.take(end - start)
-                    .read_to_end(&mut out)
-                    .map_err(|e| from_io(&self.url, e))
-            });
+        let read = self.open_range(start, Some(end)).and_then(|r| {
+            r.take(end - start)
+                .read_to_end(&mut out)
+                .map_err(|e| from_io(&self.url, e))
+        });
         match read {
             Ok(_) if out.len() as u64 == end - start => Ok(out.into()),
             Ok(_) => Err(SourceError::Open {
@@ -82,6 +85,21 @@ impl RangedFile {
             }),
             Err(e) => Err(e),
         }
+    }
+
+    fn open_range(
+        &self,
+        start: u64,
+        end: Option<u64>,
+    ) -> Result<Box<dyn Read + Send>, SourceError> {
+        source::open_range_expecting(
+            &self.url,
+            start,
+            end,
+            &self.version,
+            &self.opts,
+            &self.stats,
+        )
     }
 
     fn held_slice(&self, start: u64, len: usize) -> Option<Bytes> {
@@ -118,8 +136,7 @@ impl ChunkReader for RangedFile {
                 return Ok(Box::new(Cursor::new(bytes.slice((start - at) as usize..))));
             }
         }
-        source::open_range(&self.url, start, None, &self.opts, &self.stats)
-            .map_err(|e| self.remember(e))
+        self.open_range(start, None).map_err(|e| self.remember(e))
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {

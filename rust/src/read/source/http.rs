@@ -228,6 +228,18 @@ impl HttpReader {
         self.version.as_ref().and_then(|v| v.total)
     }
 
+    /// The version the server answered with, as later range reads of it must expect: its size
+    /// and strong ETag (a weak one cannot go out as `If-Match`).
+    pub fn seen_version(&self) -> Expected {
+        let version = self.version.as_ref();
+        Expected {
+            size: version.and_then(|v| v.total),
+            etag: version
+                .and_then(|v| v.etag.clone())
+                .filter(|etag| !etag.starts_with("W/")),
+        }
+    }
+
     fn connect_with_retries(&mut self) -> Result<(), SourceError> {
         loop {
             match self.connect() {

@@ -493,20 +493,22 @@ fn open_http(
     }
 }
 
-/// The size of the object at `url` in bytes: the file's, or what the server reports for a
-/// one-byte range (refusing a version other than `expected`). Readers that start at the end
-/// (a Parquet footer) need it first.
-pub fn object_size(
+/// The version of the object at `url` that is there now (refusing one other than `expected`):
+/// its size in bytes (the file's, or what the server reports for a one-byte range) and, for HTTP
+/// and S3, its strong ETag. Readers that start at the end (a Parquet footer) need the size first,
+/// and their later range reads pass this version to [`open_range_expecting`], so that an object
+/// replaced between two of them is refused rather than spliced.
+pub fn object_version(
     url: &str,
     expected: &Expected,
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
-) -> Result<u64, SourceError> {
+) -> Result<Expected, SourceError> {
     let unknown = || SourceError::Open {
         url: redact_url(url),
         message: "the server did not say how large the object is (no Content-Range)".into(),
     };
-    match locate(url)? {
+    let seen = match locate(url)? {
         Location::Local(path) => {
             let len = std::fs::metadata(path)
                 .map_err(|e| match e.kind() {
@@ -528,13 +530,17 @@ pub fn object_size(
                          since it was indexed; index it again"
                     ),
                 }),
-                _ => Ok(len),
+                _ => Ok(Expected {
+                    size: Some(len),
+                    etag: None,
+                }),
             }
         }
         Location::Http => {
-            http::HttpReader::open_expecting(url, None, 0, Some(1), expected, opts, stats)?
-                .total_size()
-                .ok_or_else(unknown)
+            Ok(
+                http::HttpReader::open_expecting(url, None, 0, Some(1), expected, opts, stats)?
+                    .seen_version(),
+            )
         }
         Location::S3 => {
             let signer = opts.signer.as_ref().ok_or_else(|| SourceError::BadUrl {
@@ -550,10 +556,14 @@ pub fn object_size(
                 ..opts.clone()
             };
             http::HttpReader::open_expecting(&signed.url, None, 0, Some(1), expected, opts, stats)
-                .map_err(|e| e.naming(url))?
-                .total_size()
-                .ok_or_else(unknown)
+                .map_err(|e| e.naming(url))
+                .map(|reader| reader.seen_version())
         }
+    };
+    let version = seen?;
+    match version.size {
+        Some(_) => Ok(version),
+        None => Err(unknown()),
     }
 }
 
@@ -570,6 +580,41 @@ pub fn open_range(
         Location::Local(path) => open_local(url, path, start, end, stats),
         Location::S3 => open_s3(url, start, end, opts, stats),
         Location::Http => open_http(url, start, end, &Expected::default(), opts, stats),
+    }
+}
+
+/// [`open_range`], refusing a version of the object other than `expected` (a local file by its
+/// size; HTTP and S3 by `If-Match` and the size the server reports).
+pub fn open_range_expecting(
+    url: &str,
+    start: u64,
+    end: Option<u64>,
+    expected: &Expected,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    if expected.is_empty() {
+        return open_range(url, start, end, opts, stats);
+    }
+    match locate(url)? {
+        Location::Local(path) => {
+            if let (Some(size), Ok(meta)) = (expected.size, std::fs::metadata(path)) {
+                if meta.len() != size {
+                    return Err(SourceError::Changed {
+                        url: redact_url(url),
+                        offset: start,
+                        message: format!(
+                            "it has {} bytes, {size} when it was opened or indexed: the shard \
+                             was replaced",
+                            meta.len()
+                        ),
+                    });
+                }
+            }
+            open_range(url, start, end, opts, stats)
+        }
+        Location::S3 => open_s3_expecting(url, start, end, expected, opts, stats),
+        Location::Http => open_http(url, start, end, expected, opts, stats),
     }
 }
 
