@@ -43,6 +43,7 @@ fn dataset() -> Vec<ShardCounts> {
             ShardCounts {
                 num_samples: n,
                 invalid,
+                whole: false,
             }
         })
         .collect()

@@ -45,6 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--persistent", action="store_true", help="one DataLoader with persistent workers for every epoch"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--caption-key", default=None, help="a caption member or Parquet column")
+    p.add_argument("--image-keys", default=None, help="comma-separated image members or columns")
     p.add_argument("--epochs", default="0", help="comma-separated epochs, e.g. 0,1")
     p.add_argument("--shuffle-buffer", type=int, default=5)
     p.add_argument("--samples-per-epoch", type=int, default=None)
@@ -117,6 +119,8 @@ def main(argv: list[str]) -> int:
             shuffle_buffer=args.shuffle_buffer,
             threads=1,
             samples_per_epoch=args.samples_per_epoch,
+            **({"caption_key": args.caption_key} if args.caption_key else {}),
+            **({"image_keys": args.image_keys.split(",")} if args.image_keys else {}),
         )
         result: dict[str, Any] = {
             "rank": rank,

@@ -140,3 +140,48 @@ def test_index_of_a_damaged_file_says_which_and_why(tmp_path, capsys):
     assert status == 2 and "short.parquet is not a shard" in err and "footer" in err
     assert main(["index", parquets[0], "-o", str(tmp_path / "i"), "--no-decode", "-q"]) == 0
     assert load_index(str(tmp_path / "i")).num_samples == 6
+
+
+def test_row_groups_are_the_units_so_an_epoch_interleaves_files(pairs):
+    parquets, _, keys, index = pairs
+    # A block of one sample: the emitted order is the reading order.
+    loader = shardstream.ShardLoader(
+        parquets, index=index, batch_size=1, image_size=32, shuffle_buffer=1, drop_last=False, seed=2, **HF
+    )
+    order = [k for batch in loader for k in batch.keys]
+    assert sorted(order) == sorted(keys)
+    # Keys are p{file}_{row:04d}; row groups hold 4 rows.
+    groups = [(int(k[1 : k.index("_")]), int(k[k.index("_") + 1 :]) // 4) for k in order]
+    stretches = [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]
+    files = [f for i, (f, _) in enumerate(stretches) if i == 0 or stretches[i - 1][0] != f]
+    assert len(files) > len(parquets), f"the epoch reads files one after another: {stretches}"
+    # Each row group (a unit, of 3 + 2 + 3) is read in one stretch.
+    assert len(stretches) == len(set(stretches)) == 8, stretches
+
+
+def test_a_subset_by_key_of_a_parquet_index_yields_exactly_those_samples(pairs, tmp_path):
+    from shardstream.subset import subset_index
+
+    parquets, _, keys, index = pairs
+    # Some rows of every row group of every file, among them a file's first and last.
+    chosen = sorted(keys[::3] + [keys[-1]])
+    (tmp_path / "keys.txt").write_text("\n".join(chosen) + "\n")
+    subset, report = subset_index(index, keys=str(tmp_path / "keys.txt"))
+    assert report.kept == len(chosen)
+    subset_dir = write_index(subset, str(tmp_path / "subset.index"))
+    runs = [run(parquets, subset_dir, rank=r, world=2, batch=2, **HF) for r in range(2)]
+    assert len({len(batches) for batches, _, _ in runs}) == 1
+    seen = [k for batches, _, _ in runs for b in batches for k in b]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + runs[0][2].stats["remainder_keys"]) == chosen, "exactly the chosen samples"
+
+
+@pytest.mark.slow
+def test_exact_on_two_ranks_under_torchrun(pairs, jobs):
+    _, _, keys, index = pairs
+    job = jobs(2, ["--index", index, "--batch-size", "3", "--caption-key", "text", "--image-keys", "image"])
+    per_rank = job.epoch(0)
+    assert len({len(r["batches"]) for r in per_rank}) == 1, "equal batch counts"
+    seen = [k for r in per_rank for b in r["batches"] for k in b]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + per_rank[0]["stats"]["remainder_keys"]) == sorted(keys)

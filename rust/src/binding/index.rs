@@ -12,6 +12,7 @@ use super::convert::source_options;
 use super::errors::index_err;
 use super::plan::{EpochPlanView, PlanRequest};
 use crate::check::scan::ShardReport;
+use crate::index::units::Units;
 use crate::index::Index;
 use crate::plan::{self, EpochPlan};
 use crate::read::spans::{PlannedPart, PlannedShards, ShardNames};
@@ -28,6 +29,8 @@ pub struct DatasetIndex {
     names: Arc<ShardNames>,
     /// The plan's input, made once: every plan of every epoch starts from it.
     plan_input: Arc<std::sync::OnceLock<plan::PlanInput>>,
+    /// The plan's units (row groups of Parquet files), made once.
+    units: Arc<std::sync::OnceLock<Arc<Units>>>,
 }
 
 impl DatasetIndex {
@@ -37,6 +40,7 @@ impl DatasetIndex {
             location,
             names: Arc::new(ShardNames::default()),
             plan_input: Arc::default(),
+            units: Arc::default(),
         }
     }
 }
@@ -142,6 +146,7 @@ impl DatasetIndex {
             location: self.location.clone(),
             names: Arc::new(ShardNames { urls, displays }),
             plan_input: self.plan_input.clone(),
+            units: self.units.clone(),
         })
     }
 
@@ -313,6 +318,10 @@ impl DatasetIndex {
             index: self.index.clone(),
             location: self.location.clone(),
             names: self.names.clone(),
+            units: self
+                .units
+                .get_or_init(|| Arc::new(self.index.units()))
+                .clone(),
         }
     }
 }

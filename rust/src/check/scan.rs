@@ -56,6 +56,10 @@ pub struct ShardReport {
     /// UTF-8), in ordinal order, for a subset's metadata (uids, filter fields).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub captured: Vec<Option<String>>,
+    /// A Parquet file's rows per non-empty row group, from its footer: the index records them
+    /// and the plan makes each row group a unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_groups: Option<Vec<u64>>,
 }
 
 #[derive(Clone, Debug)]
@@ -82,6 +86,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         compressed: false,
         identity: None,
         captured: Vec::new(),
+        row_groups: None,
     };
     let mut columns = None;
     if is_parquet_name(url) {
@@ -92,6 +97,8 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
                 return report;
             }
         };
+        // Empty row groups hold no unit's rows: left out, the row bases stay the same.
+        report.row_groups = Some(file.row_counts().into_iter().filter(|&n| n > 0).collect());
         if !opts.decode && opts.capture.is_none() {
             footer_scan(file, &mut report, &stats);
             return report;
@@ -222,6 +229,12 @@ impl ShardReport {
             entry.keys = Some(self.keys.clone());
         }
         entry.identity = self.identity.clone();
+        // Row groups describe the file only when every row of it was read.
+        entry.row_groups = self
+            .row_groups
+            .as_ref()
+            .filter(|g| self.fatal.is_none() && g.iter().sum::<u64>() == self.samples)
+            .map(|g| Arc::new(g.clone()));
         let mut invalid = self.invalid.clone();
         invalid.sort_by_key(|i| i.ordinal);
         invalid.dedup_by_key(|i| i.ordinal);

@@ -8,6 +8,7 @@ use super::{
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 /// Tar headers start on 512-byte boundaries, so offsets are written in these units when they can be.
 const TAR_BLOCK: u64 = 512;
@@ -34,6 +35,9 @@ struct WireShard {
     offsets: Option<WireOffsets>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     identity: Option<String>,
+    /// A Parquet file's rows per row group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    row_groups: Option<Vec<u64>>,
 }
 
 /// Offsets on disk: a plain list of byte offsets (accepted on input), or the compact form this
@@ -183,6 +187,7 @@ pub fn parse(bytes: &[u8], limit: u64) -> Result<Index, IndexError> {
                 invalid_details: w.invalid,
                 identity: w.identity,
                 detail_ref: None,
+                row_groups: w.row_groups.map(Arc::new),
             })
         })
         .collect::<Result<Vec<_>, IndexError>>()?;
@@ -207,6 +212,7 @@ pub fn write(index: &Index) -> Vec<u8> {
             keys: shard.keys.clone(),
             offsets: shard.offsets.as_deref().map(WireOffsets::encode),
             identity: shard.identity.clone(),
+            row_groups: shard.row_groups.as_deref().cloned(),
         };
         serde_json::to_writer(&mut out, &wire).expect("an index entry always serializes");
     }

@@ -8,7 +8,8 @@
 //! gzip shard, 2: has a detail block), identity (empty: unknown), the block's file number,
 //! offset and length when flagged, then the invalid ordinals (count, then the first ordinal and
 //! the gaps to each next one): what the plan skips; their keys and reasons are in the detail
-//! block. Integers are LEB128 varints, strings length-prefixed UTF-8.
+//! block; then a subset's count and hash (flag 4), and a Parquet file's rows per row group
+//! (flag 8: the count of row groups, then each one's rows). Integers are LEB128 varints, strings length-prefixed UTF-8.
 //! docs/epoch-plan.md documents it for other implementations.
 
 use super::codec::{put_checksum, put_ordinals, put_str, put_varint, Decoder};
@@ -22,6 +23,7 @@ pub const MANIFEST_VERSION: u64 = 2;
 const COMPRESSED: u8 = 1;
 const HAS_DETAIL: u8 = 2;
 const HAS_SELECTION: u8 = 4;
+const HAS_ROW_GROUPS: u8 = 8;
 const MAX_URL: u64 = 16 << 10;
 const MAX_TEXT: u64 = 64 << 10;
 const MAX_HEADER: u64 = 16 << 20;
@@ -67,6 +69,11 @@ pub fn encode(index: &Index) -> Vec<u8> {
                 HAS_SELECTION
             } else {
                 0
+            }
+            | if s.row_groups.is_some() {
+                HAS_ROW_GROUPS
+            } else {
+                0
             };
         body.push(flags);
         put_str(&mut body, s.identity.as_deref().unwrap_or(""));
@@ -79,6 +86,12 @@ pub fn encode(index: &Index) -> Vec<u8> {
         if let Some(selection) = &s.selection {
             put_varint(&mut body, selection.count);
             body.extend_from_slice(&selection.hash.to_le_bytes());
+        }
+        if let Some(groups) = &s.row_groups {
+            put_varint(&mut body, groups.len() as u64);
+            for &g in groups.iter() {
+                put_varint(&mut body, g);
+            }
         }
     }
     put_checksum(&mut body);
@@ -162,7 +175,21 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
         } else {
             None
         };
+        let row_groups = if flags & HAS_ROW_GROUPS != 0 {
+            // A row group holds at least one row, so there are no more groups than samples.
+            let n = d
+                .bounded(num_samples, "row group count")
+                .map_err(|e| super::shard_error(&url, e.to_string()))?;
+            let groups = (0..n)
+                .map(|_| d.bounded(num_samples, "row group rows"))
+                .collect::<std::io::Result<Vec<u64>>>()
+                .map_err(|e| super::shard_error(&url, e.to_string()))?;
+            Some(std::sync::Arc::new(groups))
+        } else {
+            None
+        };
         shards.push(ShardEntry {
+            row_groups,
             selection,
             compressed: flags & COMPRESSED != 0,
             url,

@@ -13,9 +13,9 @@ pub mod detail;
 mod json_v1;
 pub mod manifest;
 pub mod subset;
+pub mod units;
 
 use crate::error::Reason;
-use crate::plan::{PlanInput, ShardCounts};
 use crate::read::source::redact_url;
 use crate::rng::{hash_bytes, mix64};
 use serde::{Deserialize, Serialize};
@@ -92,6 +92,10 @@ pub struct ShardEntry {
     /// A subset of the shard (keys, uids, a filter): the plan schedules only these samples.
     /// Boxed: most indexes are not subsets, and every rank holds an entry per shard.
     pub selection: Option<Box<Selection>>,
+    /// A Parquet file's rows per row group, from its footer (summing to `num_samples`): the
+    /// plan's units are then its row groups (`units`), not the whole file. O(row groups).
+    /// Behind one thin pointer: every rank holds an entry per shard.
+    pub row_groups: Option<Arc<Vec<u64>>>,
 }
 
 /// The samples a subset keeps of one shard, all valid. The manifest holds the count and a hash
@@ -152,6 +156,7 @@ impl ShardEntry {
             identity: None,
             detail_ref: None,
             selection: None,
+            row_groups: None,
         }
     }
 
@@ -277,6 +282,19 @@ impl ShardEntry {
                 return Err(shard_error(
                     &self.url,
                     format!("the subset keeps {} of {n} samples", selection.count),
+                ));
+            }
+        }
+        if let Some(groups) = &self.row_groups {
+            let rows = groups.iter().try_fold(0u64, |a, &g| a.checked_add(g));
+            if rows != Some(n) {
+                return Err(shard_error(
+                    &self.url,
+                    format!(
+                        "its {} row groups hold {} rows, but it has {n} samples",
+                        groups.len(),
+                        rows.map_or("more than 2^64".to_string(), |r| r.to_string())
+                    ),
                 ));
             }
         }
@@ -531,8 +549,8 @@ impl Index {
 
     /// A stable 64-bit hash of what the epoch plan depends on: the shard order, each shard's file
     /// name (last path component, without query, so a dataset can move between disk, HTTP and
-    /// S3), its sample count and its invalid ordinals. A resume state saved for one index is
-    /// refused on an index with another fingerprint.
+    /// S3), its sample count, its invalid ordinals and a Parquet file's row groups. A resume
+    /// state saved for one index is refused on an index with another fingerprint.
     pub fn fingerprint(&self) -> u64 {
         let mut h = mix64(0x5353_4944_5846_5031 ^ self.shards.len() as u64);
         let mut feed = |x: u64| h = mix64(h ^ mix64(x));
@@ -548,30 +566,16 @@ impl Index {
                 feed(selection.count);
                 feed(selection.hash);
             }
+            // The row groups are the plan's units: another layout of the same rows is
+            // another plan.
+            if let Some(groups) = &shard.row_groups {
+                feed(0x524f_5747_5250 ^ groups.len() as u64);
+                for &g in groups.iter() {
+                    feed(g);
+                }
+            }
         }
         h
-    }
-
-    /// What the epoch plan needs: counts and invalid ordinals per shard, and the fingerprint.
-    pub fn plan_input(&self) -> PlanInput {
-        // A subset's shard is planned in *selected* positions: the plan's ordinal k is the
-        // shard's k-th selected sample, which the reader looks up when it opens the shard.
-        let shards = self
-            .shards
-            .iter()
-            .map(|s| match &s.selection {
-                Some(selection) => ShardCounts {
-                    num_samples: selection.count,
-                    invalid: Arc::from([]),
-                },
-                None => ShardCounts {
-                    num_samples: s.num_samples,
-                    invalid: s.invalid.clone(),
-                },
-            })
-            .collect();
-        PlanInput::new(shards, self.fingerprint())
-            .expect("a validated index always gives valid counts")
     }
 }
 
@@ -840,11 +844,12 @@ mod tests {
 #[cfg(test)]
 mod entry_size {
     /// Every rank holds one entry per shard (1.28 M for LAION-2B): a field added to it costs
-    /// that many times its size. This pins the size so that growth is a decision.
+    /// that many times its size. This pins the size so that growth is a decision. 208: a
+    /// Parquet file's row groups took one pointer (10 MB a rank for 1.28 M shards).
     #[test]
     fn a_shard_entry_stays_small() {
         assert!(
-            std::mem::size_of::<super::ShardEntry>() <= 200,
+            std::mem::size_of::<super::ShardEntry>() <= 208,
             "{}",
             std::mem::size_of::<super::ShardEntry>()
         );

@@ -13,6 +13,11 @@ pub struct ShardCounts {
     /// Shared with the index that holds them (a clone costs nothing): a validated index of
     /// millions of invalid samples is held once per rank, not twice.
     pub invalid: Arc<[u64]>,
+    /// Read whole, from its first sample: not rotated in the phase sequence. A Parquet row
+    /// group is decoded whole whichever row a read starts at, so a rotated one would be read
+    /// twice (from the rotation to its end, then from its start); the block shuffle still
+    /// changes its samples' order every epoch.
+    pub whole: bool,
 }
 
 /// The dataset as the plan sees it: per-shard counts and a fingerprint that identifies the
@@ -95,6 +100,7 @@ impl PlanInput {
         let shards = counts
             .iter()
             .map(|&n| ShardCounts {
+                whole: false,
                 num_samples: n,
                 invalid: Arc::from([]),
             })

@@ -199,18 +199,23 @@ impl Mixture {
         let mut seq = Sequence::default();
         for local in order {
             let shard = s.first_shard + local;
-            let n = self.input.shards()[shard as usize].num_samples;
+            let counts = &self.input.shards()[shard as usize];
+            let n = counts.num_samples;
             if n == 0 {
                 continue;
             }
-            let rotation = SplitMix64::new(derive_seed(&[
-                TAG_MIX_ROTATION,
-                seed,
-                i as u64,
-                pass,
-                local as u64,
-            ]))
-            .below(n);
+            let rotation = if counts.whole {
+                0
+            } else {
+                SplitMix64::new(derive_seed(&[
+                    TAG_MIX_ROTATION,
+                    seed,
+                    i as u64,
+                    pass,
+                    local as u64,
+                ]))
+                .below(n)
+            };
             for (start, end) in [(rotation, n), (0, rotation)] {
                 seq.push(Run { shard, start, end }, Some(&self.input));
             }

@@ -163,8 +163,12 @@ pub(super) fn global_sequence(input: &PlanInput, seed: u64, epoch: u64) -> Seque
         if counts.num_samples == 0 {
             continue;
         }
-        let rotation = SplitMix64::new(derive_seed(&[TAG_ROTATION, seed, epoch, shard as u64]))
-            .below(counts.num_samples);
+        let rotation = if counts.whole {
+            0
+        } else {
+            SplitMix64::new(derive_seed(&[TAG_ROTATION, seed, epoch, shard as u64]))
+                .below(counts.num_samples)
+        };
         // Invalid ordinals stay inside the runs (see `Sequence`): two runs per shard.
         seq.push(
             Run {

@@ -5,6 +5,7 @@
 //! stream to skip, which the reader does from the start.
 
 use crate::batch::span::{ShardSpan, SpanSelection};
+use crate::index::units::Units;
 use crate::index::Index;
 use crate::plan::Run;
 use crate::read::seek::{keys_of_runs, DetailSource};
@@ -31,6 +32,8 @@ pub struct PlannedPart {
     pub index: Arc<Index>,
     pub location: Option<String>,
     pub names: Arc<ShardNames>,
+    /// The index's plan units (`Index::units`): the plan numbers these, not shards.
+    pub units: Arc<Units>,
 }
 
 impl PlannedShards {
@@ -38,39 +41,52 @@ impl PlannedShards {
         Self { parts }
     }
 
-    /// `f(part, runs in that part's numbering, first shard of the part)` for each stretch of
-    /// consecutive runs in one part, in order.
+    /// `f(part, runs as ordinals of that part's shards, the plan's unit number of each run)`
+    /// for each stretch of consecutive runs in one part, in order.
     fn for_each_part<E>(
         &self,
         runs: &[Run],
-        mut f: impl FnMut(&PlannedPart, &[Run], u32) -> Result<(), E>,
+        mut f: impl FnMut(&PlannedPart, &[Run], &[u32]) -> Result<(), E>,
     ) -> Result<(), E> {
-        let firsts = self.first_shards();
+        let firsts = self.first_units();
         let mut i = 0;
         while i < runs.len() {
             let part = firsts.partition_point(|&first| first <= runs[i].shard) - 1;
             let first = firsts[part];
             let end = firsts.get(part + 1).copied().unwrap_or(u32::MAX);
+            let units = &self.parts[part].units;
             let mut local = Vec::new();
+            let mut numbers = Vec::new();
             while i < runs.len() && (first..end).contains(&runs[i].shard) {
-                local.push(Run {
-                    shard: runs[i].shard - first,
-                    ..runs[i]
+                let unit = runs[i].shard - first;
+                local.push(if (unit as usize) < units.len() {
+                    units.shard_run(&Run {
+                        shard: unit,
+                        ..runs[i]
+                    })
+                } else {
+                    // Past the last unit: left for `planned_spans` to refuse by its number.
+                    Run {
+                        shard: u32::MAX,
+                        ..runs[i]
+                    }
                 });
+                numbers.push(runs[i].shard);
                 i += 1;
             }
-            f(&self.parts[part], &local, first)?;
+            f(&self.parts[part], &local, &numbers)?;
         }
         Ok(())
     }
 
-    fn first_shards(&self) -> Vec<u32> {
+    /// Each part's first unit in the plan's numbering.
+    fn first_units(&self) -> Vec<u32> {
         let mut first = 0;
         self.parts
             .iter()
             .map(|p| {
                 let this = first;
-                first += p.index.len() as u32;
+                first += p.units.len() as u32;
                 this
             })
             .collect()
@@ -79,10 +95,12 @@ impl PlannedShards {
     /// The spans of `runs`, shards numbered as the plan numbers them.
     pub fn spans(&self, runs: &[Run]) -> Result<Vec<ShardSpan>, String> {
         let mut out = Vec::with_capacity(runs.len());
-        self.for_each_part(runs, |part, local, first| {
+        self.for_each_part(runs, |part, local, numbers| {
             let spans = planned_spans(&part.index, part.location.as_deref(), &part.names, local)?;
-            out.extend(spans.into_iter().map(|mut span| {
-                span.shard += first;
+            // A span carries the plan's unit number (what the pipeline's per-shard tables and a
+            // mixture's sources are keyed by); its URL, display and ordinals are the shard's.
+            out.extend(spans.into_iter().zip(numbers).map(|(mut span, &unit)| {
+                span.shard = unit;
                 span
             }));
             Ok::<(), String>(())
@@ -106,7 +124,8 @@ impl PlannedShards {
     }
 }
 
-/// The spans of `runs` over `index`, whose detail files live at `location`.
+/// The spans of `runs` (ordinals of `index`'s shards) over `index`, whose detail files live at
+/// `location`.
 pub fn planned_spans(
     index: &Index,
     location: Option<&str>,

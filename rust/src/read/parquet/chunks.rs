@@ -50,6 +50,11 @@ impl RangedFile {
         })
     }
 
+    /// The version opened: the index's, completed by what the source answered (size, ETag).
+    pub fn version(&self) -> &Expected {
+        &self.version
+    }
+
     /// Fetches `start..end` with one range request and keeps it for later reads.
     pub fn hold(&self, start: u64, end: u64) -> Result<(), SourceError> {
         let bytes = self.fetch(start, end)?;

@@ -12,6 +12,7 @@
 //! decompressed here, in the reader thread.
 
 mod chunks;
+mod footers;
 pub mod schema;
 
 use std::collections::VecDeque;
@@ -53,7 +54,8 @@ pub struct ParquetFile {
 }
 
 impl ParquetFile {
-    /// Opens `url` and reads its footer (one range read for most files).
+    /// Opens `url` and reads its footer (one range read for most files; none when one of the
+    /// last few files opened, `footers`).
     pub fn open(
         url: &str,
         expected: &Expected,
@@ -68,6 +70,13 @@ impl ParquetFile {
             offset: 0,
         })?;
         let len = parquet::file::reader::Length::len(&file);
+        // Keyed by the version the source answered with now, not only the index's: a file whose
+        // index recorded its size alone is still a cache hit only while its ETag is the same.
+        let key = footers::FooterKey::of(url, len, file.version());
+        if let Some(meta) = footers::cached(&key) {
+            // Nothing of the file is held: every row group's chunks are fetched when read.
+            return Ok(Self::of(Arc::new(file), meta, display, len));
+        }
         let footer_start = len.saturating_sub(FOOTER_GUESS);
         file.hold(footer_start, len).map_err(|e| ShardFault {
             reason: Reason::Unreadable,
@@ -79,14 +88,25 @@ impl ParquetFile {
         let meta = ParquetMetaDataReader::new()
             .parse_and_finish(&*file)
             .map_err(|e| fault(&file, &display, format!("footer: {e}")))?;
+        let meta = Arc::new(meta);
+        footers::keep(key, meta.clone());
+        Ok(Self::of(file, meta, display, footer_start))
+    }
+
+    fn of(
+        file: Arc<RangedFile>,
+        meta: Arc<ParquetMetaData>,
+        display: String,
+        footer_start: u64,
+    ) -> Self {
         let schema = FileSchema::of(&meta);
-        Ok(Self {
+        Self {
             file,
-            meta: Arc::new(meta),
+            meta,
             schema,
             display,
             footer_start,
-        })
+        }
     }
 
     /// Rows in each row group, from the footer.
@@ -305,3 +325,6 @@ fn file_stem(url: &str) -> String {
         .unwrap_or(name)
         .to_string()
 }
+
+#[cfg(test)]
+mod tests;

@@ -50,6 +50,9 @@ pub struct Column {
 #[derive(Clone, Debug)]
 pub struct FileSchema {
     pub columns: Vec<Column>,
+    /// The root's name (pyarrow's `schema`, Spark's `spark_schema`, ...): a projection must
+    /// carry it, or the reader refuses it as not the file's.
+    root: String,
 }
 
 /// What one read takes from a file.
@@ -82,7 +85,10 @@ impl FileSchema {
                 c.leaves.push(leaf);
             }
         }
-        Self { columns }
+        Self {
+            columns,
+            root: descr.root_schema().name().to_string(),
+        }
     }
 
     pub fn column(&self, name: &str) -> Option<&Column> {
@@ -115,7 +121,7 @@ impl FileSchema {
                     }
             })
             .collect();
-        let projection = Type::group_type_builder("schema")
+        let projection = Type::group_type_builder(&self.root)
             .with_fields(chosen.iter().map(|c| c.field.clone()).collect())
             .build()
             .expect("a projection of the file's own fields");

@@ -1,0 +1,154 @@
+//! Files written here with the parquet crate's own writer: footers, reads from a given row, the
+//! footer cache, and a damaged footer's typed fault.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parquet::data_type::{ByteArray, ByteArrayType};
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
+
+use super::*;
+use crate::batch::sample::fixtures::scratch_dir;
+
+/// img2dataset's layout (key, caption, binary jpg), with row groups of these sizes; row r holds
+/// key `k{r:03}`, image bytes `image {r}` and caption `caption {r}`.
+fn write(path: &std::path::Path, groups: &[u64]) {
+    let schema = parse_message_type(
+        "message s { required binary key (UTF8); required binary caption (UTF8); \
+         required binary jpg; }",
+    )
+    .unwrap();
+    let props = Arc::new(WriterProperties::builder().build());
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), props).unwrap();
+    let mut row = 0;
+    for &n in groups {
+        let mut group = writer.next_row_group().unwrap();
+        for column in ["k", "caption ", "image "] {
+            let values: Vec<ByteArray> = (row..row + n)
+                .map(|r| {
+                    let text = if column == "k" {
+                        format!("k{r:03}")
+                    } else {
+                        format!("{column}{r}")
+                    };
+                    ByteArray::from(text.into_bytes())
+                })
+                .collect();
+            let mut c = group.next_column().unwrap().unwrap();
+            c.typed::<ByteArrayType>()
+                .write_batch(&values, None, None)
+                .unwrap();
+            c.close().unwrap();
+        }
+        group.close().unwrap();
+        row += n;
+    }
+    writer.close().unwrap();
+}
+
+fn open(path: &std::path::Path, stats: &Arc<SourceStats>) -> Result<ParquetFile, ShardFault> {
+    ParquetFile::open(
+        path.to_str().unwrap(),
+        &Expected::default(),
+        &SourceOptions::default(),
+        stats,
+    )
+}
+
+#[test]
+fn the_footer_gives_row_groups_and_columns_and_reads_start_at_any_row() {
+    let dir = scratch_dir("parquet-footer");
+    let path = dir.join("part-00.parquet");
+    write(&path, &[3, 4, 2]);
+    let stats = Arc::new(SourceStats::default());
+    let file = open(&path, &stats).unwrap();
+    assert_eq!(file.row_counts(), [3, 4, 2]);
+    assert_eq!(file.num_rows(), 9);
+    let kinds: Vec<(&str, ColumnKind)> = file
+        .schema
+        .columns
+        .iter()
+        .map(|c| (c.name.as_str(), c.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("key", ColumnKind::Text),
+            ("caption", ColumnKind::Text),
+            ("jpg", ColumnKind::Binary)
+        ]
+    );
+    // From row 5 (the middle of row group 1): rows 5..9, their keys from the key column.
+    let wanted = ["jpg".to_string(), "caption".to_string()];
+    let samples: Vec<RawSample> = file
+        .samples(5, Some(&wanted))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let got: Vec<(u64, &str)> = samples
+        .iter()
+        .map(|s| (s.ordinal, s.key.as_str()))
+        .collect();
+    assert_eq!(got, [(5, "k005"), (6, "k006"), (7, "k007"), (8, "k008")]);
+    assert_eq!(samples[0].get("jpg").unwrap(), b"image 5");
+    assert_eq!(samples[3].get("caption").unwrap(), b"caption 8");
+    assert!(samples
+        .iter()
+        .all(|s| s.defect.is_none() && s.members.len() == 2));
+}
+
+#[test]
+fn a_file_opened_again_is_not_asked_for_its_footer_again() {
+    let dir = scratch_dir("parquet-footer-cache");
+    let path = dir.join("cached.parquet");
+    write(&path, &[2, 2]);
+    let first = Arc::new(SourceStats::default());
+    open(&path, &first).unwrap();
+    assert!(
+        first.bytes.load(Ordering::Relaxed) > 0,
+        "the footer was read"
+    );
+    let again = Arc::new(SourceStats::default());
+    let file = open(&path, &again).unwrap();
+    assert_eq!(
+        again.bytes.load(Ordering::Relaxed),
+        0,
+        "served from the cache"
+    );
+    let rows: Vec<u64> = file.samples(2, None).map(|s| s.unwrap().ordinal).collect();
+    assert_eq!(rows, [2, 3]);
+    // Rewritten in place (another modification time), it is read afresh.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write(&path, &[4]);
+    let rewritten = Arc::new(SourceStats::default());
+    assert_eq!(open(&path, &rewritten).unwrap().row_counts(), [4]);
+}
+
+#[test]
+fn a_damaged_footer_is_a_corrupt_parquet_fault_naming_the_file() {
+    let dir = scratch_dir("parquet-bad-footer");
+    let path = dir.join("bad.parquet");
+    write(&path, &[3, 3]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // The footer's length and the closing magic stay; the footer itself is garbage.
+    let n = bytes.len();
+    let footer_len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    for b in &mut bytes[n - 8 - footer_len..n - 8] {
+        *b = 0xff;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let fault = open(&path, &stats).err().expect("a damaged footer");
+    assert_eq!(fault.reason, Reason::CorruptParquet);
+    assert!(
+        fault.detail.contains("bad.parquet") && fault.detail.contains("footer"),
+        "{}",
+        fault.detail
+    );
+    // A file cut short has no footer at all: the same reason.
+    std::fs::write(&path, &bytes[..n / 2]).unwrap();
+    let fault = open(&path, &stats).err().expect("a truncated file");
+    assert_eq!(fault.reason, Reason::CorruptParquet);
+}
