@@ -132,7 +132,10 @@ pub fn open_shard_columns(
             first_ordinal,
         );
         samples.data_end = rows;
-        samples.parquet = Some((file.samples(first_ordinal, columns), max_member_bytes));
+        let rows = file
+            .samples(first_ordinal, columns)
+            .with_max_member_bytes(max_member_bytes);
+        samples.parquet = Some((rows, max_member_bytes));
         return Ok(samples);
     }
     let unreadable = |e: source::SourceError| ShardFault {

@@ -153,8 +153,22 @@ impl ParquetFile {
             first,
             ready: VecDeque::new(),
             done: false,
+            max_member_bytes: crate::defaults::MAX_MEMBER_BYTES,
         }
     }
+}
+
+/// The most bytes a column chunk of `rows` values can need when no value is over
+/// `max_member_bytes`: each value at that size, compressed at snappy's worst expansion (n/6 + 32),
+/// plus room for page headers and levels (64 KiB, and 64 bytes a value). A footer claiming more describes a chunk of members
+/// over the limit, or is hostile; either way it is not fetched into memory.
+fn chunk_limit(rows: u64, max_member_bytes: u64) -> u64 {
+    let per_value = max_member_bytes
+        .saturating_add(max_member_bytes / 6)
+        .saturating_add(64);
+    rows.max(1)
+        .saturating_mul(per_value)
+        .saturating_add(64 << 10)
 }
 
 /// The samples of a Parquet file, in row order.
@@ -170,17 +184,40 @@ pub struct ParquetSamples {
     first: u64,
     ready: VecDeque<RawSample>,
     done: bool,
+    /// Bounds each column chunk fetched ([`chunk_limit`]), as the tar reader bounds a member
+    /// from its header before reading it.
+    max_member_bytes: u64,
 }
 
 impl ParquetSamples {
+    /// The member size limit the chunks are bounded by (default: the core's `MAX_MEMBER_BYTES`).
+    pub fn with_max_member_bytes(mut self, max_member_bytes: u64) -> Self {
+        self.max_member_bytes = max_member_bytes;
+        self
+    }
+
     /// Reads row group `self.group` into `ready`: fetches its wanted column chunks (one range
     /// each), then decodes the rows.
     fn read_group(&mut self) -> Result<(), ShardFault> {
         let f = &self.file;
         let meta = f.meta.row_group(self.group);
         f.file.release_before(f.footer_start);
+        let rows = self.counts[self.group];
+        let limit = chunk_limit(rows, self.max_member_bytes);
         for &c in &self.columns.leaves {
             let (start, len) = meta.column(c).byte_range();
+            if len > limit {
+                return Err(ShardFault {
+                    reason: Reason::MemberTooLarge,
+                    kind: SourceKind::Other,
+                    detail: format!(
+                        "{}: row group {}: a column chunk of {len} bytes for {rows} rows is more \
+                         than values of max_member_bytes ({}) take",
+                        f.display, self.group, self.max_member_bytes
+                    ),
+                    offset: self.group_first,
+                });
+            }
             f.file.hold(start, start + len).map_err(|e| ShardFault {
                 reason: Reason::Unreadable,
                 kind: e.kind(),

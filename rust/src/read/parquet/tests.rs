@@ -15,6 +15,12 @@ use crate::batch::sample::fixtures::scratch_dir;
 /// img2dataset's layout (key, caption, binary jpg), with row groups of these sizes; row r holds
 /// key `k{r:03}`, image bytes `image {r}` and caption `caption {r}`.
 fn write(path: &std::path::Path, groups: &[u64]) {
+    write_sized(path, groups, 0);
+}
+
+/// [`write`], with `image_bytes` bytes of noise as each image when it is not 0 (noise, so that
+/// no codec shrinks the chunk).
+fn write_sized(path: &std::path::Path, groups: &[u64], image_bytes: usize) {
     let schema = parse_message_type(
         "message s { required binary key (UTF8); required binary caption (UTF8); \
          required binary jpg; }",
@@ -29,6 +35,12 @@ fn write(path: &std::path::Path, groups: &[u64]) {
         for column in ["k", "caption ", "image "] {
             let values: Vec<ByteArray> = (row..row + n)
                 .map(|r| {
+                    if column == "image " && image_bytes > 0 {
+                        let mut rng = crate::rng::SplitMix64::new(r);
+                        let noise: Vec<u8> =
+                            (0..image_bytes).map(|_| rng.next_u64() as u8).collect();
+                        return ByteArray::from(noise);
+                    }
                     let text = if column == "k" {
                         format!("k{r:03}")
                     } else {
@@ -151,4 +163,44 @@ fn a_damaged_footer_is_a_corrupt_parquet_fault_naming_the_file() {
     std::fs::write(&path, &bytes[..n / 2]).unwrap();
     let fault = open(&path, &stats).err().expect("a truncated file");
     assert_eq!(fault.reason, Reason::CorruptParquet);
+}
+
+#[test]
+fn a_column_chunk_larger_than_its_rows_can_take_is_refused_before_it_is_fetched() {
+    let dir = scratch_dir("parquet-chunk-limit");
+    let path = dir.join("limit.parquet");
+    // Two row groups of 3 images of 100 KB: each image chunk is about 300 KB.
+    write_sized(&path, &[3, 3], 100_000);
+    let stats = Arc::new(SourceStats::default());
+    let wanted = ["jpg".to_string()];
+    let rows: Vec<_> = open(&path, &stats)
+        .unwrap()
+        .samples(0, Some(&wanted))
+        .with_max_member_bytes(256 << 10)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 6, "chunks within the bound read as before");
+    assert!(rows.iter().all(|r| r.get("jpg").unwrap().len() == 100_000));
+    // With a 10 KB member limit, 3 rows can take about 100 KB: the 300 KB chunk is refused.
+    let limited = Arc::new(SourceStats::default());
+    let file = open(&path, &limited).unwrap();
+    let footer_bytes = limited.bytes.load(Ordering::Relaxed);
+    let mut samples = file.samples(0, Some(&wanted)).with_max_member_bytes(10_000);
+    let fault = samples.next().unwrap().unwrap_err();
+    assert_eq!(fault.reason, Reason::MemberTooLarge, "{}", fault.detail);
+    assert!(fault.detail.contains("row group 0") && fault.detail.contains("limit.parquet"));
+    // Only the small key chunk may have been read (the footer came from the cache).
+    let fetched = limited.bytes.load(Ordering::Relaxed) - footer_bytes;
+    assert!(
+        fetched < 1_000,
+        "the image chunk was fetched: {fetched} bytes"
+    );
+}
+
+#[test]
+fn the_chunk_bound_grows_with_rows_and_the_member_limit_and_never_overflows() {
+    assert_eq!(chunk_limit(0, 600), chunk_limit(1, 600));
+    assert!(chunk_limit(200, 256 << 20) > 200 * (256 << 20));
+    assert!(chunk_limit(201, 1000) > chunk_limit(200, 1000));
+    assert_eq!(chunk_limit(u64::MAX, u64::MAX), u64::MAX);
 }
