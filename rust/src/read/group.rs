@@ -135,7 +135,7 @@ pub fn open_shard_columns(
         let rows = file
             .samples(first_ordinal, columns)
             .with_max_member_bytes(max_member_bytes);
-        samples.parquet = Some((rows, max_member_bytes));
+        samples.parquet = Some(rows);
         return Ok(samples);
     }
     let unreadable = |e: source::SourceError| ShardFault {
@@ -206,7 +206,7 @@ pub struct SampleReader {
     compressed: bool,
     data_end: u64,
     /// A Parquet file's rows instead of the tar (and the member size cap).
-    parquet: Option<(parquet::ParquetSamples, u64)>,
+    parquet: Option<parquet::ParquetSamples>,
 }
 
 impl SampleReader {
@@ -272,19 +272,8 @@ impl Iterator for SampleReader {
     type Item = Result<RawSample, ShardFault>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some((rows, max_member_bytes)) = &mut self.parquet {
-            let mut item = rows.next()?;
-            if let Ok(sample) = &mut item {
-                let oversized = sample
-                    .members
-                    .iter()
-                    .find(|(_, d)| d.len() as u64 > *max_member_bytes)
-                    .map(|(ext, d)| format!("{ext}: {} bytes > {max_member_bytes}", d.len()));
-                if let Some(detail) = oversized {
-                    sample.defect = Some((Reason::MemberTooLarge, detail));
-                }
-            }
-            return Some(item);
+        if let Some(rows) = &mut self.parquet {
+            return rows.next();
         }
         if let Some(item) = self.ready.pop_front() {
             return Some(item);

@@ -184,8 +184,8 @@ pub struct ParquetSamples {
     first: u64,
     ready: VecDeque<RawSample>,
     done: bool,
-    /// Bounds each column chunk fetched ([`chunk_limit`]), as the tar reader bounds a member
-    /// from its header before reading it.
+    /// Bounds each member (a larger one is a `member_too_large` defect) and each column chunk
+    /// fetched ([`chunk_limit`]), as the tar reader bounds a member from its header.
     max_member_bytes: u64,
 }
 
@@ -276,6 +276,13 @@ impl ParquetSamples {
         // A null image is only a defect when no other image column holds one.
         if members.iter().any(|(n, _)| self.columns.images.contains(n)) {
             defect = None;
+        }
+        let max = self.max_member_bytes;
+        if let Some((name, bytes)) = members.iter().find(|(_, d)| d.len() as u64 > max) {
+            defect = Some((
+                Reason::MemberTooLarge,
+                format!("{name}: {} bytes > {max}", bytes.len()),
+            ));
         }
         RawSample {
             key: key.unwrap_or_else(|| format!("{}/{ordinal}", self.stem)),

@@ -181,6 +181,16 @@ fn a_column_chunk_larger_than_its_rows_can_take_is_refused_before_it_is_fetched(
         .unwrap();
     assert_eq!(rows.len(), 6, "chunks within the bound read as before");
     assert!(rows.iter().all(|r| r.get("jpg").unwrap().len() == 100_000));
+    // A 90 KB limit lets the chunk in (3 rows could take it) but not its 100 KB members.
+    let over: Vec<_> = open(&path, &stats)
+        .unwrap()
+        .samples(0, Some(&wanted))
+        .with_max_member_bytes(90_000)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(over
+        .iter()
+        .all(|r| matches!(&r.defect, Some((Reason::MemberTooLarge, d)) if d.contains("jpg: 100000 bytes"))));
     // With a 10 KB member limit, 3 rows can take about 100 KB: the 300 KB chunk is refused.
     let limited = Arc::new(SourceStats::default());
     let file = open(&path, &limited).unwrap();

@@ -439,7 +439,7 @@ pub fn open(
     open_range(url, start, None, opts, stats)
 }
 
-/// [`open`], refusing a version of the object other than `expected`.
+/// [`open`], refusing a version of the object other than `expected` (an index's record).
 pub fn open_expecting(
     url: &str,
     start: u64,
@@ -447,29 +447,7 @@ pub fn open_expecting(
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<Box<dyn Read + Send>, SourceError> {
-    if expected.is_empty() {
-        return open_range(url, start, None, opts, stats);
-    }
-    match locate(url)? {
-        Location::Local(path) => {
-            if let (Some(size), Ok(meta)) = (expected.size, std::fs::metadata(path)) {
-                if meta.len() != size {
-                    return Err(SourceError::Changed {
-                        url: redact_url(url),
-                        offset: 0,
-                        message: format!(
-                            "it has {} bytes, the index recorded {size}: the shard was replaced \
-                             since it was indexed; index it again",
-                            meta.len()
-                        ),
-                    });
-                }
-            }
-            open_range(url, start, None, opts, stats)
-        }
-        Location::S3 => open_s3_expecting(url, start, None, expected, opts, stats),
-        Location::Http => open_http(url, start, None, expected, opts, stats),
-    }
+    open_range_checked(url, start, None, expected, true, opts, stats)
 }
 
 /// An `http(s)://` object, through the shard cache when there is one (which checks the cached
@@ -522,14 +500,7 @@ pub fn object_version(
                 })?
                 .len();
             match expected.size {
-                Some(size) if size != len => Err(SourceError::Changed {
-                    url: redact_url(url),
-                    offset: 0,
-                    message: format!(
-                        "it has {len} bytes, the index recorded {size}: the shard was replaced \
-                         since it was indexed; index it again"
-                    ),
-                }),
+                Some(size) if size != len => Err(size_changed(url, len, size, 0, true)),
                 _ => Ok(Expected {
                     size: Some(len),
                     etag: None,
@@ -583,13 +554,28 @@ pub fn open_range(
     }
 }
 
-/// [`open_range`], refusing a version of the object other than `expected` (a local file by its
-/// size; HTTP and S3 by `If-Match` and the size the server reports).
+/// [`open_range`], refusing a version of the object other than `expected`, the one an earlier
+/// read of it saw (a local file by its size; HTTP and S3 by `If-Match` and the size the server
+/// reports).
 pub fn open_range_expecting(
     url: &str,
     start: u64,
     end: Option<u64>,
     expected: &Expected,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Box<dyn Read + Send>, SourceError> {
+    open_range_checked(url, start, end, expected, false, opts, stats)
+}
+
+/// Both of the above: `indexed` says whether `expected` is an index's record (the error then
+/// tells the user to index again) or what this process saw when it first opened the object.
+fn open_range_checked(
+    url: &str,
+    start: u64,
+    end: Option<u64>,
+    expected: &Expected,
+    indexed: bool,
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<Box<dyn Read + Send>, SourceError> {
@@ -600,21 +586,30 @@ pub fn open_range_expecting(
         Location::Local(path) => {
             if let (Some(size), Ok(meta)) = (expected.size, std::fs::metadata(path)) {
                 if meta.len() != size {
-                    return Err(SourceError::Changed {
-                        url: redact_url(url),
-                        offset: start,
-                        message: format!(
-                            "it has {} bytes, {size} when it was opened or indexed: the shard \
-                             was replaced",
-                            meta.len()
-                        ),
-                    });
+                    return Err(size_changed(url, meta.len(), size, start, indexed));
                 }
             }
             open_range(url, start, end, opts, stats)
         }
         Location::S3 => open_s3_expecting(url, start, end, expected, opts, stats),
         Location::Http => open_http(url, start, end, expected, opts, stats),
+    }
+}
+
+/// A local file of `len` bytes where `size` were expected.
+fn size_changed(url: &str, len: u64, size: u64, offset: u64, indexed: bool) -> SourceError {
+    let message = if indexed {
+        format!(
+            "it has {len} bytes, the index recorded {size}: the shard was replaced since it was \
+             indexed; index it again"
+        )
+    } else {
+        format!("it has {len} bytes, {size} when it was first opened: the shard was replaced")
+    };
+    SourceError::Changed {
+        url: redact_url(url),
+        offset,
+        message,
     }
 }
 
