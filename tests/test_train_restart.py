@@ -1,10 +1,11 @@
 """Process failures under real torchrun (2 ranks, gloo), as a cluster delivers them.
 
-- A rank SIGKILLed mid-epoch after a checkpoint, under ``--max-restarts=1`` and ``--resume
-  latest``: the job restarts itself, resumes from the checkpoint, and every later step (rank 0's
-  sample keys, the global loss) equals an uninterrupted run's. Before the process group's keys
-  were isolated per restart attempt, the restarted ranks read the dead attempt's addresses from
-  torchrun's store: most restarts failed (connection refused) or hung until the 30-minute timeout.
+- A rank SIGKILLed mid-epoch while rank 0 still writes a checkpoint in the background, under
+  ``--max-restarts=1`` and ``--resume latest``: the write lands, the job restarts itself, resumes
+  from the checkpoint, and every later step (rank 0's sample keys, the global loss) equals an
+  uninterrupted run's. Before the process group's keys were isolated per restart attempt, the
+  restarted ranks read the dead attempt's addresses from torchrun's store: most restarts failed
+  (connection refused) or hung until the 30-minute timeout.
 - A peer that never joins: the others give up after ``dist.join_timeout_s`` with one line naming
   what they waited for (so torchrun can restart them), not after the collective timeout.
 - SIGTERM to torchrun (what a scheduler sends before it kills): the workers finish the step,
@@ -93,9 +94,12 @@ def test_sigkilled_rank_restarts_and_resumes_exactly(
 ) -> None:
     out = tmp_path / "run"
     monkeypatch.setenv("SHARDSTREAM_TEST_KILL", "1:6")  # rank 1, after step 6 (checkpoint at 4)
-    args = small_config_args(
-        dataset, out, *COMMON, "--resume", "latest", "--train.callbacks", "[train_faults:KillOnFirstAttempt]"
-    )
+    # Rank 0's write of the step-4 checkpoint is still in flight when rank 1 dies: rank 0's next
+    # collective fails and torchrun SIGTERMs it at once. The write must still land (before, the
+    # default SIGTERM action was back by then, and on a loaded machine the checkpoint was lost).
+    monkeypatch.setenv("SHARDSTREAM_TEST_SLOW_WRITE_S", "4")
+    callbacks = "[train_faults:SlowCheckpointWrites, train_faults:KillOnFirstAttempt]"
+    args = small_config_args(dataset, out, *COMMON, "--resume", "latest", "--train.callbacks", callbacks)
     run = torchrun(args, launcher_args=["--max-restarts=1"], timeout=150, extra_path=str(HERE))
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
     assert re.search(r"failed \(exitcode: -9\) local_rank: 1 ", run.stderr), run.stderr[-4000:]  # SIGKILL

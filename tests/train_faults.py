@@ -4,6 +4,8 @@ As a callback (``--train.callbacks '[train_faults:KillOnFirstAttempt]'``, with t
 workers' PYTHONPATH): ``SHARDSTREAM_TEST_KILL=RANK:STEP`` SIGKILLs that rank right after that step
 (its checkpoint, if due, is written first: the checkpointer runs before configured callbacks),
 on torchrun's first attempt only, so the restarted workers run on.
+``[train_faults:SlowCheckpointWrites]`` with ``SHARDSTREAM_TEST_SLOW_WRITE_S=SECONDS`` delays
+every background checkpoint write by that long.
 ``[train_faults:StopServerAt]`` with ``SHARDSTREAM_TEST_STOP_SERVER=PGID:STEP``: rank 0 kills
 that process group (the S3 server) right after that step, once the checkpoint write in flight
 has landed, so that the next checkpoint's write is the one that meets the outage.
@@ -32,6 +34,22 @@ class KillOnFirstAttempt(Callback):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and trainer.ctx.rank == self.rank and trainer.step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowCheckpointWrites(Callback):
+    """``SHARDSTREAM_TEST_SLOW_WRITE_S=SECONDS``: every background checkpoint write first sleeps
+    that long, so that a write is still in flight when the next fault strikes."""
+
+    def __init__(self) -> None:
+        self.delay_s = float(os.environ["SHARDSTREAM_TEST_SLOW_WRITE_S"])
+
+    def on_train_start(self, trainer: Any) -> None:
+        submit, delay_s = trainer.writer.submit, self.delay_s
+
+        def slow_submit(what: str, write: Any) -> None:
+            submit(what, lambda: (time.sleep(delay_s), write()))
+
+        trainer.writer.submit = slow_submit
 
 
 class StopServerAt(Callback):

@@ -361,13 +361,15 @@ class Trainer:
                 "output_dir": str(self.output_dir),
             }
         finally:
-            if restore_sigterm is not None:
-                restore_sigterm()
             if not completed and hasattr(self, "writer"):
-                # an error ends the run: still let the checkpoint in flight land (no collective)
+                # An error ends the run: still let the checkpoint in flight land (no collective).
+                # The SIGTERM handler stays until it has: a peer's death makes torchrun SIGTERM
+                # this rank at once, and the default action would drop the write half done.
                 failed = self.writer.wait(self.cfg.checkpoint.flush_timeout_s or None)
                 if failed:
                     print(f"train_clip.py: error: {failed}", file=sys.stderr, flush=True)
+            if restore_sigterm is not None:
+                restore_sigterm()
             shutdown(self.ctx, finished=completed)
 
     def _stop_on_sigterm(self) -> Any:
