@@ -14,13 +14,15 @@ The model is an open_clip model (default ViT-B-32, 151 M parameters) on the CPU 
 - ``background_s``: the write that then runs beside training.
 
 Prints one line per store and the ratio blocking / sync (target < 0.10). Then, on the same model
-and store, what the write in flight costs the steps that run beside it: real training steps
-(forward, backward, AdamW on a batch of 2) before, during and after one background write; the
-median time of the steps that started while it was in flight against that of the steps with
-none, and their ratio (the write's serialising, hashing and I/O share the cores).
+and store, for each writer priority (``checkpoint.writer_priority``: idle, low, normal), what the
+write in flight costs the steps that run beside it: real training steps (forward, backward, AdamW
+on a batch of 2) before, during and after one background write; the median time of the steps that
+started while it was in flight against that of the steps with none, their ratio (the write's
+serialising, hashing and I/O share the cores), and the whole cost of the checkpoint to training
+(those steps' time beyond as many quiet steps, plus the blocking) against the synchronous write.
 
     python benches/bench_checkpoint_async.py [--model ViT-B-32] [--repeats 2] [--dir /tmp/x] [--no-s3]
-        [--quiet-steps 6]
+        [--quiet-steps 6] [--priorities idle,low,normal]
 """
 
 from __future__ import annotations
@@ -76,16 +78,19 @@ class Bundle:
         return time.perf_counter() - start
 
 
-def steps_beside_a_write(store: CheckpointStore, bundle: Bundle, step: int, quiet: int) -> dict[str, float]:
+def steps_beside_a_write(
+    store: CheckpointStore, bundle: Bundle, step: int, quiet: int, priority: str
+) -> dict[str, float]:
     """Step times with no write in flight (``quiet`` before the write and ``quiet`` after it)
-    and beside one (the steps that started while it was in flight), in one sequence."""
+    and beside one at ``priority`` (the steps that started while it was in flight), in one
+    sequence; ``lost_s``: what those steps took beyond as many quiet ones."""
     idle = [bundle.step() for _ in range(quiet)]
     payload = ckpt.snapshot_checkpoint(
         ctx=SINGLE, model=bundle.model, optimizer=bundle.optimizer, scheduler=bundle.scheduler,
         state=ckpt.TrainingState(step, 0, step, None), config={},
     )  # fmt: skip
     assert payload is not None
-    writer = BackgroundWriter()
+    writer = BackgroundWriter(priority)
     writer.submit(f"step {step}", lambda: ckpt.write_checkpoint(store, payload, keep=2))
     busy: list[float] = []
     while writer.busy:  # each of these steps starts with the write in flight (the last may
@@ -94,7 +99,14 @@ def steps_beside_a_write(store: CheckpointStore, bundle: Bundle, step: int, quie
     if failed:
         raise RuntimeError(failed)
     idle += [bundle.step() for _ in range(quiet)]
-    return {"idle_s": statistics.median(idle), "busy_s": statistics.median(busy), "busy_steps": len(busy)}
+    quiet_s = statistics.median(idle)
+    return {
+        "idle_s": quiet_s,
+        "busy_s": statistics.median(busy),
+        "busy_steps": len(busy),
+        "write_s": writer.last_write_s,
+        "lost_s": sum(busy) - quiet_s * len(busy),
+    }
 
 
 def measure(store: CheckpointStore, model, optimizer, scheduler, step: int, reuse: dict) -> dict[str, float]:
@@ -136,6 +148,11 @@ def main() -> None:
     parser.add_argument("--no-s3", action="store_true", help="the local folder only")
     parser.add_argument(
         "--quiet-steps", type=int, default=6, help="steps timed before and after the write (each)"
+    )
+    parser.add_argument(
+        "--priorities",
+        default="idle,low,normal",
+        help="checkpoint.writer_priority values to time the steps beside a write with (comma-separated)",
     )
     args = parser.parse_args()
 
@@ -179,13 +196,17 @@ def main() -> None:
                 f"allocating its buffers: {first_blocking:.2f} s)",
                 flush=True,
             )
-            beside = steps_beside_a_write(store, bundle, 10 * (args.repeats + 1), args.quiet_steps)
-            print(
-                f"{'':>26}  step time, median: {beside['idle_s']:.3f} s with no write in flight, "
-                f"{beside['busy_s']:.3f} s during the background write ({beside['busy_steps']} steps) | "
-                f"during/none = {beside['busy_s'] / beside['idle_s']:.2f}",
-                flush=True,
-            )
+            for n, priority in enumerate(args.priorities.split(",")):
+                step = 10 * (args.repeats + 1 + n)
+                beside = steps_beside_a_write(store, bundle, step, args.quiet_steps, priority)
+                print(
+                    f"{'':>26}  writer {priority:>6}: step median {beside['idle_s']:.3f} s with no write in "
+                    f"flight, {beside['busy_s']:.3f} s beside it ({beside['busy_steps']} steps, the write "
+                    f"{beside['write_s']:.1f} s) | during/none = {beside['busy_s'] / beside['idle_s']:.2f} | "
+                    f"steps lost {beside['lost_s']:.2f} s + blocking {best['blocking_s']:.2f} s = "
+                    f"{(beside['lost_s'] + best['blocking_s']) / best['sync_s']:.2f} x the sync write",
+                    flush=True,
+                )
     finally:
         if server is not None:
             server.stop()

@@ -21,28 +21,40 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (or not within the flush bound); names the checkpoint."""
 
 
-# How much lower than the training thread the writer runs (a nice increment; 19 is the lowest).
+# How much lower than the training thread a "low" writer runs (a nice increment; 19 is the lowest).
 WRITER_NICENESS = 10
+WRITER_PRIORITIES = ("idle", "low", "normal")
 
 
-def lower_thread_priority(increment: int = WRITER_NICENESS) -> None:
-    """Lowers the calling thread's CPU priority (Linux: nice is per thread, and threads it
-    starts, such as boto3's upload pool, inherit it). The write serialises, hashes and uploads
-    gigabytes on the cores the step's intra-op threads and the loader use; at equal priority it
-    takes its share of them out of every step it overlaps, and lower it still finishes in the
-    gaps the step leaves (and at full speed when the run waits for it at the end)."""
+def set_thread_priority(priority: str) -> None:
+    """Sets the calling thread's CPU priority (Linux: policy and nice are per thread, and threads
+    it starts, such as boto3's upload pool, inherit them). The write serialises, hashes and
+    uploads gigabytes on the cores the step's intra-op threads and the loader use. At the
+    training thread's priority it takes its share of them out of every step it overlaps, and
+    more than its share: a step's parallel region waits for its slowest thread, so one intra-op
+    thread pushed off its core stalls them all. ``idle`` (SCHED_IDLE) gives it only the cores
+    nothing else wants; ``low`` lowers it by ``WRITER_NICENESS`` nice levels; ``normal`` keeps
+    the caller's."""
     get_native_id = getattr(threading, "get_native_id", None)
-    if get_native_id is None or not hasattr(os, "setpriority"):
+    if priority == "normal" or get_native_id is None or not hasattr(os, "setpriority"):
         return
     tid = get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+        if priority == "idle" and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            lowered = min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS)
+            os.setpriority(os.PRIO_PROCESS, tid, lowered)
     except OSError:
         pass  # a sandbox that forbids it: the write runs at the training thread's priority
 
 
 class BackgroundWriter:
-    def __init__(self) -> None:
+    def __init__(self, priority: str = "idle") -> None:
+        if priority not in WRITER_PRIORITIES:
+            expected = ", ".join(WRITER_PRIORITIES)
+            raise ValueError(f"checkpoint.writer_priority: expected one of {expected}, got {priority!r}")
+        self._priority = priority
         self._thread: threading.Thread | None = None
         self._what = ""
         self._error: str | None = None
@@ -59,7 +71,7 @@ class BackgroundWriter:
         self._what, self._started = what, time.perf_counter()
 
         def run() -> None:
-            lower_thread_priority()
+            set_thread_priority(self._priority)
             try:
                 write()
                 self.last_write_s = time.perf_counter() - self._started
@@ -88,4 +100,4 @@ class BackgroundWriter:
         return error
 
 
-__all__ = ["BackgroundWriter", "CheckpointWriteError"]
+__all__ = ["BackgroundWriter", "CheckpointWriteError", "WRITER_PRIORITIES", "set_thread_priority"]

@@ -264,6 +264,13 @@ class CheckpointConfig:
         "the end); false: every rank waits for the write. dist.strategy fsdp always writes its shards "
         "synchronously",
     )
+    writer_priority: Literal["idle", "low", "normal"] = _f(
+        "idle",
+        "CPU priority of the background write (Linux): idle runs it only on cores nothing else wants "
+        "(SCHED_IDLE: the steps keep their speed; on a saturated CPU the write waits for gaps, or for "
+        "the next checkpoint or the end, which wait for it); low: 10 nice levels below training; "
+        "normal: the training thread's",
+    )
     flush_timeout_s: float = _f(
         120.0,
         "at the end of the run (also after SIGTERM) wait at most this long for the last checkpoint "

@@ -138,7 +138,7 @@ class Trainer:
 
         self.output_dir = Path(cfg.train.output_dir)
         self.store: CheckpointStore = open_store(cfg.checkpoint.dir, self.output_dir)
-        self.writer = BackgroundWriter()
+        self.writer = BackgroundWriter(cfg.checkpoint.writer_priority)
         self._snapshot: dict[str, Any] | None = None  # rank 0's last checkpoint in host memory
         if ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
