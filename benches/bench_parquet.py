@@ -3,12 +3,14 @@ over tars holding the same real-photo JPEGs and captions, per core; Parquet from
 tests/servers.py) against local; and the footer rate of `index --no-decode` on many small files.
 
 Targets (issue 21): Parquet per core within 10 % of tars; Parquet from S3 at least 0.9x local;
-footers at >= 2,000 files/s from local disk.
+footers at >= 2,000 files/s from local disk for an index of 100k row groups, in O(row groups)
+memory (the peak resident growth while indexing is printed, per row group).
 
 Both loaders run the full job (decode, resize to 224x224) on one core (threads=1, pinned),
 alternating, best of --repeat, each repeat's ratio printed.
 
-    python benches/bench_parquet.py [--shards 4] [--per-shard 200] [--repeat 3] [--footers 500] [--no-s3]
+    python benches/bench_parquet.py [--shards 4] [--per-shard 200] [--repeat 3] \
+        [--footers 5000] [--groups-per-file 20] [--no-s3]
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--per-shard", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--footers", type=int, default=500)
+    ap.add_argument("--footers", type=int, default=5000, help="files in the footer run")
+    ap.add_argument("--groups-per-file", type=int, default=20, help="row groups per file in the footer run")
     ap.add_argument("--no-s3", action="store_true")
     args = ap.parse_args()
     pin("[0]")
@@ -99,17 +102,41 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = [("k", {"jpg": b"\xff\xd8", "txt": "t"})]
+        rows = tiny * (2 * args.groups_per_file)
         files = [
-            write_img2dataset(os.path.join(tmp, f"f{i:05d}.parquet"), tiny * 4, 2)
-            for i in range(args.footers)
+            write_img2dataset(os.path.join(tmp, f"f{i:05d}.parquet"), rows, 2) for i in range(args.footers)
         ]
+        base = reset_peak_rss()
         start = time.perf_counter()
         index = build_index(files, decode=False, threads=1)
         elapsed = time.perf_counter() - start
+        groups = len(files) * args.groups_per_file
+        grown = peak_rss() - base
         print(
-            f"index --no-decode of {len(files)} files ({index.num_samples} rows): "
-            f"{len(files) / elapsed:.0f} files/s (one thread, footers and key columns)"
+            f"index --no-decode of {len(files)} files, {groups} row groups ({index.num_samples} rows): "
+            f"{len(files) / elapsed:.0f} files/s, {groups / elapsed:.0f} row groups/s "
+            f"(one thread, footers and key columns); peak resident growth {grown / 2**20:.1f} MiB, "
+            f"{grown / groups:.0f} B per row group"
         )
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak_rss() -> int:
+    """Resets the process's peak resident size (Linux clear_refs 5); returns the current one, bytes."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss() -> int:
+    return _status_kib("VmHWM") * 1024
 
 
 if __name__ == "__main__":

@@ -71,6 +71,39 @@ def test_required_packages_have_no_off_switch(monkeypatch: pytest.MonkeyPatch) -
     )
 
 
+class _WriteCalls:
+    """A stderr that keeps each ``write`` call apart, as an unbuffered stream's syscalls are."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_error_line_is_one_write_so_ranks_sharing_a_pipe_do_not_interleave(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # CI (PYTHONUNBUFFERED=1) once read "...--log.tensorboard falsetrain_clip.py: error: ..."
+    # from two ranks: print() wrote each line and its newline in two calls.
+    from shardstream.train.cli import main
+
+    monkeypatch.setattr(sys, "meta_path", [_Hidden("tensorboard"), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "tensorboard", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    stderr = _WriteCalls()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert main(["--train.output_dir", str(tmp_path / "run")]) == 2
+    assert stderr.calls == [
+        "train_clip.py: error: log.tensorboard needs the tensorboard package, which is not installed: "
+        "pip install 'shardstream[train]' (or tensorboard), or turn it off: --log.tensorboard false\n"
+    ]
+
+
 @pytest.mark.slow
 def test_torchrun_without_tensorboard_says_so_on_every_rank_before_starting(tmp_path: Path) -> None:
     demo = tmp_path / "demo"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._stderr import say
 from ..config import DEFAULTS
 from ..progress import Progress
 from ..urls import Shard
@@ -99,7 +99,7 @@ def expand_specs(specs: Sequence[str]) -> list[Shard]:
 
 
 def print_err(verb: str, message: str) -> None:
-    print(f"shardstream {verb}: error: {message}", file=sys.stderr)
+    say(f"shardstream {verb}: error: {message}")
 
 
 URL_HELP = (

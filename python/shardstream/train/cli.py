@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from shardstream._stderr import say
 from shardstream.train.config import ConfigError, config_to_yaml, describe_config, load_config
 
 MISSING_GRACE_S = 3.0  # under torchrun, how long a rank lacking a package waits before it exits
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
     try:
         os.environ.update(torch_environment(os.environ))
     except SlurmLaunchError as e:
-        print(f"train_clip.py: error: {e}", file=sys.stderr, flush=True)
+        say(f"train_clip.py: error: {e}")
         return 2
     # Every rank, before any process group, model or data: one line per missing package.
     from shardstream.train.deps import problems
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
     missing = problems(cfg)
     if missing:
         for line in missing:
-            print(f"train_clip.py: error: {line}", file=sys.stderr, flush=True)
+            say(f"train_clip.py: error: {line}")
         if os.environ.get("TORCHELASTIC_RUN_ID"):
             # torchrun stops every worker as soon as one exits: wait a moment, so that the
             # ranks still starting up reach this check and say it too
@@ -102,11 +103,11 @@ def main(argv: Sequence[str] | None = None, *, default_config: Path | None = Non
         train(cfg)
         code = 0
     except ConfigError as e:
-        print(f"train_clip.py: config error: {e}", file=sys.stderr)
+        say(f"train_clip.py: config error: {e}")
         code = 2
     # one line, and exit 1: torchrun restarts the workers if it may
     except (DistJoinError, ResumeError, CheckpointWriteError) as e:
-        print(f"train_clip.py: error: {e}", file=sys.stderr)
+        say(f"train_clip.py: error: {e}")
         code = 1
     if "RANK" in os.environ:
         exit_process(code)  # no interpreter finalization beside the process group's threads

@@ -23,11 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from shardstream._stderr import say
 
 PROG = "python -m shardstream.train export"
 
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         exported = export_checkpoint(args.checkpoint, args.output)
     except (ExportError, OSError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        say(f"{PROG}: error: {e}")
         return 2
     print(
         f"exported step {exported.step} of {exported.model_name} ({exported.parameters / 1e6:.1f} M "

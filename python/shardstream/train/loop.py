@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardstream._stderr import say
 from shardstream.errors import ShardError
 from shardstream.progress import progress_wanted
 from shardstream.train import checkpoint as ckpt
@@ -367,7 +368,7 @@ class Trainer:
                 # this rank at once, and the default action would drop the write half done.
                 failed = self.writer.wait(self.cfg.checkpoint.flush_timeout_s or None)
                 if failed:
-                    print(f"train_clip.py: error: {failed}", file=sys.stderr, flush=True)
+                    say(f"train_clip.py: error: {failed}")
             if restore_sigterm is not None:
                 restore_sigterm()
             shutdown(self.ctx, finished=completed)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from shardstream._stderr import say
 
 PROG = "python -m shardstream.train plot"
 
@@ -103,13 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print(f"{PROG}: error: plotting needs matplotlib: pip install matplotlib", file=sys.stderr)
+        say(f"{PROG}: error: plotting needs matplotlib: pip install matplotlib")
         return 2
     try:
         curves = read_curves(log_path)
         plot_curves(curves, args.output, title=str(args.run_dir))
     except (PlotError, OSError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        say(f"{PROG}: error: {e}")
         return 2
     print(f"plotted {len(curves.steps)} steps from {log_path} to {args.output}")
     return 0
