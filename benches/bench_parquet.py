@@ -7,7 +7,7 @@ footers at >= 2,000 files/s from local disk for an index of 100k row groups, in 
 memory (the peak resident growth while indexing is printed, per row group).
 
 Both loaders run the full job (decode, resize to 224x224) on one core (threads=1, pinned),
-alternating, best of --repeat, each repeat's ratio printed.
+alternating, best of --repeat, each repeat's ratio printed; the S3 server runs on the other cores.
 
     python benches/bench_parquet.py [--shards 4] [--per-shard 200] [--repeat 3] \
         [--footers 5000] [--groups-per-file 20] [--no-s3]
@@ -86,7 +86,12 @@ def main() -> None:
     if not args.no_s3:
         from servers import SeaweedS3
 
+        # The server on the other cores (its threads inherit this affinity when it starts),
+        # so that it does not take the loader's core
+        others = set(range(os.cpu_count() or 1)) - {0}
+        os.sched_setaffinity(0, others or {0})
         with tempfile.TemporaryDirectory() as tmp, SeaweedS3(tmp) as server:
+            pin("[0]")
             server.upload("parquet-bench", parquets, "hf/")
             os.environ.update(server.env())
             spec = "s3://parquet-bench/hf/*.parquet"

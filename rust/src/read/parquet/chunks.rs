@@ -4,9 +4,13 @@
 //! piece would cost a round trip each. So the footer and then each row group's needed column
 //! chunks are fetched whole, one range request each ([`RangedFile::hold`]), and the crate's reads
 //! are served from those; a read outside them (a footer larger than the first guess) is fetched
-//! on its own. Local files go through the same path (a positioned read each).
+//! on its own. A local file is opened once and read at positions through that handle: an open
+//! and a stat per row group cost more than reading its key column, and a file renamed over the
+//! path meanwhile cannot be mixed in.
 
-use std::io::{Cursor, Read};
+use std::fs::File;
+use std::io::{Cursor, Read, Seek, SeekFrom};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -25,6 +29,8 @@ pub struct RangedFile {
     version: Expected,
     /// Fetched ranges, (start, bytes): the footer and the current row group's chunks.
     held: Mutex<Vec<(u64, Bytes)>>,
+    /// A local file's handle, opened once at the version seen.
+    local: Option<Mutex<File>>,
     /// The first source failure behind a parquet error: it keeps its kind (not found,
     /// credentials) instead of reading as a corrupt file.
     pub(super) failure: Mutex<Option<SourceError>>,
@@ -39,6 +45,10 @@ impl RangedFile {
         stats: &Arc<SourceStats>,
     ) -> Result<Self, SourceError> {
         let version = source::object_version(url, expected, opts, stats)?;
+        let local = match source::local_path(url) {
+            Some(path) => Some(Mutex::new(open_at_version(url, path, &version)?)),
+            None => None,
+        };
         Ok(Self {
             url: url.to_string(),
             len: version.size.unwrap_or(0),
@@ -46,6 +56,7 @@ impl RangedFile {
             opts: opts.clone(),
             stats: stats.clone(),
             held: Mutex::new(Vec::new()),
+            local,
             failure: Mutex::new(None),
         })
     }
@@ -73,11 +84,14 @@ impl RangedFile {
     fn fetch(&self, start: u64, end: u64) -> Result<Bytes, SourceError> {
         let end = end.min(self.len);
         let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
-        let read = self.open_range(start, Some(end)).and_then(|r| {
-            r.take(end - start)
-                .read_to_end(&mut out)
-                .map_err(|e| from_io(&self.url, e))
-        });
+        let read = match &self.local {
+            Some(file) => self.read_local(file, start, end, &mut out),
+            None => self.open_range(start, Some(end)).and_then(|r| {
+                r.take(end - start)
+                    .read_to_end(&mut out)
+                    .map_err(|e| from_io(&self.url, e))
+            }),
+        };
         match read {
             Ok(_) if out.len() as u64 == end - start => Ok(out.into()),
             Ok(_) => Err(SourceError::Open {
@@ -90,6 +104,22 @@ impl RangedFile {
             }),
             Err(e) => Err(e),
         }
+    }
+
+    fn read_local(
+        &self,
+        file: &Mutex<File>,
+        start: u64,
+        end: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, SourceError> {
+        let mut file = file.lock().expect("local file");
+        let n = file
+            .seek(SeekFrom::Start(start))
+            .and_then(|_| (&mut *file).take(end - start).read_to_end(out))
+            .map_err(|e| from_io(&self.url, e))?;
+        self.stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 
     fn open_range(
@@ -150,6 +180,38 @@ impl ChunkReader for RangedFile {
         }
         self.fetch(start, start + length as u64)
             .map_err(|e| self.remember(e))
+    }
+}
+
+/// Chunks at most this far apart are fetched in one range request, the bytes between them
+/// included: a round trip to S3 costs more than reading a few unneeded bytes (the chunk of an
+/// image's `path`, a `width` column).
+pub const COALESCE_GAP: u64 = 256 << 10;
+
+/// `ranges` (start, end) sorted and merged where they overlap or lie at most `max_gap` apart.
+pub fn coalesce(mut ranges: Vec<(u64, u64)>, max_gap: u64) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        match merged.last_mut() {
+            Some(last) if start <= last.1.saturating_add(max_gap) => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    merged
+}
+
+/// The local file at `path`, refused unless it is still the size `version` saw a moment ago.
+fn open_at_version(url: &str, path: &str, version: &Expected) -> Result<File, SourceError> {
+    let file = source::open_local_file(url, path)?;
+    let len = file.metadata().map_err(|e| from_io(url, e))?.len();
+    match version.size {
+        Some(size) if size != len => Err(SourceError::Changed {
+            url: source::redact_url(url),
+            offset: 0,
+            message: format!("it had {size} bytes and now has {len}"),
+        }),
+        _ => Ok(file),
     }
 }
 

@@ -22,8 +22,9 @@ use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::ReaderProperties;
 use parquet::file::reader::RowGroupReader;
 use parquet::file::serialized_reader::SerializedRowGroupReader;
-use parquet::record::reader::RowIter;
+use parquet::record::reader::TreeBuilder;
 use parquet::record::{Field, Row};
+use parquet::schema::types::SchemaDescriptor;
 
 pub use chunks::RangedFile;
 pub use schema::{ColumnKind, FileSchema};
@@ -34,6 +35,8 @@ use crate::read::source::{redact_url, Expected, SourceOptions, SourceStats};
 
 /// Footer bytes fetched at first: most footers fit, a larger one costs one more read.
 const FOOTER_GUESS: u64 = 64 << 10;
+/// The most values per column the record reader buffers at once (the crate's default).
+const ROW_BATCH_MAX: usize = 1024;
 
 /// Whether a URL names a Parquet file (by its path, case-insensitively).
 pub fn is_parquet_name(url: &str) -> bool {
@@ -204,6 +207,7 @@ impl ParquetSamples {
         f.file.release_before(f.footer_start);
         let rows = self.counts[self.group];
         let limit = chunk_limit(rows, self.max_member_bytes);
+        let mut ranges = Vec::with_capacity(self.columns.leaves.len());
         for &c in &self.columns.leaves {
             let (start, len) = meta.column(c).byte_range();
             if len > limit {
@@ -218,7 +222,10 @@ impl ParquetSamples {
                     offset: self.group_first,
                 });
             }
-            f.file.hold(start, start + len).map_err(|e| ShardFault {
+            ranges.push((start, start.saturating_add(len)));
+        }
+        for (start, end) in chunks::coalesce(ranges, chunks::COALESCE_GAP) {
+            f.file.hold(start, end).map_err(|e| ShardFault {
                 reason: Reason::Unreadable,
                 kind: e.kind(),
                 detail: e.to_string(),
@@ -230,10 +237,18 @@ impl ParquetSamples {
         let reader = SerializedRowGroupReader::new(f.file.clone(), meta, page_index, props)
             .map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
         let reader: &dyn RowGroupReader = &reader;
-        let rows = RowIter::from_row_group(Some(self.columns.projection.clone()), reader)
+        // The record reader buffers this many values per column: 1024 by default, zeroed per
+        // row group, which cost more than a small row group's rows.
+        let batch = (rows as usize).clamp(1, ROW_BATCH_MAX);
+        let projection = Arc::new(SchemaDescriptor::new(Arc::new(
+            self.columns.projection.clone(),
+        )));
+        let row_iter = TreeBuilder::new()
+            .with_batch_size(batch)
+            .as_iter(projection, reader)
             .map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
         let mut ordinal = self.group_first;
-        for row in rows {
+        for row in row_iter {
             let row = row.map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
             if ordinal >= self.first {
                 self.ready.push_back(self.sample(&row, ordinal));

@@ -214,3 +214,84 @@ fn the_chunk_bound_grows_with_rows_and_the_member_limit_and_never_overflows() {
     assert!(chunk_limit(201, 1000) > chunk_limit(200, 1000));
     assert_eq!(chunk_limit(u64::MAX, u64::MAX), u64::MAX);
 }
+
+#[test]
+fn a_local_file_renamed_over_after_its_footer_is_not_read_in_place_of_the_one_opened() {
+    let dir = scratch_dir("parquet-renamed-over");
+    let path = dir.join("part.parquet");
+    // Larger than the footer's first read, so that the captions are read from the file later.
+    write_sized(&path, &[2, 2], 40_000);
+    assert!(std::fs::metadata(&path).unwrap().len() > 2 * FOOTER_GUESS);
+    // The same size and layout, other captions: only the bytes a row group reads differ.
+    let original = std::fs::read(&path).unwrap();
+    let needle = b"caption ";
+    let mut other = original.clone();
+    for at in 0..other.len() - needle.len() {
+        if &other[at..at + needle.len()] == needle {
+            other[at..at + needle.len()].copy_from_slice(b"CAPTION ");
+        }
+    }
+    assert_ne!(other, original);
+    let stats = Arc::new(SourceStats::default());
+    let file = open(&path, &stats).unwrap();
+    let replacement = dir.join("part.parquet.new");
+    std::fs::write(&replacement, &other).unwrap();
+    std::fs::rename(&replacement, &path).unwrap();
+    let wanted = ["caption".to_string()];
+    let captions: Vec<Vec<u8>> = file
+        .samples(0, Some(&wanted))
+        .map(|s| s.unwrap().get("caption").unwrap().to_vec())
+        .collect();
+    assert_eq!(
+        captions,
+        ["caption 0", "caption 1", "caption 2", "caption 3"].map(|c| c.as_bytes().to_vec())
+    );
+}
+
+#[test]
+fn a_row_group_s_chunks_come_in_one_range_request_over_http() {
+    let dir = scratch_dir("parquet-coalesced");
+    let path = dir.join("part.parquet");
+    write_sized(&path, &[2, 3], 40_000);
+    let server =
+        crate::read::source::testserver::TestServer::start(std::fs::read(&path).unwrap(), vec![]);
+    let url = server.url("/part.parquet");
+    let stats = Arc::new(SourceStats::default());
+    let file = ParquetFile::open(
+        &url,
+        &Expected::default(),
+        &SourceOptions::default(),
+        &stats,
+    )
+    .unwrap();
+    let before = server.requests().len();
+    let wanted = ["jpg".to_string(), "caption".to_string()];
+    let keys: Vec<String> = file
+        .samples(0, Some(&wanted))
+        .map(|s| s.unwrap().key)
+        .collect();
+    assert_eq!(keys, ["k000", "k001", "k002", "k003", "k004"]);
+    // key, caption and jpg lie side by side: one request per row group, not one per column
+    assert_eq!(
+        server.requests().len() - before,
+        2,
+        "{:?}",
+        server.requests()
+    );
+}
+
+#[test]
+fn ranges_merge_where_they_overlap_or_lie_within_the_gap() {
+    use super::chunks::coalesce;
+    assert_eq!(coalesce(vec![], 10), []);
+    assert_eq!(
+        coalesce(vec![(50, 60), (0, 10), (15, 20)], 5),
+        [(0, 20), (50, 60)]
+    );
+    assert_eq!(coalesce(vec![(0, 10), (5, 8), (9, 30)], 0), [(0, 30)]);
+    assert_eq!(coalesce(vec![(0, 10), (11, 12)], 0), [(0, 10), (11, 12)]);
+    assert_eq!(
+        coalesce(vec![(0, u64::MAX), (3, 4)], u64::MAX),
+        [(0, u64::MAX)]
+    );
+}

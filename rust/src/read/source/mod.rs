@@ -22,7 +22,7 @@ pub mod cache;
 pub mod http;
 mod retry_after;
 #[cfg(test)]
-mod testserver;
+pub(crate) mod testserver;
 
 use crate::defaults;
 use crate::error::SourceKind;
@@ -694,7 +694,20 @@ fn open_local(
     end: Option<u64>,
     stats: &Arc<SourceStats>,
 ) -> Result<Box<dyn Read + Send>, SourceError> {
-    let file = File::open(path).map_err(|e| match e.kind() {
+    open_file_at(url, open_local_file(url, path)?, start, end, stats)
+}
+
+/// The path of a local URL (a plain path or `file://`); None for HTTP, S3 and `hf://`.
+pub fn local_path(url: &str) -> Option<&str> {
+    match locate(url) {
+        Ok(Location::Local(path)) => Some(path),
+        _ => None,
+    }
+}
+
+/// Opens the local file at `path`, its errors naming `url`.
+pub fn open_local_file(url: &str, path: &str) -> Result<File, SourceError> {
+    File::open(path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => SourceError::NotFound {
             url: redact_url(url),
         },
@@ -702,8 +715,7 @@ fn open_local(
             url: redact_url(url),
             message: e.to_string(),
         },
-    })?;
-    open_file_at(url, file, start, end, stats)
+    })
 }
 
 /// Seeks `file` to `start` and bounds it at `end`; shared by local files and cached shards.
