@@ -111,18 +111,46 @@ def main() -> None:
         files = [
             write_img2dataset(os.path.join(tmp, f"f{i:05d}.parquet"), rows, 2) for i in range(args.footers)
         ]
-        base = reset_peak_rss()
-        start = time.perf_counter()
-        index = build_index(files, decode=False, threads=1)
-        elapsed = time.perf_counter() - start
+        os.sync()  # the files' writeback is not the index's work
         groups = len(files) * args.groups_per_file
-        grown = peak_rss() - base
-        print(
-            f"index --no-decode of {len(files)} files, {groups} row groups ({index.num_samples} rows): "
-            f"{len(files) / elapsed:.0f} files/s, {groups / elapsed:.0f} row groups/s "
-            f"(one thread, footers and key columns); peak resident growth {grown / 2**20:.1f} MiB, "
-            f"{grown / groups:.0f} B per row group"
-        )
+        print(f"index --no-decode of {len(files)} files, {groups} row groups, on one core:")
+        measured = False
+        for threads in (1, None):
+            for cache in ("cold", "warm"):
+                if cache == "cold" and not drop_page_cache():
+                    print("  cold page cache: skipped (needs root to write /proc/sys/vm/drop_caches)")
+                    continue
+                base = reset_peak_rss()
+                start = time.perf_counter()
+                index = build_index(files, decode=False, threads=threads)
+                elapsed = time.perf_counter() - start
+                grown = peak_rss() - base
+                assert index.num_samples == len(files) * len(rows)
+                # Later runs reuse the memory the first one freed: only the first shows the growth.
+                memory = (
+                    ""
+                    if measured
+                    else (
+                        f"; peak resident growth {grown / 2**20:.1f} MiB, "
+                        f"{grown / groups:.0f} B per row group"
+                    )
+                )
+                measured = True
+                print(
+                    f"  {'one thread' if threads else 'default threads'}, {cache} page cache: "
+                    f"{len(files) / elapsed:.0f} files/s, {groups / elapsed:.0f} row groups/s "
+                    f"(footers and key columns){memory}"
+                )
+
+
+def drop_page_cache() -> bool:
+    """Empties the kernel's page cache (root only), so that reads come from the disk."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+        return True
+    except OSError:
+        return False
 
 
 def _status_kib(field: str) -> int:

@@ -323,3 +323,17 @@ def test_s3_shards_through_a_real_s3_server(corpus_dir, tmp_path, capsys, monkey
         assert status == 2
         assert "wrong-secret-value" not in out + err
         assert "s3://shards/set/good.tar" in out + err
+
+
+def test_footer_only_scans_of_local_files_default_to_more_threads_than_cores(tmp_path) -> None:
+    # Without decoding a scan waits on the disk (footers from a cold page cache), not the CPU.
+    from shardstream._system import available_cores
+    from shardstream.urls import expand_urls
+    from shardstream.validation import default_threads
+
+    cores = available_cores()
+    local = expand_urls([good_shard(str(tmp_path / "a.tar"), 2)])
+    assert default_threads(local) == cores
+    assert default_threads(local, decode=False) == min(32, 4 * cores)
+    remote = expand_urls(["http://127.0.0.1:9/a.tar"])
+    assert default_threads(remote) == default_threads(remote, decode=False) == min(32, 4 * cores)

@@ -178,7 +178,7 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="shards scanned at once (default: one per core, 4 per core for remote URLs)",
+        help="shards scanned at once (default: one per core; 4 per core for remote URLs or --no-decode)",
     )
 
 

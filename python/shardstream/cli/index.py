@@ -125,7 +125,7 @@ def _scan_index(args: argparse.Namespace, shards: list[Shard]) -> int:
     start = time.perf_counter()
     options = scan_options(args)
     rank, world = torchrun_rank_world() if args.distributed else (0, 1)
-    threads = args.threads or default_threads(shards)
+    threads = args.threads or default_threads(shards, decode=options.decode)
     quiet = args.quiet or rank != 0
     urls = [index_name(s) for s in shards]
     with SoloGroup() if world == 1 else RankGroup(rank, world) as group:

@@ -83,7 +83,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     options = scan_options(args)
     shards = expand_specs(args.urls)
     rank, world = torchrun_rank_world() if args.distributed else (0, 1)
-    threads = args.threads or default_threads(shards)
+    threads = args.threads or default_threads(shards, decode=options.decode)
     if world == 1:
         results, elapsed = scan_with_progress("validate", shards, options, threads, quiet=args.quiet)
         return _finish_validate(args, options, results, elapsed)
