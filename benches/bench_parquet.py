@@ -16,6 +16,7 @@ alternating, best of --repeat, each repeat's ratio printed; the S3 server runs o
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tarfile
@@ -26,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import photo_shards  # noqa: E402
-from _harness import pin  # noqa: E402
+from _harness import pin, run_worker  # noqa: E402
 
 
 def to_parquet(tar_path: str, out: str, rows_per_group: int) -> str:
@@ -60,6 +61,10 @@ def rate(urls, **kw) -> float:
 
 
 def main() -> None:
+    if sys.argv[1:3] == ["--worker", "footers"]:
+        opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=True))
+        footer_worker(opts["--dir"], int(opts["--threads"]), opts["--cpus"])
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--per-shard", type=int, default=200)
@@ -73,6 +78,7 @@ def main() -> None:
     tars = photo_shards.build(cache, shards=args.shards, per_shard=args.per_shard, seed=21)
     parquets = [to_parquet(t, t[:-4] + ".parquet", 100) for t in tars]
     hf = {"caption_key": "text", "image_keys": ["image"]}
+    rate(tars), rate(parquets, **hf)  # untimed: page cache, first allocations
     best_tar = best_pq = 0.0
     for i in range(args.repeat):
         t = rate(tars)
@@ -95,6 +101,7 @@ def main() -> None:
             server.upload("parquet-bench", parquets, "hf/")
             os.environ.update(server.env())
             spec = "s3://parquet-bench/hf/*.parquet"
+            rate(spec, **hf)  # untimed: the first connections, the server's first reads
             best_s3 = best_local = 0.0
             for i in range(args.repeat):
                 s, p = rate(spec, **hf), rate(parquets, **hf)
@@ -103,7 +110,6 @@ def main() -> None:
             print(f"parquet from S3 {best_s3:.0f} samples/s, local {best_local:.0f} (same repeats)")
             print(f"best s3/local {best_s3 / best_local:.3f}")
     from parquet_corpus import write_img2dataset
-    from shardstream.index import build_index
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = [("k", {"jpg": b"\xff\xd8", "txt": "t"})]
@@ -113,34 +119,39 @@ def main() -> None:
         ]
         os.sync()  # the files' writeback is not the index's work
         groups = len(files) * args.groups_per_file
-        print(f"index --no-decode of {len(files)} files, {groups} row groups, on one core:")
-        measured = False
-        for threads in (1, None):
+        print(f"index --no-decode of {len(files)} files, {groups} row groups, each run in a fresh process:")
+        # One thread on one core, then what `shardstream index` runs: its default threads on
+        # every core
+        for threads, cores in ((1, [0]), (0, sorted(range(os.cpu_count() or 1)))):
             for cache in ("cold", "warm"):
                 if cache == "cold" and not drop_page_cache():
                     print("  cold page cache: skipped (needs root to write /proc/sys/vm/drop_caches)")
                     continue
-                base = reset_peak_rss()
-                start = time.perf_counter()
-                index = build_index(files, decode=False, threads=threads)
-                elapsed = time.perf_counter() - start
-                grown = peak_rss() - base
-                assert index.num_samples == len(files) * len(rows)
-                # Later runs reuse the memory the first one freed: only the first shows the growth.
-                memory = (
-                    ""
-                    if measured
-                    else (
-                        f"; peak resident growth {grown / 2**20:.1f} MiB, "
-                        f"{grown / groups:.0f} B per row group"
-                    )
+                r = run_worker(
+                    __file__, "footers", {"dir": tmp, "threads": threads, "cpus": json.dumps(cores)}
                 )
-                measured = True
+                assert r["samples"] == len(files) * len(rows), r
                 print(
-                    f"  {'one thread' if threads else 'default threads'}, {cache} page cache: "
-                    f"{len(files) / elapsed:.0f} files/s, {groups / elapsed:.0f} row groups/s "
-                    f"(footers and key columns){memory}"
+                    f"  {'one thread, one core' if threads else f'default threads, {len(cores)} cores'}, "
+                    f"{cache} page cache: {len(files) / r['elapsed']:.0f} files/s, "
+                    f"{groups / r['elapsed']:.0f} row groups/s (footers and key columns); peak resident "
+                    f"growth {r['grown'] / 2**20:.1f} MiB, {r['grown'] / groups:.0f} B per row group"
                 )
+
+
+def footer_worker(directory: str, threads: int, cpus: str) -> None:
+    """One footer index of every Parquet file in ``directory``; prints its time and memory."""
+    import glob
+
+    from shardstream.index import build_index
+
+    pin(cpus)
+    files = sorted(glob.glob(os.path.join(directory, "*.parquet")))
+    base = reset_peak_rss()
+    start = time.perf_counter()
+    index = build_index(files, decode=False, threads=threads or None)
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"elapsed": elapsed, "grown": peak_rss() - base, "samples": index.num_samples}))
 
 
 def drop_page_cache() -> bool:

@@ -112,3 +112,35 @@ def test_expanding_the_shipped_test_data_directory():
         pytest.skip("shared test data not present")
     names = [os.path.basename(s) for s in expand_urls(data)]
     assert names == ["compressed.tar", "sample.tgz", "testgz.tar"]
+
+
+def test_a_presigned_url_is_handed_out_again_for_a_tenth_of_its_life_at_most_a_minute(monkeypatch) -> None:
+    # boto3 presigns in Python on the reader threads: a Parquet row group is one or two
+    # requests, and signing each cost the loader 5-10 % of a core.
+    import time
+
+    from shardstream.urls import S3Options, S3Signer, presign_reuse_s
+
+    assert presign_reuse_s(3600) == 60.0 and presign_reuse_s(2) == pytest.approx(0.2)
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    signer = S3Signer(S3Options(endpoint_url="http://127.0.0.1:9", expires_in=2))
+    real = signer.client("s3://bucket/a.tar").generate_presigned_url
+    made: list[str] = []
+
+    def counting(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(signer.client("s3://bucket/a.tar"), "generate_presigned_url", counting)
+    first = signer("s3://bucket/a.tar")
+    assert "X-Amz-Signature=" in first and "Expires=2" in first
+    assert signer("s3://bucket/a.tar") == first and len(made) == 1
+    assert signer("s3://bucket/b.tar") != first and len(made) == 2
+    time.sleep(0.3)  # past 2 s / 10
+    signer("s3://bucket/a.tar")
+    assert len(made) == 3

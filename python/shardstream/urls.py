@@ -26,6 +26,8 @@ import glob
 import os
 import re
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -40,6 +42,12 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 # only has to cover one read of one shard, retries and resumes included (a URL made from
 # temporary credentials dies with them earlier, whatever this says).
 DEFAULT_EXPIRES_IN = 3600
+# A presigned URL is reused for this share of its lifetime, at most PRESIGN_REUSE_MAX_S: each
+# presign is Python (boto3) on a reader thread, and a Parquet row group is one or two requests,
+# so signing each one cost the loader 5-10 % of a core in allocations and garbage collection.
+PRESIGN_REUSE_SHARE = 0.1
+PRESIGN_REUSE_MAX_S = 60.0
+PRESIGN_CACHE_ENTRIES = 4096
 # Options of the Rust reader: callers may pass one set of keywords to both; they are not ours.
 READER_OPTIONS = frozenset(
     {
@@ -379,6 +387,11 @@ def index_source_config(
     return source_config([Shard(f"{k}://", f"{k}://", signer=v) for k, v in by_scheme.items()], options)
 
 
+def presign_reuse_s(expires_in: float) -> float:
+    """How long a URL presigned for ``expires_in`` seconds is handed out again."""
+    return min(PRESIGN_REUSE_MAX_S, PRESIGN_REUSE_SHARE * expires_in)
+
+
 class S3Signer:
     """Presigns GETs of ``s3://`` URLs with boto3's credential chain when a shard is opened, not
     when the URL list is made: a signature made from temporary credentials (instance role, SSO)
@@ -386,13 +399,18 @@ class S3Signer:
     before they expire, so a signature made at open time is always good for the read.
 
     One client per process, made on first use (again after a fork) and never pickled, so a
-    signer travels to DataLoader workers. Called from the Rust reader threads."""
+    signer travels to DataLoader workers. Called from the Rust reader threads.
+
+    A URL presigned for an object is handed out again for a tenth of ``expires_in``, at most a
+    minute: boto3 refreshes temporary credentials 10-15 minutes before they expire, so a URL
+    that young is still good for the read."""
 
     def __init__(self, s3: S3Options) -> None:
         self.s3 = s3
         self._client: Any = None
         self._pid = -1
         self._lock = threading.Lock()
+        self._recent: OrderedDict[str, tuple[float, str]] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"s3": self.s3}
@@ -406,24 +424,40 @@ class S3Signer:
     def __hash__(self) -> int:
         return hash(self.s3)
 
-    def client(self, where: str) -> Any:
+    def _own_after_fork(self) -> None:
         if self._pid != os.getpid():
             # A forked child: the parent's client (and its lock, perhaps held) are not ours.
             self._lock, self._client, self._pid = threading.Lock(), None, os.getpid()
+            self._recent = OrderedDict()
+
+    def client(self, where: str) -> Any:
+        self._own_after_fork()
         with self._lock:
             if self._client is None:
                 self._client = _make_client(self.s3, where)
             return self._client
 
     def __call__(self, url: str) -> str:
+        self._own_after_fork()
+        now = time.monotonic()
+        with self._lock:
+            made = self._recent.get(url)
+        if made is not None and now - made[0] < presign_reuse_s(self.s3.expires_in):
+            return made[1]
         bucket, key = parse_s3_url(url)
-        return _s3_call(
+        signed = _s3_call(
             url,
             self.client(url).generate_presigned_url,
             "get_object",
             Params={"Bucket": bucket, "Key": key},
             ExpiresIn=self.s3.expires_in,
         )
+        with self._lock:
+            self._recent[url] = (now, signed)
+            self._recent.move_to_end(url)
+            while len(self._recent) > PRESIGN_CACHE_ENTRIES:
+                self._recent.popitem(last=False)
+        return signed
 
 
 class _SignerTable:
