@@ -9,7 +9,7 @@ memory (the peak resident growth while indexing is printed, per row group).
 Both loaders run the full job (decode, resize to 224x224) on one core (threads=1, pinned),
 alternating, best of --repeat, each repeat's ratio printed; the S3 server runs on the other cores.
 
-    python benches/bench_parquet.py [--shards 4] [--per-shard 200] [--repeat 3] \
+    python benches/bench_parquet.py [--shards 8] [--per-shard 300] [--repeat 5] \
         [--footers 5000] [--groups-per-file 20] [--no-s3]
 """
 
@@ -66,9 +66,9 @@ def main() -> None:
         footer_worker(opts["--dir"], int(opts["--threads"]), opts["--cpus"])
         return
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--per-shard", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--per-shard", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--footers", type=int, default=5000, help="files in the footer run")
     ap.add_argument("--groups-per-file", type=int, default=20, help="row groups per file in the footer run")
     ap.add_argument("--no-s3", action="store_true")
