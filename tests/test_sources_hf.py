@@ -218,3 +218,30 @@ def test_the_cli_validates_and_indexes_hub_shards_and_a_loader_reads_the_index(
     assert len([k for batch in loader for k in batch.keys]) == 3 * PER_SHARD
     printed = capsys.readouterr()
     assert TOKEN not in printed.out + printed.err
+
+
+def test_parquet_files_on_the_hub_read_as_the_local_files_with_range_reads_through_the_redirect(
+    hub, tmp_path
+):
+    # The layout of most image datasets on the Hub: datasets' Image struct, several row groups.
+    from parquet_corpus import write_pairs
+
+    parquets, _, keys = write_pairs(str(tmp_path / "pq"), [9, 7], seed=12, layout="hf", rows_per_group=3)
+    repo = "acme/photos-parquet"
+    hub.push(repo, {f"data/{os.path.basename(p)}": open(p, "rb").read() for p in parquets})
+    spec = f"hf://datasets/{repo}/data/*.parquet"
+    columns = {"caption_key": "text", "image_keys": ["image"]}
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "__url__"} for r in rows]  # noqa: E731
+    assert strip(read_samples(spec, **FAST)) == strip(read_samples(parquets))
+    index = write_index(build_index(spec, decode=False, **columns), str(tmp_path / "index"))
+
+    def by_key(loader) -> dict:
+        return {k: (b.images[i].numpy().tobytes(), b.texts[i]) for b in loader for i, k in enumerate(b.keys)}
+
+    kw = {"batch_size": 4, "image_size": 32, "drop_last": False, "threads": 1, **columns}
+    got = by_key(ShardLoader(spec, index=index, **kw, **FAST))
+    assert sorted(got) == sorted(keys)
+    assert got == by_key(ShardLoader(parquets, **kw))
+    # Footers and row groups came by Range from the storage host, never a whole file per row group.
+    blob_reads = [r for r in hub.storage_requests if r.path.startswith("/blobs/")]
+    assert blob_reads and all(r.headers.get("range", "").startswith("bytes=") for r in blob_reads)
