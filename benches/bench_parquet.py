@@ -65,6 +65,10 @@ def main() -> None:
         opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=True))
         footer_worker(opts["--dir"], int(opts["--threads"]), opts["--cpus"])
         return
+    if sys.argv[1:3] == ["--worker", "loader"]:
+        opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=True))
+        loader_worker(opts["--dir"], int(opts["--files"]), opts["--index"])
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--per-shard", type=int, default=300)
@@ -137,6 +141,48 @@ def main() -> None:
                     f"{groups / r['elapsed']:.0f} row groups/s (footers and key columns); peak resident "
                     f"growth {r['grown'] / 2**20:.1f} MiB, {r['grown'] / groups:.0f} B per row group"
                 )
+        loader_memory(tmp, len(files), args.groups_per_file)
+
+
+def loader_memory(directory: str, total: int, groups_per_file: int) -> None:
+    """A rank's loader (of 8) over a counts-only index of a tenth of the files and of all."""
+    from shardstream.index import build_index, write_index
+
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".parquet"))
+    rows = []
+    for n in (max(1, total // 10), total):
+        index = os.path.join(directory, f"index-{n}")
+        paths = [os.path.join(directory, f) for f in files[:n]]
+        write_index(build_index(paths, decode=False, with_keys=False), index)
+        r = run_worker(__file__, "loader", {"dir": directory, "files": n, "index": index})
+        rows.append((n, r["grown"]))
+    (n0, g0), (n1, g1) = rows
+    print(
+        "a rank's loader over the index (8 ranks, counts only): "
+        + ", ".join(f"{n} files {g / 2**20:.1f} MiB" for n, g in rows)
+        + f"; {(g1 - g0) / ((n1 - n0) * groups_per_file):.0f} B per further row group"
+    )
+
+
+def loader_worker(directory: str, n: int, index: str) -> None:
+    import shardstream
+    import torch  # noqa: F401  (the loader's own import of torch is not the index's memory)
+
+    files = sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".parquet"))
+    base = reset_peak_rss()
+    loader = shardstream.ShardLoader(
+        files[:n],
+        index=index,
+        batch_size=64,
+        image_size=32,
+        rank=0,
+        world_size=8,
+        caption_key="caption",
+        image_keys=["jpg"],
+    )
+    loader.set_epoch(0)
+    loader.state_dict()
+    print(json.dumps({"grown": peak_rss() - base}))
 
 
 def footer_worker(directory: str, threads: int, cpus: str) -> None:
