@@ -61,3 +61,32 @@ def pin(cpus: str) -> None:
 def print_result(figures: dict[str, Any]) -> None:
     """The worker's result: one JSON line, the last it prints."""
     print(json.dumps(figures), flush=True)
+
+
+def proc_kb(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM: the resident size and its peak)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def write_proc(path: str, text: str) -> bool:
+    """Writes ``text`` to a /proc control file; False where not allowed (not root, not Linux)."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        return True
+    except OSError:
+        return False
+
+
+def reset_peak() -> bool:
+    """Resets VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
+    return write_proc("/proc/self/clear_refs", "5")
+
+
+def drop_page_cache() -> bool:
+    """Empties the kernel's page cache (root only), so that reads come from the disk."""
+    return write_proc("/proc/sys/vm/drop_caches", "3")

@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import photo_shards  # noqa: E402
-from _harness import pin, run_worker  # noqa: E402
+from _harness import drop_page_cache, pin, proc_kb, reset_peak, run_worker  # noqa: E402
 
 
 def to_parquet(tar_path: str, out: str, rows_per_group: int) -> str:
@@ -200,33 +200,14 @@ def footer_worker(directory: str, threads: int, cpus: str) -> None:
     print(json.dumps({"elapsed": elapsed, "grown": peak_rss() - base, "samples": index.num_samples}))
 
 
-def drop_page_cache() -> bool:
-    """Empties the kernel's page cache (root only), so that reads come from the disk."""
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-        return True
-    except OSError:
-        return False
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
 def reset_peak_rss() -> int:
-    """Resets the process's peak resident size (Linux clear_refs 5); returns the current one, bytes."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_kib("VmRSS") * 1024
+    """Resets the process's peak resident size; returns the current one, bytes."""
+    reset_peak()
+    return proc_kb("VmRSS") * 1024
 
 
 def peak_rss() -> int:
-    return _status_kib("VmHWM") * 1024
+    return proc_kb("VmHWM") * 1024
 
 
 if __name__ == "__main__":

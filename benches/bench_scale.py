@@ -50,6 +50,8 @@ import sys
 import tempfile
 import time
 
+from _harness import proc_kb, reset_peak
+
 PER_SHARD = 10_000
 UNIT = 512
 INVALID_PER_SHARD = PER_SHARD // 1000  # 0.1%
@@ -149,24 +151,6 @@ def folder_bytes(folder: str) -> int:
 
 
 # -- one rank, in a fresh process --------------------------------------------------------------------
-
-
-def proc_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def reset_peak() -> bool:
-    """Resets VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def measure(path: str) -> dict:
