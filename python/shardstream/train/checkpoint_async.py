@@ -14,7 +14,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
+
+from shardstream.train.config import WriterPriority
 
 
 class CheckpointWriteError(RuntimeError):
@@ -23,7 +25,7 @@ class CheckpointWriteError(RuntimeError):
 
 # How much lower than the training thread a "low" writer runs (a nice increment; 19 is the lowest).
 WRITER_NICENESS = 10
-WRITER_PRIORITIES = ("idle", "low", "normal")
+WRITER_PRIORITIES: tuple[str, ...] = get_args(WriterPriority)
 
 
 def set_thread_priority(priority: str) -> None:
@@ -50,7 +52,7 @@ def set_thread_priority(priority: str) -> None:
 
 
 class BackgroundWriter:
-    def __init__(self, priority: str = "idle") -> None:
+    def __init__(self, priority: WriterPriority = "idle") -> None:
         if priority not in WRITER_PRIORITIES:
             expected = ", ".join(WRITER_PRIORITIES)
             raise ValueError(f"checkpoint.writer_priority: expected one of {expected}, got {priority!r}")

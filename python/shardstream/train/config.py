@@ -245,6 +245,10 @@ class EvalConfig:
     recall_k: list[int] = _f([1, 5], "k values of image-to-text and text-to-image recall@k")
 
 
+# How the background checkpoint write is scheduled (shardstream.train.checkpoint_async).
+WriterPriority = Literal["idle", "low", "normal"]
+
+
 @dataclass
 class CheckpointConfig:
     """Checkpoints (model, optimizer, scheduler, RNG and loader state), written atomically."""
@@ -264,7 +268,7 @@ class CheckpointConfig:
         "the end); false: every rank waits for the write. dist.strategy fsdp always writes its shards "
         "synchronously",
     )
-    writer_priority: Literal["idle", "low", "normal"] = _f(
+    writer_priority: WriterPriority = _f(
         "idle",
         "CPU priority of the background write (Linux): idle runs it only on cores nothing else wants "
         "(SCHED_IDLE: the steps keep their speed; on a saturated CPU the write waits for gaps, or for "

@@ -44,10 +44,12 @@ impl RangedFile {
         opts: &SourceOptions,
         stats: &Arc<SourceStats>,
     ) -> Result<Self, SourceError> {
-        let version = source::object_version(url, expected, opts, stats)?;
-        let local = match source::local_path(url) {
-            Some(path) => Some(Mutex::new(open_at_version(url, path, &version)?)),
-            None => None,
+        let (version, local) = match source::local_path(url) {
+            Some(path) => {
+                let (file, version) = source::open_local_version(url, path, expected)?;
+                (version, Some(Mutex::new(file)))
+            }
+            None => (source::object_version(url, expected, opts, stats)?, None),
         };
         Ok(Self {
             url: url.to_string(),
@@ -199,20 +201,6 @@ pub fn coalesce(mut ranges: Vec<(u64, u64)>, max_gap: u64) -> Vec<(u64, u64)> {
         }
     }
     merged
-}
-
-/// The local file at `path`, refused unless it is still the size `version` saw a moment ago.
-fn open_at_version(url: &str, path: &str, version: &Expected) -> Result<File, SourceError> {
-    let file = source::open_local_file(url, path)?;
-    let len = file.metadata().map_err(|e| from_io(url, e))?.len();
-    match version.size {
-        Some(size) if size != len => Err(SourceError::Changed {
-            url: source::redact_url(url),
-            offset: 0,
-            message: format!("it had {size} bytes and now has {len}"),
-        }),
-        _ => Ok(file),
-    }
 }
 
 /// The source error inside a read's `io::Error`, or one naming `url`.

@@ -487,26 +487,7 @@ pub fn object_version(
         message: "the server did not say how large the object is (no Content-Range)".into(),
     };
     let seen = match locate(url)? {
-        Location::Local(path) => {
-            let len = std::fs::metadata(path)
-                .map_err(|e| match e.kind() {
-                    io::ErrorKind::NotFound => SourceError::NotFound {
-                        url: redact_url(url),
-                    },
-                    _ => SourceError::Open {
-                        url: redact_url(url),
-                        message: e.to_string(),
-                    },
-                })?
-                .len();
-            match expected.size {
-                Some(size) if size != len => Err(size_changed(url, len, size, 0, true)),
-                _ => Ok(Expected {
-                    size: Some(len),
-                    etag: None,
-                }),
-            }
-        }
+        Location::Local(path) => open_local_version(url, path, expected).map(|(_, seen)| seen),
         Location::Http => {
             Ok(
                 http::HttpReader::open_expecting(url, None, 0, Some(1), expected, opts, stats)?
@@ -702,6 +683,33 @@ pub fn local_path(url: &str) -> Option<&str> {
     match locate(url) {
         Ok(Location::Local(path)) => Some(path),
         _ => None,
+    }
+}
+
+/// The local file at `path` opened, with its version (the size of what was opened), refused
+/// when `expected` recorded another size.
+pub fn open_local_version(
+    url: &str,
+    path: &str,
+    expected: &Expected,
+) -> Result<(File, Expected), SourceError> {
+    let file = open_local_file(url, path)?;
+    let len = file
+        .metadata()
+        .map_err(|e| SourceError::Open {
+            url: redact_url(url),
+            message: e.to_string(),
+        })?
+        .len();
+    match expected.size {
+        Some(size) if size != len => Err(size_changed(url, len, size, 0, true)),
+        _ => Ok((
+            file,
+            Expected {
+                size: Some(len),
+                etag: None,
+            },
+        )),
     }
 }
 
