@@ -2,7 +2,8 @@
 # Source this file: it makes sure the build tools and the cached virtual environment exist,
 # builds the extension into that environment, and activates it.
 # The venv lives outside the work tree, keyed by the hash of requirements/dev.txt, so the
-# ~3 GB torch install happens once per machine, not on every run.
+# torch install happens once per machine, not on every run; requirements/docs.txt is a second
+# layer on top, keyed by its own hash.
 # Strict mode while it runs; the caller's own shell options come back at the end (an interactive
 # shell that sources this must not be left exiting on its next failing command).
 _shardstream_saved_options="$(set +o)"
@@ -10,11 +11,17 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 
-# cmake and nasm build libjpeg-turbo from source (turbojpeg-sys); nothing is linked from the system.
-if ! command -v cmake >/dev/null || ! command -v nasm >/dev/null; then
-  echo "[env] installing cmake and nasm (Debian packages)"
+# Debian packages: cmake and nasm build libjpeg-turbo from source (turbojpeg-sys; nothing is linked
+# from the system); chromium runs the docs site's browser test (tests/test_docs_site.py), headless.
+APT_PACKAGES=()
+command -v cmake >/dev/null || APT_PACKAGES+=(cmake)
+command -v nasm >/dev/null || APT_PACKAGES+=(nasm)
+command -v chromium >/dev/null || APT_PACKAGES+=(chromium)
+if [ "${#APT_PACKAGES[@]}" -gt 0 ]; then
+  echo "[env] installing ${APT_PACKAGES[*]} (Debian packages)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq cmake nasm >/dev/null
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null
 fi
 
 SPEC_HASH="$( (cat "$ROOT/requirements/dev.txt"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)"
@@ -26,6 +33,15 @@ if [ ! -f "$VENV/.complete" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/dev.txt"
   touch "$VENV/.complete"
+fi
+# The docs site's tools, a second layer keyed by requirements/docs.txt's own hash: changing them
+# re-installs only them, never the torch layer above.
+DOCS_HASH="$(sha256sum "$ROOT/requirements/docs.txt" | cut -c1-16)"
+if [ ! -f "$VENV/.docs-$DOCS_HASH" ]; then
+  echo "[env] installing the docs tools (requirements/docs.txt)"
+  "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/docs.txt"
+  rm -f "$VENV"/.docs-*
+  touch "$VENV/.docs-$DOCS_HASH"
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
