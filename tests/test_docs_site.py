@@ -265,3 +265,46 @@ def test_api_reference_renders_code(browser: DevTools, server: str) -> None:
     assert browser.evaluate(
         "document.querySelectorAll('.doc-signature .highlight, .doc-signature code').length"
     )
+
+
+def _hooks() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_references_cover_the_code() -> None:
+    """The CLI and configuration pages are rendered from the code: every verb and option, and
+    every configuration field, is on them."""
+    import argparse
+    import dataclasses
+
+    from shardstream.cli import build_parser
+    from shardstream.train.config import SECTIONS
+
+    hooks = _hooks()
+    cli = hooks.cli_reference()
+    (verbs,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in verbs.choices.items():
+        assert f"## `shardstream {name}`" in cli
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert f"`{flag}`" in cli, (name, flag)
+    config = hooks.config_reference()
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert f"| `{section}.{f.name}` |" in config
+
+
+def test_a_table_naming_a_missing_config_field_is_reported() -> None:
+    hooks = _hooks()
+    assert hooks.unknown_config_fields("| `--batch-size` | `train.batch_size` |\n") == []
+    assert hooks.unknown_config_fields("| `--batch-size` | `train.batch_sise` |\n") == [
+        "`train.batch_sise` is not a field of the trainer's configuration"
+    ]
+    # Prose is not checked, only table rows (where the flag table lives).
+    assert hooks.unknown_config_fields("see `train.batch_sise`\n") == []
