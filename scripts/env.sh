@@ -16,7 +16,7 @@ PY="${PYTHON:-python3}"
 APT_PACKAGES=()
 command -v cmake >/dev/null || APT_PACKAGES+=(cmake)
 command -v nasm >/dev/null || APT_PACKAGES+=(nasm)
-command -v chromium >/dev/null || APT_PACKAGES+=(chromium)
+command -v chromium >/dev/null || APT_PACKAGES+=(chromium fonts-dejavu-core)
 if [ "${#APT_PACKAGES[@]}" -gt 0 ]; then
   echo "[env] installing ${APT_PACKAGES[*]} (Debian packages)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
