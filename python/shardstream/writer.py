@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream._deps import require
 from shardstream._files import AtomicFile
 from shardstream._system import available_cores
 
@@ -403,10 +404,7 @@ def _read_table(path: str, columns: list[str]) -> Iterator[dict[str, Any]]:
     """Rows as dicts of the requested columns, streamed (Parquet by record batch)."""
     lower = path.lower()
     if lower.endswith((".parquet", ".pq")):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError("reading Parquet needs pyarrow: pip install 'shardstream[parquet]'") from None
+        pq = require("pyarrow.parquet", "reading a Parquet table")
         parquet = pq.ParquetFile(path)
         missing = [c for c in columns if c not in parquet.schema_arrow.names]
         if missing:
@@ -497,7 +495,8 @@ def resize_shorter_side(data: bytes, size: int, *, quality: int = 95, ext: str =
     """Re-encodes an image as JPEG with its shorter side ``size`` pixels (EXIF orientation
     applied, since the re-encoded file carries no EXIF). Images already small enough are returned
     unchanged, never upscaled. Returns (bytes, extension)."""
-    from PIL import Image, ImageOps
+    Image = require("PIL.Image", "resizing images (--resize)")
+    ImageOps = require("PIL.ImageOps", "resizing images (--resize)")
 
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
