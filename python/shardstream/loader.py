@@ -667,6 +667,8 @@ class ShardLoader:
             ValueError: Several readers without an index or ``samples_per_epoch``.
             MissingDependencyError: torch is not installed.
         """
+        if torch is None:
+            raise MissingDependencyError("torch", "torch", "DataLoader worker processes")
         refused = sorted({"collate_fn", "batch_size", "sampler", "batch_sampler"} & set(kwargs))
         if refused:
             raise TypeError(

@@ -618,6 +618,7 @@ def _new_s3_client(s3: S3Options) -> Any:
 
 
 def _make_client(s3: S3Options, where: str) -> Any:
+    require("boto3", "reading s3:// URLs")  # named first: boto3 is what users install
     BotoCoreError = require("botocore.exceptions", "reading s3:// URLs").BotoCoreError
 
     try:

@@ -28,6 +28,7 @@ import sys
 import types
 from typing import Any
 
+from shardstream._stderr import say
 from shardstream.integrations.open_clip_data import AdapterOptions, OpenClipUsageError
 
 PROG = "shardstream.integrations.open_clip"
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         adapter_parser().print_help()
         print()
     if importlib.util.find_spec("open_clip_train") is None:
-        print(f"{PROG}: needs open_clip_train: pip install open_clip_torch pandas", file=sys.stderr)
+        say(f"{PROG}: needs open_clip_train: pip install 'shardstream[train]'")
         return 2
     try:
         options, rest = split_argv(argv)
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from open_clip_train.main import main as open_clip_main
         except ImportError as e:  # open_clip_train.data imports pandas, which open_clip_torch lacks
-            print(f"{PROG}: open_clip_train cannot start: {e} (pip install pandas?)", file=sys.stderr)
+            say(f"{PROG}: open_clip_train cannot start ({e}): pip install 'shardstream[train]'")
             return 2
         from shardstream.train.model import register_model_configs
 
