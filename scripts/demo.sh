@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job from a clean clone: sets everything up (cached), then trains the small CLIP demo
 # on the embedded default dataset (generated on first run) with 2 processes on the CPU.
-# Extra arguments go to train_clip.py (e.g. --config configs/vit_b32.yaml --train.batch_size 64).
+# Extra arguments go to train_clip.py (e.g. --config vit_b32 --train.batch_size 64).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
