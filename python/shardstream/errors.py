@@ -25,7 +25,16 @@ from typing import Any
 
 
 class ShardError(Exception):
-    """A shard or sample could not be read. ``url`` is redacted."""
+    """A shard or sample could not be read; the root of shardstream's data errors. Catch a
+    subclass to handle one kind; the message says reason, URL and key.
+
+    Args:
+        reason: A stable name of what went wrong (``"unreadable"``, ``"truncated_tar"``,
+            ``"corrupt_image"``, ...): match on this or on the class, never on the message.
+        url: The shard's URL, redacted (no query string, no password).
+        key: The sample's key; empty for a shard-level fault.
+        detail: Human-readable detail.
+    """
 
     def __init__(self, reason: str, url: str = "", key: str = "", detail: str = "") -> None:
         self.reason = reason
@@ -72,6 +81,10 @@ class OptionError(ValueError):
 
     Attributes:
         option: The name of the option, as the caller spelled it (e.g. ``"backoff_max"``).
+
+    Args:
+        option: Sets ``option``.
+        message: What is wrong with the value; the message is ``"{option}: {message}"``.
     """
 
     def __init__(self, option: str, message: str) -> None:
@@ -91,6 +104,12 @@ class MissingDependencyError(ImportError):
     Attributes:
         module: The module that could not be imported (e.g. ``"boto3"``).
         extra: The ``shardstream`` extra that installs it (e.g. ``"s3"``).
+
+    Args:
+        module: Sets ``module``.
+        extra: Sets ``extra``.
+        needed_for: What needs it, for the message (e.g. ``"reading s3:// URLs"``).
+        cause: The original ImportError's message, shown when it is not plain "no module".
     """
 
     def __init__(self, module: str, extra: str, needed_for: str, cause: str = "") -> None:

@@ -543,19 +543,30 @@ class ShardLoader:
 
     # -- resume --------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
-        """The position in the epoch after the batches consumed so far (or ``batches``): small,
-        JSON-serialisable and identical on every rank, so rank 0 can save it. This is torchdata's
-        StatefulDataLoader contract, which accelerate and Lightning look for: "consumed" are the
-        batches this loader has yielded, so a framework that reads ahead of its step must not sit
-        between the two (``shardstream.integrations`` arranges that per framework).
+        """The position in the epoch after the batches consumed so far: small, JSON-serialisable
+        and identical on every rank, so rank 0 can save it.
 
-        It also records the reserve samples that replaced samples failing at run time, so a
-        resumed epoch never refills from them twice. One process knows its own; with several
-        ranks, ``gather=True`` collects every rank's (a collective: call it on every rank, as
-        the trainer's checkpointing does). Without it, a multi-rank state leaves reserve use
-        out rather than differ between ranks. Inside a framework, the checkpoint hooks the
-        adapters use (Trainer._save_checkpoint, Accelerator.save_state, Lightning's checkpoint
-        dump) run on every rank in the same order, so the collective does not hang there."""
+        This is torchdata's StatefulDataLoader contract, which accelerate and Lightning look for:
+        "consumed" are the batches this loader has yielded, so a framework that reads ahead of
+        its step must not sit between the two (``shardstream.integrations`` arranges that). The
+        state also records the reserve samples that replaced samples failing at run time, so a
+        resumed epoch never refills from them twice.
+
+        Args:
+            batches: The batches consumed, if not all those yielded (for a DataLoader of your own
+                over :meth:`dataset_view`). None (default): those yielded.
+            gather: With several ranks, collect every rank's reserve use (a collective: call it
+                on every rank, as the trainer's and the adapters' checkpoint hooks do). False
+                (default): a multi-rank state leaves reserve use out rather than differ between
+                ranks.
+
+        Returns:
+            ``{"epoch", "batches", "exact": False}`` without an index; with one, the plan's
+            state (``version``, ``epoch``, phases), which :meth:`load_state_dict` takes.
+
+        Raises:
+            RuntimeError: ``gather=True`` with several ranks but no initialised process group.
+        """
         done = self._batches_done if batches is None else int(batches)
         if self._plan is None:
             return {"epoch": self.epoch, "batches": done, "exact": False}
@@ -568,9 +579,17 @@ class ShardLoader:
         return self._plan.state(self._plan_params(self._num_workers), self._resume, done, reserve_used)
 
     def reserve_use(self, batches: int | None = None) -> list[dict[str, int]]:
-        """This rank's use of its reserve after its first ``batches`` batches (default: those
-        yielded): ``[{"rank", "reader", "used"}]`` per phase reader that used any. Batches that
-        came through a DataLoader other than :meth:`dataloader` are not seen here."""
+        """This rank's use of its reserve samples (which replace samples failing at run time).
+
+        Batches that came through a DataLoader other than :meth:`dataloader` are not seen here.
+
+        Args:
+            batches: Count the reserve used in this rank's first ``batches`` batches. None
+                (default): in all those yielded.
+
+        Returns:
+            ``[{"rank", "reader", "used"}]``, one entry per phase reader that used any.
+        """
         done = self._batches_done if batches is None else int(batches)
         used: dict[int, int] = {}
         for reader, count in self._reserve_marks[:done]:
@@ -578,8 +597,16 @@ class ShardLoader:
         return [{"rank": self.rank, "reader": r, "used": n} for r, n in sorted(used.items()) if n]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues the epoch of ``state`` with exactly the batches that would have followed;
-        with another world size or worker count, the rest of the epoch is re-planned exactly once."""
+        """Makes the next pass continue the epoch of ``state`` with exactly the batches that would
+        have followed; with another world size or worker count, the rest of the epoch is
+        re-planned so that every remaining sample is read exactly once.
+
+        Args:
+            state: What :meth:`state_dict` returned (on any rank, any world size).
+
+        Raises:
+            ValueError: The loader has no index, or ``state`` is not an exact (indexed) state.
+        """
         if self._plan is None or not state.get("version"):
             raise ValueError(
                 "mid-epoch resume needs an index (exact epochs); build one with `shardstream index`"
