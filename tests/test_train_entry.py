@@ -91,3 +91,28 @@ def test_train_clip_py_still_runs_the_same_command(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert "name: ViT-B-16" in run.stdout
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[name.lower()] = version
+    return pins
+
+
+def test_the_demo_requirements_are_pinned_and_a_subset_of_the_dev_ones():
+    """scripts/demo.sh installs requirements/demo.txt alone: every package pinned as the test
+    suite's, and everything the demo's run imports (the trainer's own check) among them."""
+    from shardstream.train.config import Config
+    from shardstream.train.deps import requirements
+
+    demo, dev = _pins(ROOT / "requirements" / "demo.txt"), _pins(ROOT / "requirements" / "dev.txt")
+    assert all(demo.values()), f"unpinned: {[n for n, v in demo.items() if not v]}"
+    assert {n: dev.get(n) for n in demo} == demo, "demo.txt pins differ from dev.txt's"
+    needed = {r.package.lower() for r in requirements(Config()) if r.in_extra}
+    assert needed <= set(demo), needed - set(demo)
+    assert {"tensorboard", "pillow", "scikit-image", "scikit-learn"} <= set(demo), "the demo's logs and data"
+    assert len(demo) < len(dev) / 2
