@@ -1,16 +1,15 @@
-"""Train a CLIP model on WebDataset shards streamed by shardstream.
+"""Train a CLIP model on WebDataset shards streamed by shardstream: the one-file entry point.
 
-    torchrun --nproc_per_node=N train_clip.py [--config configs/X.yaml] [--resume latest]
+    torchrun --nproc_per_node=N train_clip.py [--config NAME|PATH] [--resume latest]
                                               [--section.field VALUE ...]
 
-With no arguments it runs the small CPU demo (configs/demo_cpu.yaml) on an embedded dataset that
-it generates under data/demo on first use. All the logic lives in shardstream.train.
+The same command as ``shardstream train`` and ``torchrun -m shardstream.train``. ``--config``
+takes a YAML file or the name of a config shipped in the package (``vit_b32``, ``siglip_b16``...;
+``--help`` lists them). With no arguments it runs the small CPU demo (``demo_cpu``) on an embedded
+dataset that it generates under data/demo on first use. All the logic lives in shardstream.train.
 """
-
-from pathlib import Path
 
 from shardstream.train.cli import main
 
 if __name__ == "__main__":
-    default = Path(__file__).resolve().parent / "configs" / "demo_cpu.yaml"
-    raise SystemExit(main(default_config=default if default.is_file() else None))
+    raise SystemExit(main(prog="train_clip.py"))

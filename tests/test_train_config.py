@@ -10,10 +10,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from shardstream.train.config import SECTIONS, Config, ConfigError, describe_config, load_config
+from shardstream.train.config import (
+    SECTIONS,
+    SHIPPED_CONFIGS,
+    Config,
+    ConfigError,
+    describe_config,
+    load_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+CONFIGS = sorted(SHIPPED_CONFIGS.glob("*.yaml"))
 
 
 def all_fields() -> list[tuple[str, str, dataclasses.Field]]:
@@ -32,14 +39,14 @@ def test_shipped_config_loads(path: Path) -> None:
 
 
 def test_every_field_is_documented_in_the_schema_and_the_demo_config() -> None:
-    demo_text = (ROOT / "configs" / "demo_cpu.yaml").read_text()
+    demo_text = (SHIPPED_CONFIGS / "demo_cpu.yaml").read_text()
     demo = yaml.safe_load(demo_text)
     for section, name, f in all_fields():
         assert f.metadata.get("doc"), f"{section}.{name} has no documentation"
-        assert name in (demo.get(section) or {}), f"configs/demo_cpu.yaml does not list {section}.{name}"
+        assert name in (demo.get(section) or {}), f"demo_cpu.yaml does not list {section}.{name}"
         # each field's line in the demo config carries a comment explaining it
         line = next(ln for ln in demo_text.splitlines() if ln.strip().startswith(f"{name}:"))
-        assert "#" in line, f"configs/demo_cpu.yaml: {section}.{name} has no comment"
+        assert "#" in line, f"demo_cpu.yaml: {section}.{name} has no comment"
     reference = describe_config()
     for _, name, _ in all_fields():
         assert f"  {name}:" in reference
@@ -47,7 +54,7 @@ def test_every_field_is_documented_in_the_schema_and_the_demo_config() -> None:
 
 def test_demo_config_is_the_schema_default() -> None:
     """With no --config the trainer runs the demo; the defaults and demo_cpu.yaml agree."""
-    assert load_config(ROOT / "configs" / "demo_cpu.yaml").to_dict() == Config().to_dict()
+    assert load_config(SHIPPED_CONFIGS / "demo_cpu.yaml").to_dict() == Config().to_dict()
 
 
 def test_overrides_are_typed_by_the_schema() -> None:

@@ -195,15 +195,17 @@ def wheel_metadata(wheel: Path) -> dict[str, Any]:
 
 
 def check_wheel_contents(wheel: Path, version: str) -> dict[str, Any]:
-    """abi3 from CPython 3.10, the typing files shipped, one copy of the extension, the
-    Cargo.toml version, numpy as the only hard dependency, and the optional extras declared."""
+    """abi3 from CPython 3.10, the typing files and the trainer's configs shipped, one copy of the
+    extension, the Cargo.toml version, numpy as the only hard dependency, and the optional extras
+    declared."""
     info = wheel_metadata(wheel)
     names, fields = info["names"], info["fields"]
     assert wheel.name.startswith(f"shardstream-{version}-cp310-abi3-"), wheel.name
     assert all(t.startswith("cp310-abi3-") for t in info["tags"]), info["tags"]
     assert fields["Version"] == [version], fields.get("Version")
     assert fields.get("Requires-Python") == [">=3.10"], fields.get("Requires-Python")
-    for required in ("shardstream/__init__.py", "shardstream/py.typed", "shardstream/_core.pyi"):
+    shipped = ("shardstream/train/configs/demo_cpu.yaml", "shardstream/train/configs/vit_b32.yaml")
+    for required in ("shardstream/__init__.py", "shardstream/py.typed", "shardstream/_core.pyi", *shipped):
         assert required in names, f"{required} missing from {wheel.name}"
     extensions = [n for n in names if re.match(r"shardstream/_core\..*(so|pyd)$", n)]
     assert len(extensions) == 1, f"expected one extension module, found {extensions}"
@@ -216,7 +218,7 @@ def check_wheel_contents(wheel: Path, version: str) -> dict[str, Any]:
     hard = [r for r in fields.get("Requires-Dist", []) if "extra ==" not in r]
     assert [re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0] for r in hard] == ["numpy"], hard
     extras = set(fields.get("Provides-Extra", []))
-    assert {"s3", "train"} <= extras, extras
+    assert {"s3", "hub", "parquet", "torch", "train", "all"} <= extras, extras
     return {"files": len(names), "extension": extensions[0], "tags": info["tags"]}
 
 

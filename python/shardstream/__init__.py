@@ -1,27 +1,72 @@
-"""shardstream: fast, exact, fault-tolerant WebDataset streaming for distributed training."""
+"""shardstream: fast, exact, fault-tolerant WebDataset streaming for distributed training.
+
+The public API, by topic (every name below is in ``__all__``):
+
+Loading batches
+    :class:`ShardLoader` (batches of decoded images and captions), :class:`Batch` (one batch),
+    :class:`LoaderConfig` (what the loader decodes and reads with, field by field),
+    :class:`SourceOptions` (how shards are fetched: S3, TLS, backoff, cache), :class:`Source`
+    (one dataset of a mixture), :data:`DEFAULTS` (the core's defaults).
+
+Raw samples, writing and indexing
+    :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
+    shards), :func:`build_index` and :func:`write_index` (the index that makes epochs exact).
+
+Errors
+    :class:`ShardError` and its subclasses :class:`SourceError`, :class:`CredentialsError`,
+    :class:`NotFoundError`, :class:`BadUrlError`, :class:`SampleError`; :class:`OptionError` (a
+    refused option value) and :class:`MissingDependencyError` (an optional package to install).
+
+Framework adapters live in ``shardstream.integrations``; the CLIP trainer in ``shardstream.train``.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from shardstream._core import __version__
-from shardstream.config import DEFAULTS, LoaderConfig
-from shardstream.errors import ShardError
+from shardstream.config import DEFAULTS, LoaderConfig, SourceOptions
+from shardstream.errors import (
+    BadUrlError,
+    CredentialsError,
+    MissingDependencyError,
+    NotFoundError,
+    OptionError,
+    SampleError,
+    ShardError,
+    SourceError,
+)
+from shardstream.index import build_index, write_index
 from shardstream.mixture import Source
 from shardstream.samples import read_samples
+from shardstream.writer import ShardWriter
 
 if TYPE_CHECKING:
     from shardstream.loader import Batch, ShardLoader
 
 __all__ = [
-    "DEFAULTS",
+    # loading batches
+    "ShardLoader",
     "Batch",
     "LoaderConfig",
-    "ShardError",
-    "ShardLoader",
+    "SourceOptions",
     "Source",
-    "__version__",
+    "DEFAULTS",
+    # raw samples, writing and indexing
     "read_samples",
+    "ShardWriter",
+    "build_index",
+    "write_index",
+    # errors
+    "ShardError",
+    "SourceError",
+    "CredentialsError",
+    "NotFoundError",
+    "BadUrlError",
+    "SampleError",
+    "OptionError",
+    "MissingDependencyError",
+    "__version__",
 ]
 
 

@@ -12,6 +12,11 @@ faults), and says all three in its message.
     │   └── NotFoundError      no such file, bucket or object
     ├── BadUrlError            (also a ValueError) a URL we refuse: pipe:, unknown scheme
     └── SampleError            one sample is invalid (corrupt image, missing caption, ...)
+
+    OptionError                (a ValueError, not a ShardError) an option value we refuse;
+                               ``option`` names it
+    MissingDependencyError     (an ImportError) an optional package is not installed; the
+                               one-line message names the pip extra that installs it
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from typing import Any
 
 
 class ShardError(Exception):
-    """A shard or sample could not be read. ``url`` is redacted."""
+    """A shard or sample could not be read; the root of shardstream's data errors. Catch a
+    subclass to handle one kind; the message says reason, URL and key.
+
+    Args:
+        reason: A stable name of what went wrong (``"unreadable"``, ``"truncated_tar"``,
+            ``"corrupt_image"``, ...): match on this or on the class, never on the message.
+        url: The shard's URL, redacted (no query string, no password).
+        key: The sample's key; empty for a shard-level fault.
+        detail: Human-readable detail.
+    """
 
     def __init__(self, reason: str, url: str = "", key: str = "", detail: str = "") -> None:
         self.reason = reason
@@ -58,6 +72,56 @@ class BadUrlError(ShardError, ValueError):
 
 class SampleError(ShardError):
     """One sample is invalid; ``key`` names it."""
+
+
+class OptionError(ValueError):
+    """An option given a value shardstream refuses (:class:`shardstream.SourceOptions`,
+    :class:`shardstream.LoaderConfig`). A ``ValueError``, so code written against the older
+    plain ``ValueError`` still catches it.
+
+    Attributes:
+        option: The name of the option, as the caller spelled it (e.g. ``"backoff_max"``).
+
+    Args:
+        option: Sets ``option``.
+        message: What is wrong with the value; the message is ``"{option}: {message}"``.
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.option, str(self).removeprefix(f"{self.option}: ")))
+
+
+class MissingDependencyError(ImportError):
+    """An optional package that a feature needs is not installed (boto3 for ``s3://``,
+    huggingface_hub for ``hf://``, torch for DataLoader workers, pyarrow for Parquet tables...).
+    Its message is one line that names the pip extra to install, e.g.
+    ``reading s3:// URLs needs boto3: pip install 'shardstream[s3]'``.
+
+    Attributes:
+        module: The module that could not be imported (e.g. ``"boto3"``).
+        extra: The ``shardstream`` extra that installs it (e.g. ``"s3"``).
+
+    Args:
+        module: Sets ``module``.
+        extra: Sets ``extra``.
+        needed_for: What needs it, for the message (e.g. ``"reading s3:// URLs"``).
+        cause: The original ImportError's message, shown when it is not plain "no module".
+    """
+
+    def __init__(self, module: str, extra: str, needed_for: str, cause: str = "") -> None:
+        self.module = module
+        self.extra = extra
+        self.needed_for = needed_for
+        self.cause = cause
+        why = f" ({cause})" if cause and module not in cause else ""
+        super().__init__(f"{needed_for} needs {module}{why}: pip install 'shardstream[{extra}]'", name=module)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.module, self.extra, self.needed_for, self.cause))
 
 
 # The one table from the core's kind of source failure (``error::SourceKind``) to the class

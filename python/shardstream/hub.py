@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from shardstream._deps import require
 from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
 
 HF_SCHEME = "hf://"
@@ -81,9 +82,7 @@ def endpoint() -> str:
 
 def hf_token() -> str | None:
     """``HF_TOKEN``, else the token file of ``huggingface-cli login`` (None: anonymous)."""
-    from huggingface_hub import get_token
-
-    return get_token()
+    return require("huggingface_hub", "reading hf:// URLs").get_token()
 
 
 def resolve_url(hub: str, parsed: HfPath) -> str:
@@ -175,8 +174,7 @@ class HubResolver:
 
     def api(self) -> Any:
         if self._api is None:
-            from huggingface_hub import HfApi
-
+            HfApi = require("huggingface_hub", "reading hf:// URLs").HfApi
             self._api = HfApi(endpoint=self.signer.hub, token=self.signer.token() or False)
         return self._api
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from shardstream import _core, validation
 from shardstream._files import atomic_write
+from shardstream.config import SourceOptions, resolve_source_options
 from shardstream.errors import CredentialsError, NotFoundError, ShardError
 from shardstream.identity import ShardIdentity, probe_identities
 from shardstream.urls import Shard, expand_urls, redact, scheme_of, source_config
@@ -191,16 +192,77 @@ def index_from_reports(
 
 
 def build_index(
-    spec: Any, *, decode: bool = True, threads: int | None = None, with_keys: bool = True, **options: Any
+    spec: Any,
+    *,
+    decode: bool = True,
+    threads: int | None = None,
+    with_keys: bool = True,
+    caption_key: str = validation.ScanOptions.caption_key,
+    image_keys: Sequence[str] = validation.ScanOptions.image_keys,
+    require_caption: bool = validation.ScanOptions.require_caption,
+    max_pixels: int = validation.ScanOptions.max_pixels,
+    max_member_bytes: int = validation.ScanOptions.max_member_bytes,
+    image_size: int = validation.ScanOptions.image_size,
+    source: SourceOptions | None = None,
+    source_options: dict[str, Any] | None = None,
 ) -> DatasetIndex:
-    """Scans every shard of ``spec`` (validating samples unless ``decode=False``) and indexes them,
-    recording each shard's content identity (see ``shardstream.identity``). Raises ShardError
-    when a shard cannot be read."""
-    source_options = options.pop("source_options", {})
-    shards = expand_urls(spec, **source_options)
-    identities = probe_identities(shards, source_options=source_options)
+    """The dataset index of the shards of ``spec``: what makes epochs exact and mid-epoch resume
+    possible (``ShardLoader(urls, index=...)``). The library form of ``shardstream index``.
+
+    Every shard is scanned (on ``threads`` threads) and, unless ``decode=False``, every sample is
+    validated as the loader would decode it; invalid samples are recorded in the index and never
+    scheduled. Each shard's content identity (size and ETag, mtime, or Hub blob id) is recorded,
+    so a later ``shardstream index`` of a grown dataset rescans only what changed.
+
+    Example:
+        >>> index = build_index("shards/shard-{000000..000009}.tar")  # doctest: +SKIP
+        >>> write_index(index, "shards.index")  # doctest: +SKIP
+
+    Args:
+        spec: The shards, as ``urls`` of :class:`shardstream.ShardLoader` (paths, globs, brace
+            ranges, ``http(s)://``, ``s3://``, ``hf://``).
+        decode: Decode every image to validate it (default True); False checks only the tar
+            structure and members (several times faster).
+        threads: Shards scanned at once; None: chosen from the cores (and, for remote shards,
+            more, since they wait on the network).
+        with_keys: Record every sample's key (default True): ``stats["remainder_keys"]`` and
+            subsets by key need them; False makes the index smaller.
+        caption_key: The member holding the caption (default ``"txt"``), as the loader's.
+        image_keys: The member extensions tried for the image, in order (default
+            ``("jpg", "jpeg", "png", "webp")``, the core's).
+        require_caption: A sample without a caption is invalid (default True).
+        max_pixels: Images with more pixels than this are invalid (default: the core's).
+        max_member_bytes: Members larger than this, in bytes, are invalid (default: the core's).
+        image_size: The side validation decodes to, in pixels (default: the core's scan size,
+            smaller than the loader's for speed; a decode error does not depend on it).
+        source: How shards are fetched: see :class:`shardstream.SourceOptions`.
+        source_options: The lower-level form of ``source`` as a dict, which also takes
+            ``connect_timeout``, ``read_timeout`` and ``max_retries`` (see
+            :class:`shardstream.LoaderConfig`); merged over ``source``'s.
+
+    Returns:
+        The index (``shardstream._core.DatasetIndex``): write it with :func:`write_index`, or
+        pass it to ``ShardLoader(index=...)`` directly.
+
+    Raises:
+        ShardError: A shard cannot be read (an index without it would silently drop its
+            samples); nothing is returned.
+        BadUrlError: A URL of ``spec`` is refused.
+    """
+    options = {**resolve_source_options(source, {}, "build_index"), **(source_options or {})}
+    shards = expand_urls(spec, **options)
+    identities = probe_identities(shards, source_options=options)
     reports = _scan_for_index(
-        shards, threads=threads, decode=decode, source_options=source_options, **options
+        shards,
+        threads=threads,
+        decode=decode,
+        source_options=options,
+        caption_key=caption_key,
+        image_keys=tuple(image_keys),
+        require_caption=require_caption,
+        max_pixels=max_pixels,
+        max_member_bytes=max_member_bytes,
+        image_size=image_size,
     )
     with_identities(reports, identities)
     return index_from_reports(reports, [index_name(s) for s in shards], with_keys=with_keys)
@@ -331,10 +393,24 @@ def update_index(
 
 
 def write_index(index_or_reports: Any, path: str, *, urls: list[str] | None = None) -> str:
-    """Writes an index (or scan reports) where ``path`` says: a version-1 JSON file for a
-    ``.json``/``.json.gz`` name, else a folder holding ``manifest.bin`` and a detail file.
-    Atomic: a reader sees the old index or the new one, never a mix (detail files are new
-    names, the manifest is replaced last)."""
+    """Writes an index where ``path`` says, atomically: a reader sees the old index or the new
+    one, never a mix (detail files get new names, the manifest is replaced last).
+
+    Args:
+        index_or_reports: The index (from :func:`build_index`), or the scan reports to make one
+            of.
+        path: A folder (the default layout: ``manifest.bin``, which every rank loads, and a
+            detail file fetched per shard), or a ``.json``/``.json.gz`` file name for the
+            version-1 single-file layout (small datasets; not for subsets). Made if missing.
+        urls: With scan reports: the shard names to record (default: the reports' own URLs).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: A subset index given a ``.json`` path.
+        OSError: ``path`` cannot be written.
+    """
     index = (
         index_or_reports
         if isinstance(index_or_reports, DatasetIndex)

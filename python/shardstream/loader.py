@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from shardstream import _core
 from shardstream._system import default_loader_threads, torchrun_rank_world
-from shardstream.config import Crop, LoaderConfig, OnError
-from shardstream.errors import from_core_fault
+from shardstream.config import Crop, LoaderConfig, OnError, SourceOptions, resolve_source_options
+from shardstream.errors import MissingDependencyError, from_core_fault
 from shardstream.urls import source_config
 
 try:  # torch is optional: without it, batches are numpy arrays.
@@ -28,11 +28,29 @@ except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
 
 
 class Batch(NamedTuple):
-    images: Any  # torch.uint8 [B, 3, S, S] (numpy without torch)
+    """One batch of a :class:`ShardLoader`: a named tuple, so ``images, texts, *_ = batch`` works
+    and ``batch._replace(images=...)`` makes a changed copy.
+
+    ``B`` is the batch size (smaller only for the last batch of an epoch with ``drop_last=False``)
+    and the i-th entry of every field belongs to the same sample.
+
+    Attributes:
+        images: ``torch.uint8`` tensor ``[B, 3, S, S]`` (``S`` = ``image_size``), RGB, channels
+            first, values 0-255, not normalised: normalise on the GPU, where uint8 is a quarter
+            of the float32 transfer. Pinned memory when ``pin_memory``. A numpy array without
+            torch. Each batch owns its memory: keeping it is safe.
+        texts: The captions, ``B`` strings (the ``caption_key`` member, UTF-8 decoded).
+        keys: The samples' keys (``__key__``), ``B`` strings: what ``stats`` and errors name.
+        urls: The URL of the shard each sample came from (redacted: no signature or password).
+        tokens: With ``tokenizer=``: ``torch.int64`` ``[B, context_length]``, the captions
+            tokenized and padded in the loader's threads (numpy without torch); else None.
+    """
+
+    images: Any
     texts: list[str]
     keys: list[str]
     urls: list[str]
-    tokens: Any = None  # torch.int64 [B, context_length] with tokenizer= (numpy without torch)
+    tokens: Any = None
 
 
 def distributed_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -55,14 +73,88 @@ def _worker() -> tuple[int, int]:
 
 
 class ShardLoader:
-    """Iterable of :class:`Batch` over WebDataset shards.
+    """Iterable of :class:`Batch`: decoded, resized images and their captions, streamed from
+    WebDataset shards (or Parquet files) by the Rust core, exactly once per epoch across ranks.
 
-    Without an ``index``, shards are split between readers (ranks x workers) at shard level
-    and, with several readers, ``samples_per_epoch`` fixes the number of batches per rank so
-    every rank steps equally (exactness is off: a warning says so). With an ``index``
-    (``shardstream index``), every epoch is exact: see ``shardstream.plan``. With ``sources``
-    (a list of :class:`shardstream.Source`), several indexed datasets are mixed in one exact
-    epoch of ``samples_per_epoch`` samples (default: all of theirs), see ``shardstream.mixture``.
+    Three ways to say what to read:
+
+    - ``urls`` alone: shards are split between readers (ranks x workers) at shard level; with
+      several readers, ``samples_per_epoch`` fixes the batches per rank so every rank steps
+      equally. Epochs are not exact (a warning says so) and mid-epoch resume is unavailable.
+    - ``index`` (from ``shardstream index`` or :func:`~shardstream.build_index`), with or
+      without ``urls``: every epoch is exact (each valid sample once across all ranks and
+      workers, the same batch count on every rank, deterministic order) and
+      :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch, also on another world size.
+    - ``sources`` (a list of :class:`~shardstream.Source`): several indexed datasets mixed in
+      one exact epoch, each batch holding every source in proportion to its weight.
+
+    Example:
+        >>> loader = ShardLoader("shards/{000000..000009}.tar", index="shards.index",
+        ...                      batch_size=256)  # doctest: +SKIP
+        >>> for epoch in range(2):  # doctest: +SKIP
+        ...     loader.set_epoch(epoch)
+        ...     for batch in loader:
+        ...         images = batch.images.cuda(non_blocking=True).float().div_(255)
+
+    Args:
+        urls: The shards: a path, a folder (its ``.tar``/``.tar.gz``/``.tgz``/``.parquet``
+            files), a glob, a URL (``file://``, ``http(s)://``, ``s3://``,
+            ``hf://datasets/ORG/NAME[@REV]/PATH``) with brace ranges (``{000000..000099}``) and
+            ``::``-separated lists, or a list of those. With an ``index``: optional, the same
+            shards at another location (matched by name). ``pipe:`` URLs are refused.
+        batch_size: See :class:`~shardstream.LoaderConfig` (required).
+        image_size: See :class:`~shardstream.LoaderConfig`.
+        seed: See :class:`~shardstream.LoaderConfig`.
+        shuffle_buffer: See :class:`~shardstream.LoaderConfig`.
+        threads: See :class:`~shardstream.LoaderConfig`.
+        rank: This process's rank. None (default): ``torch.distributed``'s when it is
+            initialised, else the ``RANK`` environment variable, else 0.
+        world_size: The number of ranks. None (default): as for ``rank`` (``WORLD_SIZE``, else 1).
+        index: The dataset index: where ``shardstream index -o`` wrote it (a folder, its
+            ``manifest.bin``, or a ``.json`` file; local or a URL), or a ``DatasetIndex``. Makes
+            epochs exact. None (default): streaming without one.
+        drop_last: See :class:`~shardstream.LoaderConfig`.
+        on_error: See :class:`~shardstream.LoaderConfig`.
+        caption_key: See :class:`~shardstream.LoaderConfig`.
+        image_keys: See :class:`~shardstream.LoaderConfig`.
+        crop: See :class:`~shardstream.LoaderConfig`.
+        random_crop_scale: See :class:`~shardstream.LoaderConfig`.
+        random_crop_ratio: See :class:`~shardstream.LoaderConfig`.
+        samples_per_epoch: See :class:`~shardstream.LoaderConfig`.
+        read_ahead: See :class:`~shardstream.LoaderConfig`.
+        prefetch: See :class:`~shardstream.LoaderConfig`.
+        max_pixels: See :class:`~shardstream.LoaderConfig`.
+        max_member_bytes: See :class:`~shardstream.LoaderConfig`.
+        pin_memory: See :class:`~shardstream.LoaderConfig`.
+        connect_timeout: See :class:`~shardstream.LoaderConfig`.
+        read_timeout: See :class:`~shardstream.LoaderConfig`.
+        max_retries: See :class:`~shardstream.LoaderConfig`.
+        tokenizer: See :class:`~shardstream.LoaderConfig`.
+        context_length: See :class:`~shardstream.LoaderConfig`.
+        sources: A mixture: a list of :class:`~shardstream.Source`, each with its own index
+            (instead of ``urls`` and ``index``). None (default): one dataset.
+        source: How shards are fetched (S3 endpoint, region and profile, presign lifetime, TLS
+            roots, backoff, ``Retry-After`` limit, shard cache, existence check): a
+            :class:`~shardstream.SourceOptions`. None (default): its defaults.
+        **source_options: Deprecated: the fields of :class:`~shardstream.SourceOptions` as
+            keyword arguments (``endpoint_url=...``); they still work for one release, with a
+            :class:`DeprecationWarning`. An unknown keyword is a ``TypeError`` naming it.
+
+    Raises:
+        OptionError: A :class:`~shardstream.LoaderConfig` or :class:`~shardstream.SourceOptions`
+            value is out of range (a ``ValueError``; ``option`` names it).
+        ValueError: Neither ``urls``, ``index`` nor ``sources`` is given, ``sources`` is given
+            with ``urls`` or ``index``, no shard matches ``urls``, or the index and ``urls``
+            name different shards.
+        TypeError: An unknown keyword argument, or ``source`` with the keyword form.
+        NotFoundError: The first shard of a folder or prefix (or the index) does not exist.
+        CredentialsError: It exists but the credentials cannot read it.
+        BadUrlError: A URL is refused (``pipe:``, an unknown scheme, a malformed brace range).
+        MissingDependencyError: ``s3://`` without boto3, ``hf://`` without huggingface_hub.
+
+    Attributes:
+        config: The :class:`~shardstream.LoaderConfig` made from the arguments.
+        epoch: The epoch the next pass reads (see :meth:`set_epoch`).
     """
 
     def __init__(
@@ -96,8 +188,10 @@ class ShardLoader:
         tokenizer: str | None = LoaderConfig.tokenizer,
         context_length: int | None = LoaderConfig.context_length,
         sources: list[Any] | None = None,
+        source: SourceOptions | None = None,
         **source_options: Any,
     ) -> None:
+        source_options = resolve_source_options(source, source_options, "ShardLoader")
         # The keyword arguments are the fields of LoaderConfig, which checks them.
         self.config = LoaderConfig(
             batch_size=batch_size,
@@ -182,16 +276,26 @@ class ShardLoader:
     # -- distribution -------------------------------------------------------------------
     @property
     def rank(self) -> int:
+        """This process's rank: the ``rank`` argument, else ``torch.distributed``'s, else
+        ``RANK``, else 0 (read each time: a process group made after the loader counts)."""
         return distributed_rank_world(self._rank_arg, self._world_arg)[0]
 
     @property
     def world_size(self) -> int:
+        """The number of ranks, resolved as :attr:`rank` is (``WORLD_SIZE``, else 1)."""
         return distributed_rank_world(self._rank_arg, self._world_arg)[1]
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts epoch ``epoch`` from its beginning; except right after :meth:`load_state_dict` of
-        a state in that same epoch, whose position is kept: frameworks (HF Trainer, accelerate)
-        restore the loader first and then set the epoch they resume in."""
+        """Makes the next pass read epoch ``epoch`` from its beginning (each epoch has its own
+        order, derived from ``seed`` and ``epoch``).
+
+        Right after :meth:`load_state_dict` of a state in that same epoch, the loaded position
+        is kept instead: frameworks (HF Trainer, accelerate) restore the loader first and then
+        set the epoch they resume in.
+
+        Args:
+            epoch: The epoch number, from 0.
+        """
         epoch = int(epoch)
         if self._resume_pending() and int(self._resume["epoch"]) == epoch:
             return
@@ -439,19 +543,30 @@ class ShardLoader:
 
     # -- resume --------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
-        """The position in the epoch after the batches consumed so far (or ``batches``): small,
-        JSON-serialisable and identical on every rank, so rank 0 can save it. This is torchdata's
-        StatefulDataLoader contract, which accelerate and Lightning look for: "consumed" are the
-        batches this loader has yielded, so a framework that reads ahead of its step must not sit
-        between the two (``shardstream.integrations`` arranges that per framework).
+        """The position in the epoch after the batches consumed so far: small, JSON-serialisable
+        and identical on every rank, so rank 0 can save it.
 
-        It also records the reserve samples that replaced samples failing at run time, so a
-        resumed epoch never refills from them twice. One process knows its own; with several
-        ranks, ``gather=True`` collects every rank's (a collective: call it on every rank, as
-        the trainer's checkpointing does). Without it, a multi-rank state leaves reserve use
-        out rather than differ between ranks. Inside a framework, the checkpoint hooks the
-        adapters use (Trainer._save_checkpoint, Accelerator.save_state, Lightning's checkpoint
-        dump) run on every rank in the same order, so the collective does not hang there."""
+        This is torchdata's StatefulDataLoader contract, which accelerate and Lightning look for:
+        "consumed" are the batches this loader has yielded, so a framework that reads ahead of
+        its step must not sit between the two (``shardstream.integrations`` arranges that). The
+        state also records the reserve samples that replaced samples failing at run time, so a
+        resumed epoch never refills from them twice.
+
+        Args:
+            batches: The batches consumed, if not all those yielded (for a DataLoader of your own
+                over :meth:`dataset_view`). None (default): those yielded.
+            gather: With several ranks, collect every rank's reserve use (a collective: call it
+                on every rank, as the trainer's and the adapters' checkpoint hooks do). False
+                (default): a multi-rank state leaves reserve use out rather than differ between
+                ranks.
+
+        Returns:
+            ``{"epoch", "batches", "exact": False}`` without an index; with one, the plan's
+            state (``version``, ``epoch``, phases), which :meth:`load_state_dict` takes.
+
+        Raises:
+            RuntimeError: ``gather=True`` with several ranks but no initialised process group.
+        """
         done = self._batches_done if batches is None else int(batches)
         if self._plan is None:
             return {"epoch": self.epoch, "batches": done, "exact": False}
@@ -464,9 +579,17 @@ class ShardLoader:
         return self._plan.state(self._plan_params(self._num_workers), self._resume, done, reserve_used)
 
     def reserve_use(self, batches: int | None = None) -> list[dict[str, int]]:
-        """This rank's use of its reserve after its first ``batches`` batches (default: those
-        yielded): ``[{"rank", "reader", "used"}]`` per phase reader that used any. Batches that
-        came through a DataLoader other than :meth:`dataloader` are not seen here."""
+        """This rank's use of its reserve samples (which replace samples failing at run time).
+
+        Batches that came through a DataLoader other than :meth:`dataloader` are not seen here.
+
+        Args:
+            batches: Count the reserve used in this rank's first ``batches`` batches. None
+                (default): in all those yielded.
+
+        Returns:
+            ``[{"rank", "reader", "used"}]``, one entry per phase reader that used any.
+        """
         done = self._batches_done if batches is None else int(batches)
         used: dict[int, int] = {}
         for reader, count in self._reserve_marks[:done]:
@@ -474,8 +597,16 @@ class ShardLoader:
         return [{"rank": self.rank, "reader": r, "used": n} for r, n in sorted(used.items()) if n]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues the epoch of ``state`` with exactly the batches that would have followed;
-        with another world size or worker count, the rest of the epoch is re-planned exactly once."""
+        """Makes the next pass continue the epoch of ``state`` with exactly the batches that would
+        have followed; with another world size or worker count, the rest of the epoch is
+        re-planned so that every remaining sample is read exactly once.
+
+        Args:
+            state: What :meth:`state_dict` returned (on any rank, any world size).
+
+        Raises:
+            ValueError: The loader has no index, or ``state`` is not an exact (indexed) state.
+        """
         if self._plan is None or not state.get("version"):
             raise ValueError(
                 "mid-epoch resume needs an index (exact epochs); build one with `shardstream index`"
@@ -487,23 +618,94 @@ class ShardLoader:
         self._publish_position()
 
     def dataset_view(self, num_workers: int) -> Any:
-        """An IterableDataset for a torch DataLoader with ``num_workers`` worker processes and
-        ``batch_size=None``: each worker reads its own part of this rank's share. The batch count
-        for ``state_dict`` is then the caller's to pass (``state_dict(batches=n)``)."""
+        """A ``torch.utils.data.IterableDataset`` for a DataLoader of your own, made with
+        ``batch_size=None`` and ``num_workers`` worker processes: each worker reads its own part
+        of this rank's share. Prefer :meth:`dataloader`, which also keeps the batch count and
+        the workers' stats; with this view the count for :meth:`state_dict` is yours to pass
+        (``state_dict(batches=n)``).
+
+        Args:
+            num_workers: The DataLoader's ``num_workers`` (0: read in the main process).
+
+        Returns:
+            The dataset view.
+
+        Raises:
+            MissingDependencyError: torch is not installed.
+        """
         if torch is None:
-            raise RuntimeError("dataset_view needs torch")
+            raise MissingDependencyError("torch", "torch", "DataLoader worker processes")
         self._num_workers = int(num_workers)
         if self._worker_sync is None:
             self._worker_sync = _WorkerSync()
         self._publish_position()
         return _DatasetView(self)
 
-    def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
-        """A torch DataLoader over this loader with worker processes; iterating it keeps the
-        batch count that ``state_dict()`` needs and the workers' ``stats``."""
+    def dataloader(
+        self,
+        num_workers: int,
+        *,
+        batch_transform: Callable[[Batch], Batch] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """This loader read by ``num_workers`` DataLoader worker processes, each running its own
+        Rust pipeline on its own part of this rank's share, optionally with a Python transform.
+
+        Iterating it yields :class:`Batch` es and keeps what :meth:`state_dict` and :attr:`stats`
+        need (the batch count, the workers' counters), so resume stays exact on any worker count.
+
+        ``batch_transform`` is the supported place for Python-side augmentation: it runs in the
+        worker processes (in parallel, off the training loop) on each whole batch. For
+        augmentation on the GPU instead, transform ``batch.images`` after moving it there;
+        ``torchvision.transforms.v2`` accepts the uint8 ``[B, 3, S, S]`` tensor as it is, but
+        draws its random parameters once per call, so a whole batch gets the same flip or crop
+        (per-sample randomness: a mask, e.g. ``torch.where(flip[:, None, None, None],
+        images.flip(-1), images)``).
+
+        Example:
+            >>> def flip_half(batch):  # doctest: +SKIP
+            ...     flip = torch.rand(len(batch.keys)) < 0.5
+            ...     images = torch.where(flip[:, None, None, None], batch.images.flip(-1), batch.images)
+            ...     return batch._replace(images=images)
+            >>> for batch in loader.dataloader(4, batch_transform=flip_half):  # doctest: +SKIP
+            ...     ...
+
+        Args:
+            num_workers: Worker processes (0: read in this process, through the DataLoader).
+                With several ranks and no index, ``samples_per_epoch`` is required.
+            batch_transform: ``fn(batch) -> Batch``, applied to every batch in the worker that
+                read it (so with the worker's own torch seed: set per-worker seeds through
+                ``worker_init_fn`` for reproducible randomness). It must return a
+                :class:`Batch` (use ``batch._replace(...)``) and, with worker processes started
+                by ``spawn``, be picklable (a module-level function). None (default): batches
+                as decoded.
+            **kwargs: Passed to ``torch.utils.data.DataLoader`` (``pin_memory`` defaults to the
+                loader's; ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``,
+                ``worker_init_fn`` ...). Not ``batch_size``, ``collate_fn`` or ``sampler``: the
+                loader batches itself.
+
+        Returns:
+            An iterable of :class:`Batch` with ``len()``, ``set_epoch``, ``state_dict`` and
+            ``load_state_dict`` that act on this loader.
+
+        Raises:
+            TypeError: ``collate_fn`` (or ``batch_size``/``sampler``) is given; or, when
+                iterated, ``batch_transform`` returned something other than a :class:`Batch`.
+            ValueError: Several readers without an index or ``samples_per_epoch``.
+            MissingDependencyError: torch is not installed.
+        """
+        if torch is None:
+            raise MissingDependencyError("torch", "torch", "DataLoader worker processes")
+        refused = sorted({"collate_fn", "batch_size", "sampler", "batch_sampler"} & set(kwargs))
+        if refused:
+            raise TypeError(
+                f"dataloader() does not take {refused[0]}: the loader makes the batches itself; "
+                "transform them with batch_transform=fn (fn(Batch) -> Batch, run in the workers)"
+            )
         self._require_quota(self.world_size * max(num_workers, 1))
         view = self.dataset_view(num_workers)
         view.with_stats = True
+        view.batch_transform = batch_transform
         kwargs.setdefault("pin_memory", self._pin)
         loader = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
         return _CountingIterable(self, loader)
@@ -669,12 +871,25 @@ class _CountingIterable:
         self.owner._pass_completed = True
 
 
+def _transformed(transform: Callable[[Batch], Batch], batch: Batch) -> Batch:
+    """``transform(batch)``, which must stay a Batch: the counting, pinning and framework
+    adapters downstream rely on its fields."""
+    result = transform(batch)
+    if not isinstance(result, Batch):
+        raise TypeError(
+            f"batch_transform must return a shardstream.Batch (use batch._replace(...)), "
+            f"got {type(result).__name__}"
+        )
+    return result
+
+
 if torch is not None:
 
     class _DatasetView(torch.utils.data.IterableDataset):
         def __init__(self, loader: ShardLoader) -> None:
             self.loader = loader
             self.with_stats = False
+            self.batch_transform: Callable[[Batch], Batch] | None = None
 
         def __iter__(self) -> Iterator[Any]:
             if not self.with_stats:
@@ -686,6 +901,8 @@ if torch is not None:
             sent: dict[str, Any] = {}
             for batch in self.loader:
                 delta = stats_delta(self.loader._last_stats, sent)
+                if self.batch_transform is not None:
+                    batch = _transformed(self.batch_transform, batch)
                 yield batch, worker, delta, self.loader._reserve_marks[-1]
 
         def __len__(self) -> int:

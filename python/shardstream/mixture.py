@@ -19,19 +19,39 @@ from shardstream.plan import EpochPlanner
 
 @dataclass(frozen=True)
 class Source:
-    """One dataset of a mixture.
+    """One dataset of a mixture: ``ShardLoader(sources=[Source(...), ...], batch_size=...)``.
 
-    ``index`` (required: exact planning needs the sample counts) is what ``shardstream index``
-    wrote; ``urls`` optionally opens its shards elsewhere (as for ``ShardLoader``). Its share is
-    either ``weight`` (default 1.0; the epoch's samples not fixed by other sources are shared in
-    proportion to the weights) or ``samples_per_epoch`` (exactly that many samples every epoch).
-    ``caption_key`` overrides the loader's for this source; ``name`` labels it in ``stats``.
+    Every batch holds each source in proportion to its share; a source is read without
+    replacement and goes on where it stopped in the next epoch.
 
-    ``keys``, ``uids`` and ``filter`` (see ``shardstream.subset``) restrict the source to the
-    samples matching all of them, with fields from each sample's json member or, with
-    ``metadata="parquet"``, img2dataset's Parquet beside each shard. The subset is made when the
-    loader starts, by reading that metadata; for a large pool make it once with ``shardstream
-    subset`` and pass its index instead.
+    Example:
+        >>> sources = [Source(index="laion.index", weight=0.7),
+        ...            Source(index="cc12m.index", weight=0.3, filter="width >= 200")]  # doctest: +SKIP
+
+    Attributes:
+        index: The source's index, as ``ShardLoader(index=...)`` takes it (required: exact
+            planning needs the sample counts).
+        urls: Where to open its shards instead of the index's URLs (as ``ShardLoader(urls=...)``).
+            None (default): the index's.
+        weight: Its share of the epoch's samples not fixed by ``samples_per_epoch`` of other
+            sources, in proportion to the other weights. None (default): 1.0. Must be > 0.
+        samples_per_epoch: Exactly this many samples of it every epoch, instead of a weight.
+            None (default): by weight. Must be a positive integer.
+        caption_key: Its caption member, overriding the loader's. None (default): the loader's.
+        name: Its label in ``stats["samples_by_source"]`` and errors. None (default): its
+            position. Names must differ.
+        keys: Train on these samples only: a collection of keys or a file of keys, one per line.
+        uids: Train on these samples only: DataComp uids (a ``.npy``, ``.parquet`` or text file,
+            or a collection).
+        filter: Train on the samples whose metadata matches, e.g. ``"similarity >= 0.28 and
+            width >= 200"`` (``shardstream.subset`` has the grammar).
+        metadata: Where ``filter`` and ``uids`` fields come from: ``"json"`` (default, each
+            sample's json member) or ``"parquet"`` (img2dataset's Parquet beside each shard).
+            The subset is made when the loader starts; for a large pool make it once with
+            ``shardstream subset`` and pass its index instead.
+
+    Raises:
+        ValueError: No index, both ``weight`` and ``samples_per_epoch``, or either out of range.
     """
 
     index: Any = None
@@ -66,6 +86,11 @@ class Source:
             )
 
     def share(self) -> tuple[str, float]:
+        """What the mixture planner takes: ``("samples", n)`` or ``("weight", w)``.
+
+        Returns:
+            The kind of share and its value.
+        """
         if self.samples_per_epoch is not None:
             return ("samples", float(self.samples_per_epoch))
         return ("weight", float(self.weight if self.weight is not None else 1.0))

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream._deps import require
 from shardstream.errors import ShardError
 
 UID_FIELD = "uid"
@@ -177,8 +178,7 @@ def load_uids(source: Any) -> set[str]:
         pairs = np.asarray(array, dtype=np.uint64).reshape(-1, 2)
         return {f"{int(hi):016x}{int(lo):016x}" for hi, lo in pairs}
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
+        pq = require("pyarrow.parquet", "a uid list in Parquet")
         return {_uid_text(u) for u in pq.read_table(path, columns=[UID_FIELD]).column(UID_FIELD).to_pylist()}
     with open(path) as f:
         return {_uid_text(line) for line in f if line.strip()}
@@ -373,9 +373,9 @@ def parquet_beside(url: str) -> str:
 def _parquet_rows(url: str, selector: Selector, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     import io
 
-    import pyarrow.parquet as pq
-
     from shardstream.index import _read_bytes
+
+    pq = require("pyarrow.parquet", "a subset by img2dataset's Parquet metadata")
 
     where = parquet_beside(url)
     table = pq.read_table(io.BytesIO(_read_bytes(where, "metadata Parquet", timeout=60.0)))

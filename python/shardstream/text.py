@@ -50,14 +50,12 @@ def _resolve_open_clip(tokenizer: str) -> tuple[str, str, int]:
     """An open_clip model name's (kind, path, context_length), once per process: finding it
     builds open_clip's Python tokenizer (a few hundred ms, and 100k objects for the garbage
     collector), which a loader made per epoch or per evaluation must not pay again."""
-    try:
-        import open_clip
-        from open_clip.tokenizer import SimpleTokenizer, default_bpe
-    except ImportError as e:
-        raise ImportError(
-            f"tokenizer={tokenizer!r} names an open_clip model: install open_clip_torch "
-            "(or pass a tokenizer.json path)"
-        ) from e
+    from shardstream._deps import require
+
+    needed_for = f"tokenizer={tokenizer!r} (an open_clip model name; or pass a tokenizer.json path)"
+    open_clip = require("open_clip", needed_for)
+    from open_clip.tokenizer import SimpleTokenizer, default_bpe
+
     tok = open_clip.get_tokenizer(tokenizer)
     if type(tok) is not SimpleTokenizer or getattr(tok, "reduction_fn", None) is not None:
         raise ValueError(

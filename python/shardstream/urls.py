@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from shardstream._deps import require
 from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".parquet")
@@ -365,7 +366,8 @@ def _s3_options(s3_options: S3Options | dict[str, Any] | None, options: dict[str
 def check_first_shard(url: str, **options: Any) -> None:
     """Checks that one shard exists and is readable with the credentials at hand (a local
     ``stat``, an S3 ``HeadObject``): the bounded start-up check for an index's shards."""
-    expand_urls(url, check="first", **options)
+    # Always "first": a SourceOptions(check=...) among the options is about URL lists, not this.
+    expand_urls(url, **{**options, "check": "first"})
 
 
 def index_source_config(
@@ -598,8 +600,8 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
 
 
 def _new_s3_client(s3: S3Options) -> Any:
-    import boto3
-    from botocore.config import Config
+    boto3 = require("boto3", "reading s3:// URLs")
+    Config = require("botocore.config", "reading s3:// URLs").Config
 
     session = boto3.Session(profile_name=s3.profile) if s3.profile else boto3.Session()
     endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -616,7 +618,8 @@ def _new_s3_client(s3: S3Options) -> Any:
 
 
 def _make_client(s3: S3Options, where: str) -> Any:
-    from botocore.exceptions import BotoCoreError
+    require("boto3", "reading s3:// URLs")  # named first: boto3 is what users install
+    BotoCoreError = require("botocore.exceptions", "reading s3:// URLs").BotoCoreError
 
     try:
         return _new_s3_client(s3)

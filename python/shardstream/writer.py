@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream._deps import require
 from shardstream._files import AtomicFile
 from shardstream._system import available_cores
 
@@ -36,15 +37,32 @@ SampleValue = bytes | bytearray | memoryview | str
 
 
 class ShardWriter:
-    """Writes samples into numbered tar shards, rolling over at ``max_count`` samples or
-    ``max_size`` bytes per shard.
+    """Writes samples into numbered WebDataset tar shards, deterministically and atomically.
 
-    ``pattern`` names the shards: ``"out/shard-%06d.tar"`` or ``"out/shard-{shard:06d}.tar"``.
-    A sample is a mapping with ``"__key__"`` and extension -> ``bytes`` or ``str`` (UTF-8);
-    other ``"__"`` entries (``__url__``...) are ignored, as webdataset does.
+    The same samples in the same order always give byte-identical shards, and each shard appears
+    under its name only when complete. A shard never exceeds ``max_size`` unless one sample alone
+    is larger; that sample then gets a shard of its own. As a context manager it closes on
+    success and drops the unfinished shard on an exception.
 
-    A shard never exceeds ``max_size`` unless one sample alone is larger; that sample then gets a
-    shard of its own. ``close()`` returns the paths of the finished shards.
+    Example:
+        >>> with ShardWriter("out/shard-%06d.tar", max_count=1000) as writer:  # doctest: +SKIP
+        ...     writer.write({"__key__": "000001", "jpg": jpeg_bytes, "txt": "a red bicycle"})
+
+    Args:
+        pattern: Local path of the shards with their number: ``"out/shard-%06d.tar"`` or
+            ``"out/shard-{shard:06d}.tar"``; folders are made. Remote URLs are refused.
+        max_count: Samples per shard at most (default 10000). Must be >= 1.
+        max_size: Bytes per shard at most (default 1 GiB), tar headers included. Must be >= 1536.
+        start_shard: The number of the first shard (default 0), e.g. to append to a dataset.
+        fsync: Flush each shard to disk before renaming it into place (default True); False is
+            faster and safe against a crash of this process, not of the machine.
+
+    Raises:
+        ValueError: A bad ``pattern``, ``max_count`` or ``max_size``.
+
+    Attributes:
+        samples_written: Samples written so far.
+        bytes_written: Bytes of the finished shards.
     """
 
     def __init__(
@@ -95,6 +113,18 @@ class ShardWriter:
         return list(self._shards)
 
     def write(self, sample: Mapping[str, Any]) -> None:
+        """Appends one sample, starting a new shard first when this one is full.
+
+        Args:
+            sample: ``"__key__"`` (a str with no ``.`` in its last path component, not absolute,
+                no ``..``) and extension -> ``bytes`` or ``str`` (UTF-8), e.g. ``{"__key__": "k1",
+                "jpg": b"...", "txt": "caption"}``; members are written in sorted extension
+                order. Other ``"__"`` entries (``__url__``...) are ignored, as webdataset does.
+
+        Raises:
+            ValueError: The writer is closed, the key is missing, invalid or already in this
+                shard, or a value is neither bytes nor str.
+        """
         if self._closed:
             raise ValueError("write() on a closed ShardWriter")
         key, members = _encode_sample(sample)
@@ -115,7 +145,11 @@ class ShardWriter:
         self.samples_written += 1
 
     def close(self) -> list[str]:
-        """Finishes the current shard and returns the paths of all shards written."""
+        """Finishes the current shard (idempotent).
+
+        Returns:
+            The paths of all shards written, in order.
+        """
         if not self._closed:
             self._closed = True
             if self._file is not None:
@@ -403,10 +437,7 @@ def _read_table(path: str, columns: list[str]) -> Iterator[dict[str, Any]]:
     """Rows as dicts of the requested columns, streamed (Parquet by record batch)."""
     lower = path.lower()
     if lower.endswith((".parquet", ".pq")):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError("reading Parquet needs pyarrow: pip install 'shardstream[parquet]'") from None
+        pq = require("pyarrow.parquet", "reading a Parquet table")
         parquet = pq.ParquetFile(path)
         missing = [c for c in columns if c not in parquet.schema_arrow.names]
         if missing:
@@ -497,7 +528,8 @@ def resize_shorter_side(data: bytes, size: int, *, quality: int = 95, ext: str =
     """Re-encodes an image as JPEG with its shorter side ``size`` pixels (EXIF orientation
     applied, since the re-encoded file carries no EXIF). Images already small enough are returned
     unchanged, never upscaled. Returns (bytes, extension)."""
-    from PIL import Image, ImageOps
+    Image = require("PIL.Image", "resizing images (--resize)")
+    ImageOps = require("PIL.ImageOps", "resizing images (--resize)")
 
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size

@@ -1,4 +1,5 @@
-"""The ``shardstream`` command: validate, index, inspect and write WebDataset shards.
+"""The ``shardstream`` command: validate, index, inspect and write WebDataset shards, and train
+(``shardstream train``: the CLIP trainer, ``shardstream.train.cli``).
 
 Exit status (all verbs): 0 success; 1 the data has problems (invalid samples found, or
 ``inspect`` hit a corrupt shard); 2 bad usage, an unreadable input or a missing dependency.
@@ -7,6 +8,7 @@ Exit status (all verbs): 0 success; 1 the data has problems (invalid samples fou
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from . import index, inspect, subset, validate, write
@@ -23,6 +25,7 @@ examples:
   shardstream index 's3://bucket/laion/{000000..000999}.tar' -o laion.index
   shardstream inspect https://example.com/shard-000000.tar -n 3
   shardstream write photos/ -o 'shards/shard-%06d.tar' --max-count 10000 --resize 512
+  shardstream train --config vit_b32 --data.train 'SHARDS' --data.train_index IDX
   shardstream VERB --help      # options and examples of each verb
 
 exit status: 0 success, 1 invalid data found, 2 bad usage or unreadable input
@@ -40,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for module in _VERB_MODULES:
         module.add_parser(verbs)
+    # Listed here for the help; main() hands its arguments to the trainer's own parser.
+    verbs.add_parser(
+        "train",
+        add_help=False,
+        help="train a CLIP model on shards (shardstream train --help; torchrun -m shardstream.train)",
+    )
     return parser
 
 
@@ -53,6 +62,12 @@ _VERBS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``shardstream ARGV`` (default: ``sys.argv[1:]``) and returns its exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from shardstream.train.cli import main as train_main
+
+        return train_main(argv[1:], prog="shardstream train")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -26,9 +26,19 @@ from shardstream.loader import Batch, ShardLoader
 
 require("accelerate", "accelerate", "hf")
 
+__all__ = ["prepare", "to_device"]
+
 
 def to_device(batch: Batch, device: Any) -> Batch:
-    """``batch`` with its tensors on ``device`` (copies from pinned memory do not block)."""
+    """A copy of ``batch`` with its tensors moved (copies from pinned memory do not block).
+
+    Args:
+        batch: A :class:`~shardstream.Batch`.
+        device: Where to (a ``torch.device`` or its name, e.g. ``accelerator.device``).
+
+    Returns:
+        The batch with ``images`` (and ``tokens``) on ``device``.
+    """
     tokens = batch.tokens.to(device, non_blocking=True) if batch.tokens is not None else None
     return batch._replace(images=batch.images.to(device, non_blocking=True), tokens=tokens)
 
@@ -46,7 +56,25 @@ def prepare(
     Its ``state_dict`` runs inside ``save_state`` on every rank (a collective that gathers the
     ranks' reserve use; accelerate writes rank 0's copy, identical on all) and ``load_state``
     gives every rank the saved position; on another world size the rest of the epoch is
-    re-planned, each sample once. ``convert`` is applied after the move to the device."""
+    re-planned, each sample once.
+
+    Args:
+        accelerator: The ``accelerate.Accelerator`` of the run.
+        loader: This rank's :class:`~shardstream.ShardLoader` (made after the process group is
+            up, or with ``rank=``/``world_size=`` matching the accelerator's).
+        num_workers: DataLoader worker processes reading it (default 0: in this process).
+        convert: ``fn(batch)`` applied after the move to ``accelerator.device`` (e.g. into the
+            model's input dict). None (default): the :class:`~shardstream.Batch` itself.
+        **dataloader_kwargs: Passed to :meth:`ShardLoader.dataloader` with workers
+            (``batch_transform=``, ``persistent_workers=`` ...).
+
+    Returns:
+        An iterable of batches on the device, with ``len()``, ``set_epoch``, ``state_dict`` and
+        ``load_state_dict``.
+
+    Raises:
+        ValueError: The loader reads another rank's share than the accelerator's process.
+    """
     check_rank(loader, accelerator.process_index, accelerator.num_processes, "accelerate")
     device = accelerator.device
 

@@ -24,6 +24,8 @@ from shardstream.loader import Batch, ShardLoader
 transformers = require("transformers", "hf", "hf")
 torch = require("torch", "hf", "hf")
 
+__all__ = ["CLIPCollator", "ShardTrainer"]
+
 # The file beside Trainer's own in each checkpoint-N folder.
 LOADER_STATE_NAME = "shardstream_loader.json"
 # CLIP's image normalisation (open_clip's OPENAI_DATASET_MEAN/STD, CLIPImageProcessor's defaults).
@@ -35,7 +37,13 @@ class CLIPCollator:
     """A :class:`Batch` as ``transformers.CLIPModel`` takes it: ``pixel_values`` (float32,
     normalised), ``input_ids`` and ``attention_mask`` from the loader's tokens (make the loader
     with ``tokenizer=``, e.g. ``"ViT-B-32"``: CLIP's BPE, padded with ``pad_token_id``), and
-    ``return_loss=True``."""
+    ``return_loss=True``.
+
+    Args:
+        mean: Per-channel mean of the normalisation, on the 0-1 scale (default: CLIP's).
+        std: Per-channel standard deviation, on the 0-1 scale (default: CLIP's).
+        pad_token_id: The token id that marks padding, for ``attention_mask`` (default 0).
+    """
 
     def __init__(
         self,
@@ -72,6 +80,19 @@ class ShardTrainer(transformers.Trainer):
     - Each checkpoint-N folder gets ``shardstream_loader.json``; ``train(resume_from_checkpoint=...)``
       loads it and sets ``ignore_data_skip``, so the epoch continues at the exact next batch, also
       on another world size (the rest of the epoch is re-planned, each sample once).
+
+    Args:
+        *args: ``transformers.Trainer``'s positional arguments (``model``, ``args``, ...).
+        train_loader: This rank's :class:`~shardstream.ShardLoader` (required; instead of
+            ``train_dataset``).
+        collator: ``fn(batch)`` into the model's inputs (:class:`CLIPCollator` for
+            ``CLIPModel``). None (default): the :class:`~shardstream.Batch` itself.
+        num_workers: DataLoader worker processes. None (default):
+            ``args.dataloader_num_workers``.
+        **kwargs: ``transformers.Trainer``'s keyword arguments.
+
+    Raises:
+        ValueError: The loader reads another rank's share than Trainer's process.
     """
 
     def __init__(
@@ -98,6 +119,22 @@ class ShardTrainer(transformers.Trainer):
         return self.shard_loader
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """``transformers.Trainer.train`` that also restores the loader's position.
+
+        Args:
+            resume_from_checkpoint: A checkpoint-N folder, True (the last one in
+                ``output_dir``), or None/False (start afresh).
+            *args: Passed to ``transformers.Trainer.train``.
+            **kwargs: Passed to ``transformers.Trainer.train``.
+
+        Returns:
+            What ``transformers.Trainer.train`` returns.
+
+        Raises:
+            ValueError: True but ``output_dir`` holds no checkpoint.
+            FileNotFoundError: The checkpoint has no ``shardstream_loader.json`` (not written
+                by ShardTrainer), so the position in the epoch is unknown.
+        """
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             found = transformers.trainer_utils.get_last_checkpoint(self.args.output_dir)
             if found is None:

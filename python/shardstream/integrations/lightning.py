@@ -25,13 +25,23 @@ from shardstream.loader import Batch, ShardLoader
 
 lightning = require("lightning", "lightning", "lightning")
 
+__all__ = ["ShardDataModule"]
+
 
 class ShardDataModule(lightning.LightningDataModule):
     """Training batches from a :class:`ShardLoader` (``loader``: one, or a callable that makes
     this rank's), read in the training process or by ``num_workers`` DataLoader workers,
     ``convert`` applied to each batch. Its state is saved in Lightning's checkpoints (gathered
     across ranks in Lightning's checkpoint dump, which every rank runs) and restored by
-    ``fit(ckpt_path=...)``; on another world size the rest of the epoch is re-planned."""
+    ``fit(ckpt_path=...)``; on another world size the rest of the epoch is re-planned.
+
+    Args:
+        loader: This rank's :class:`~shardstream.ShardLoader`, or a callable that makes it
+            (called in ``train_dataloader()``, after Lightning set up the process group).
+        num_workers: DataLoader worker processes (default 0: in the training process).
+        convert: ``fn(batch)`` applied to each batch. None (default): the batch itself.
+        **dataloader_kwargs: Passed to :meth:`ShardLoader.dataloader` with workers.
+    """
 
     def __init__(
         self,
@@ -49,6 +59,14 @@ class ShardDataModule(lightning.LightningDataModule):
         self._view: FrameworkLoader | None = None
 
     def train_dataloader(self) -> FrameworkLoader:
+        """The training loader, made on first call (Lightning calls it on every rank).
+
+        Returns:
+            A stateful iterable of batches whose ``len()`` is a whole epoch.
+
+        Raises:
+            ValueError: The loader reads another rank's share than Lightning's process.
+        """
         if self._view is None:
             loader = self._loader if isinstance(self._loader, ShardLoader) else self._loader()
             trainer = self.trainer

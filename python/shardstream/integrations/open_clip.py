@@ -28,9 +28,12 @@ import sys
 import types
 from typing import Any
 
+from shardstream._stderr import say
 from shardstream.integrations.open_clip_data import AdapterOptions, OpenClipUsageError
 
 PROG = "shardstream.integrations.open_clip"
+
+__all__ = ["install", "main"]
 
 
 def adapter_parser() -> argparse.ArgumentParser:
@@ -94,7 +97,12 @@ def cpu_aware_ddp(ddp_class: type) -> Any:
 
 
 def install(options: AdapterOptions) -> None:
-    """Points open_clip_train.main at shardstream's data, checkpoints and CPU DDP wrap."""
+    """Points ``open_clip_train.main`` at shardstream's data, checkpoints and CPU DDP wrap (its
+    ``get_data``, ``train_one_epoch``, ``pt_load`` and DDP class, as seen from that module).
+
+    Args:
+        options: The adapter's own flags (:func:`split_argv`).
+    """
     import torch
     from open_clip_train import main as oc_main
 
@@ -117,12 +125,23 @@ def install(options: AdapterOptions) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs open_clip_train's ``main`` on shardstream's data (``torchrun -m
+    shardstream.integrations.open_clip FLAGS``).
+
+    Args:
+        argv: open_clip_train's flags plus the adapter's (``--train-index`` ...; the module
+            docstring lists them). None (default): ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 done, 2 a flag the adapter refuses or a missing package (one line on
+        stderr naming ``shardstream[train]``).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         adapter_parser().print_help()
         print()
     if importlib.util.find_spec("open_clip_train") is None:
-        print(f"{PROG}: needs open_clip_train: pip install open_clip_torch pandas", file=sys.stderr)
+        say(f"{PROG}: needs open_clip_train: pip install 'shardstream[train]'")
         return 2
     try:
         options, rest = split_argv(argv)
@@ -136,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from open_clip_train.main import main as open_clip_main
         except ImportError as e:  # open_clip_train.data imports pandas, which open_clip_torch lacks
-            print(f"{PROG}: open_clip_train cannot start: {e} (pip install pandas?)", file=sys.stderr)
+            say(f"{PROG}: open_clip_train cannot start ({e}): pip install 'shardstream[train]'")
             return 2
         from shardstream.train.model import register_model_configs
 

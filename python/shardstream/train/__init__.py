@@ -1,10 +1,12 @@
 """CLIP training on shardstream: open_clip models and loss, exact gradient accumulation, automatic
 learning-rate scaling, atomic checkpoints with mid-epoch resume, held-out evaluation.
 
-Run it with ``torchrun --nproc_per_node=N train_clip.py --config configs/X.yaml``, or from Python::
+Run it with ``shardstream train --config NAME``, ``torchrun --nproc_per_node=N -m shardstream.train
+--config NAME`` (or ``train_clip.py`` at the repository root), where NAME is a config shipped in
+``shardstream/train/configs/`` (``demo_cpu``, ``vit_b32``, ...) or a YAML path; or from Python::
 
     from shardstream.train import load_config, train, Callback
-    train(load_config("configs/demo_cpu.yaml", ["--train.epochs", "2"]), callbacks=[MyCallback()])
+    train(load_config("demo_cpu", ["--train.epochs", "2"]), callbacks=[MyCallback()])
 
 The names are imported on first use, so that ``train_clip.py`` can check the trainer's packages
 (``shardstream[train]``: torch, open_clip, pyyaml, tensorboard) before anything imports them.

@@ -1,8 +1,9 @@
 """The training configuration: its schema (fields, types, defaults, documentation) lives here and
-nowhere else. YAML files in ``configs/`` and command-line overrides (``--train.batch_size 64``) are
-checked against it; a bad value or unknown field raises ``ConfigError`` naming the field.
+nowhere else. YAML files (the shipped ones in ``shardstream/train/configs/``, chosen by name:
+``--config vit_b32``) and command-line overrides (``--train.batch_size 64``) are checked against
+it; a bad value or unknown field raises ``ConfigError`` naming the field.
 
-Defaults are those of the small CPU demo (``configs/demo_cpu.yaml``).
+Defaults are those of the small CPU demo (the shipped ``demo_cpu`` config).
 """
 
 from __future__ import annotations
@@ -621,10 +622,56 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+# The configs shipped inside the package (in the wheel): --config NAME picks NAME.yaml here.
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+# A shipped config's value that the user must replace (their data's location) starts with this.
+PLACEHOLDER = "<SET ME"
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The configs shipped with the package, by name (``vit_b32``: ``configs/vit_b32.yaml``)."""
+    return {p.stem: p for p in sorted(SHIPPED_CONFIGS.glob("*.yaml"))}
+
+
+def resolve_config(name_or_path: str | Path) -> Path:
+    """The config file that ``--config`` names: a path to a file, else the name of a shipped
+    config (with or without ``.yaml``). Raises ConfigError listing the shipped names."""
+    path = Path(name_or_path)
+    if path.is_file() or path.parent != Path("."):
+        return path  # a path: load_config says if it cannot be read
+    shipped = shipped_configs()
+    name = path.name.removesuffix(".yaml")
+    if name in shipped:
+        return shipped[name]
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    raise ConfigError(
+        f"--config {str(name_or_path)!r}: no such file, and no shipped config of that name "
+        f"(shipped: {', '.join(shipped)})"
+    )
+
+
+def placeholders(cfg: Config) -> list[str]:
+    """One line per setting that still holds a shipped config's placeholder (``<SET ME: ...>``):
+    the location of the user's own data, which no config can know."""
+    found = []
+    for section_name in SECTIONS:
+        section = getattr(cfg, section_name)
+        for name in _fields(type(section)):
+            value = getattr(section, name)
+            if isinstance(value, str) and value.startswith(PLACEHOLDER):
+                found.append(
+                    f"{section_name}.{name} is the config's placeholder {value!r}: set it "
+                    f"with --{section_name}.{name} VALUE or in the YAML file"
+                )
+    return found
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """The YAML file at ``path`` (or the defaults), then ``overrides`` (command-line style),
-    type-checked and range-checked."""
+    type-checked and range-checked. ``path`` may name a shipped config (``"vit_b32"``)."""
     if path is not None:
+        path = resolve_config(path)
         import yaml
 
         try:
