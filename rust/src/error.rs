@@ -44,10 +44,12 @@ pub enum Reason {
     /// A bug in shardstream (a panic while decoding a sample or reading a shard), reported
     /// (the sample counted, the pass failed) rather than ending the pass early unnoticed.
     Internal,
+    /// A text kind's document has no text where the spec says (the member, column or field).
+    MissingText,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -65,6 +67,7 @@ impl Reason {
         Reason::WrongType,
         Reason::NullImage,
         Reason::Internal,
+        Reason::MissingText,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -86,6 +89,7 @@ impl Reason {
             Reason::WrongType => "wrong_type",
             Reason::NullImage => "null_image",
             Reason::Internal => "internal_error",
+            Reason::MissingText => "missing_text",
         }
     }
 }

@@ -2,7 +2,7 @@
 //! turn faults into Python exceptions. No logic lives here. One file a Python-facing area:
 //! `loader` (the running pipeline), `plan` (plans, mixtures, the spans a reader reads),
 //! `index` (indexes and their subsets), `scan` (raw samples, shard validation, one image on its
-//! own), `text` (the tokenizer), `errors` (the exception and the errors it carries) and
+//! own), `text` (the tokenizer), `packed` (the packed text kind), `errors` (the exception and the errors it carries) and
 //! `convert` (config dicts and JSON to and from Rust types).
 
 use pyo3::prelude::*;
@@ -11,6 +11,7 @@ mod convert;
 mod errors;
 mod index;
 mod loader;
+mod packed;
 mod plan;
 mod scan;
 mod text;
@@ -19,6 +20,7 @@ use convert::defaults_dict;
 use errors::CoreFault;
 use index::DatasetIndex;
 use loader::Loader;
+use packed::PackedLoader;
 use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
 use scan::SampleIter;
 use text::PyClipTokenizer;
@@ -36,6 +38,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MixturePlan>()?;
     m.add_class::<PlannedSpans>()?;
     m.add_class::<PyClipTokenizer>()?;
+    m.add_class::<PackedLoader>()?;
+    m.add_function(wrap_pyfunction!(packed::count_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(packed::packed_plan_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(packed::packed_encoder, m)?)?;
+    m.add_function(wrap_pyfunction!(packed::packed_encode, m)?)?;
     m.add_function(wrap_pyfunction!(scan::scan_shard, m)?)?;
     m.add_function(wrap_pyfunction!(scan::probe_image, m)?)?;
     m.add_function(wrap_pyfunction!(scan::decode_image, m)?)?;

@@ -30,7 +30,8 @@
 //! as runs), `mixture` (several sources in one epoch), `phase` (one dataset's or a mixture's
 //! phase sequence), `layout` (cutting it into ranks, readers, batches and reserve), `shuffle` (the
 //! block shuffle), `epoch` (the plan of an epoch and its phases), `state` (the resume state
-//! and what a phase consumed), `reader` (one reader's plan), `streaming` (no index).
+//! and what a phase consumed), `reader` (one reader's plan), `streaming` (no index); `packed`
+//! plans a packed kind's token stream (text rows) the same way, by token positions.
 
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +40,7 @@ mod epoch;
 mod input;
 mod layout;
 mod mixture;
+pub mod packed;
 mod phase;
 mod reader;
 mod sequence;

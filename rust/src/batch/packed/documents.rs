@@ -1,0 +1,219 @@
+//! A unit's documents: the text of each sample of a tar shard (a member such as `txt` or `py`,
+//! or a field of its JSON member) or of each row of a Parquet row group (a string column), in
+//! file order, checked (present, valid UTF-8, not over the size limit) but never trimmed: code
+//! keeps its indentation. A document that cannot be used is a counted skip with a typed reason,
+//! the same in the token count and in the loader, so both see the same tokens.
+
+use std::sync::Arc;
+
+use crate::batch::sample::CaptionSource;
+use crate::error::{Fault, Reason, SourceKind};
+use crate::read::group::{open_shard, RawSample, SampleReader, ShardFault};
+use crate::read::parquet::{is_parquet_name, ColumnKind, ParquetFile};
+use crate::read::source::{redact_url, Expected, SourceOptions, SourceStats};
+
+/// One unit of a text corpus: a tar shard, or one row group of a Parquet file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextUnit {
+    pub url: String,
+    /// The first row of a Parquet row group (0 for a tar).
+    pub first_row: u64,
+    /// The rows of a Parquet row group; None: the whole shard.
+    pub rows: Option<u64>,
+    /// The file's content identity when counted (`etag:...` or `size:N`): a file replaced since
+    /// is refused as `changed` instead of read with stale counts.
+    pub identity: Option<String>,
+}
+
+impl TextUnit {
+    pub fn display(&self) -> String {
+        match self.rows {
+            Some(_) => format!("{} (rows from {})", redact_url(&self.url), self.first_row),
+            None => redact_url(&self.url),
+        }
+    }
+}
+
+/// Where a document's text is and how large it may be.
+#[derive(Clone, Debug)]
+pub struct TextSpec {
+    /// A Parquet column or tar member extension (`text`, `txt`, `py`), or `json:field`.
+    pub source: CaptionSource,
+    /// A larger document is skipped (`member_too_large`), never held whole.
+    pub max_document_bytes: u64,
+}
+
+/// A document, or why it was skipped (its key and reason, counted by the caller).
+pub type Document = Result<String, Fault>;
+
+/// The documents of `unit`, in order; Err when the unit cannot be opened or its reading fails.
+pub struct UnitDocuments {
+    rows: Box<dyn Iterator<Item = Result<RawSample, ShardFault>> + Send>,
+    left: Option<u64>,
+    spec: TextSpec,
+    display: String,
+}
+
+impl UnitDocuments {
+    pub fn open(
+        unit: &TextUnit,
+        spec: &TextSpec,
+        opts: &SourceOptions,
+        stats: &Arc<SourceStats>,
+    ) -> Result<Self, Fault> {
+        let display = unit.display();
+        let expected = Expected::from_identity(unit.identity.as_deref());
+        let fault = |f: ShardFault| Fault {
+            reason: f.reason,
+            url: display.clone(),
+            key: String::new(),
+            detail: f.detail,
+            kind: f.kind,
+        };
+        let rows: Box<dyn Iterator<Item = Result<RawSample, ShardFault>> + Send> =
+            if is_parquet_name(&unit.url) {
+                let file = ParquetFile::open(&unit.url, &expected, opts, stats).map_err(fault)?;
+                let column = match &spec.source {
+                    CaptionSource::Member(name) => name.clone(),
+                    other => {
+                        return Err(Fault {
+                            reason: Reason::MissingColumn,
+                            url: display,
+                            key: String::new(),
+                            detail: format!("a Parquet file's text is a column, not {other:?}"),
+                            kind: SourceKind::Other,
+                        })
+                    }
+                };
+                check_column(&file, &column).map_err(|detail| Fault {
+                    reason: Reason::MissingColumn,
+                    url: display.clone(),
+                    key: String::new(),
+                    detail,
+                    kind: SourceKind::Other,
+                })?;
+                Box::new(
+                    file.samples(unit.first_row, Some(std::slice::from_ref(&column)))
+                        .with_max_member_bytes(spec.max_document_bytes),
+                )
+            } else {
+                let reader: SampleReader = open_shard(
+                    &unit.url,
+                    0,
+                    0,
+                    spec.max_document_bytes,
+                    &expected,
+                    opts,
+                    stats,
+                )
+                .map_err(fault)?;
+                Box::new(reader)
+            };
+        Ok(Self {
+            rows,
+            left: unit.rows,
+            spec: spec.clone(),
+            display,
+        })
+    }
+
+    /// The next document, or the fault that ends the unit.
+    pub fn next_document(&mut self) -> Option<Result<Document, Fault>> {
+        if self.left == Some(0) {
+            return None;
+        }
+        let row = self.rows.next()?;
+        if let Some(left) = &mut self.left {
+            *left -= 1;
+        }
+        Some(match row {
+            Err(f) => Err(Fault {
+                reason: f.reason,
+                url: self.display.clone(),
+                key: String::new(),
+                detail: f.detail,
+                kind: f.kind,
+            }),
+            Ok(raw) => {
+                let key = raw.key.clone();
+                Ok(
+                    document_text(raw, &self.spec.source).map_err(|(reason, detail)| Fault {
+                        reason,
+                        url: self.display.clone(),
+                        key,
+                        detail,
+                        kind: SourceKind::Other,
+                    }),
+                )
+            }
+        })
+    }
+}
+
+/// The text of one document: the named member or field, as it is (not trimmed).
+pub fn document_text(
+    mut raw: RawSample,
+    source: &CaptionSource,
+) -> Result<String, (Reason, String)> {
+    if let Some(defect) = raw.defect.take() {
+        return Err(defect);
+    }
+    let take = |raw: &mut RawSample, name: &str| {
+        raw.members
+            .iter()
+            .position(|(e, _)| e == name)
+            .map(|i| raw.members.swap_remove(i).1)
+            .ok_or_else(|| (Reason::MissingText, format!("no {name:?} member")))
+    };
+    match source {
+        CaptionSource::None => Err((Reason::MissingText, "no text source named".into())),
+        CaptionSource::Member(name) => {
+            let bytes = take(&mut raw, name)?;
+            String::from_utf8(bytes)
+                .map_err(|e| (Reason::BadUtf8, format!("{name:?}: {}", e.utf8_error())))
+        }
+        CaptionSource::JsonField { member, field } => {
+            let bytes = take(&mut raw, member)?;
+            let mut value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+                (
+                    Reason::BadUtf8,
+                    format!("{member:?} member is not valid JSON: {e}"),
+                )
+            })?;
+            match value.get_mut(field).map(serde_json::Value::take) {
+                Some(serde_json::Value::String(s)) => Ok(s),
+                Some(serde_json::Value::Null) | None => Err((
+                    Reason::MissingText,
+                    format!("{member:?} has no field {field:?}"),
+                )),
+                Some(_) => Err((
+                    Reason::WrongType,
+                    format!("{member:?} field {field:?} is not a string"),
+                )),
+            }
+        }
+    }
+}
+
+/// That `column` is a top-level string or binary column of `file`.
+fn check_column(file: &ParquetFile, column: &str) -> Result<(), String> {
+    let listing = || {
+        file.schema
+            .columns
+            .iter()
+            .map(|c| format!("{} ({})", c.name, c.kind.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match file.schema.column(column) {
+        None => Err(format!(
+            "no text column {column:?} (its columns: {})",
+            listing()
+        )),
+        Some(c) if matches!(c.kind, ColumnKind::Text | ColumnKind::Binary) => Ok(()),
+        Some(c) => Err(format!(
+            "the text column {column:?} holds {}, not strings",
+            c.kind.as_str()
+        )),
+    }
+}

@@ -1,0 +1,115 @@
+//! Documents to token ids: a Hugging Face `tokenizer.json` run by the `tokenizers` library (the
+//! crate behind the Python package, so the ids are its `encode(text, add_special_tokens=False)`),
+//! with an optional BOS before and the EOS (or a named separator) after every document.
+
+use crate::rng::hash_bytes;
+
+/// Tokens tried, in order, as the end-of-document token when none is named: GPT-2 / StarCoder /
+/// Qwen, Llama 2 / Mistral, Llama 3, Gemma, SentencePiece T5.
+const EOS_CANDIDATES: [&str; 5] = [
+    "<|endoftext|>",
+    "</s>",
+    "<|end_of_text|>",
+    "<eos>",
+    "<|im_end|>",
+];
+
+/// What a tokenizer file could not be made into.
+#[derive(Debug, thiserror::Error)]
+pub enum EncoderError {
+    #[error("tokenizer file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("tokenizer file {path}: {detail}")]
+    Format { path: String, detail: String },
+}
+
+/// Encodes documents for a packed text kind.
+pub struct DocumentEncoder {
+    tokenizer: tokenizers::Tokenizer,
+    pub eos: u32,
+    pub bos: Option<u32>,
+    /// Identifies the token counts this encoder gives: the file's bytes, the EOS and the BOS.
+    /// Counts made under another fingerprint are refused.
+    pub fingerprint: String,
+}
+
+impl DocumentEncoder {
+    /// From a `tokenizer.json`; `eos` names the token after each document (None: the first of
+    /// the usual names the vocabulary holds), `bos` the one before it (None: none).
+    pub fn from_file(
+        path: &str,
+        eos: Option<&str>,
+        bos: Option<&str>,
+    ) -> Result<Self, EncoderError> {
+        let bad = |detail: String| EncoderError::Format {
+            path: path.into(),
+            detail,
+        };
+        let raw = std::fs::read(path).map_err(|source| EncoderError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let mut tokenizer = tokenizers::Tokenizer::from_bytes(&raw).map_err(|e| {
+            bad(format!(
+                "not a tokenizer.json that the tokenizers library loads: {e}"
+            ))
+        })?;
+        // Documents are never cut or padded here: packing does both.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| bad(e.to_string()))?;
+        tokenizer.with_padding(None);
+        let id = |token: &str| {
+            tokenizer
+                .token_to_id(token)
+                .ok_or_else(|| bad(format!("its vocabulary has no token {token:?}")))
+        };
+        let eos_id = match eos {
+            Some(token) => id(token)?,
+            None => EOS_CANDIDATES
+                .iter()
+                .find_map(|t| tokenizer.token_to_id(t))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "none of the usual end-of-document tokens {EOS_CANDIDATES:?} is in its \
+                         vocabulary: name one (eos_token=)"
+                    ))
+                })?,
+        };
+        let bos_id = bos.map(id).transpose()?;
+        let fingerprint = format!(
+            "{:016x}",
+            hash_bytes(
+                &[
+                    raw.as_slice(),
+                    &eos_id.to_le_bytes(),
+                    &bos_id.map_or(u64::MAX, u64::from).to_le_bytes()
+                ]
+                .concat()
+            )
+        );
+        Ok(Self {
+            tokenizer,
+            eos: eos_id,
+            bos: bos_id,
+            fingerprint,
+        })
+    }
+
+    /// The ids of one document: BOS (if any), the text's ids, EOS.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        let encoding = self
+            .tokenizer
+            .encode_fast(text, false)
+            .map_err(|e| e.to_string())?;
+        let ids = encoding.get_ids();
+        let mut out = Vec::with_capacity(ids.len() + 2);
+        out.extend(self.bos);
+        out.extend_from_slice(ids);
+        out.push(self.eos);
+        Ok(out)
+    }
+}
