@@ -8,6 +8,11 @@ Loading batches
     :class:`SourceOptions` (how shards are fetched: S3, TLS, backoff, cache), :class:`Source`
     (one dataset of a mixture), :data:`DEFAULTS` (the core's defaults).
 
+Text corpora (the packed text kind, :mod:`shardstream.kinds.text`)
+    :func:`count_tokens` (each unit's tokens under a tokenizer, once), :class:`TokenCounts`,
+    :class:`TextLoader` (documents packed into token rows, exact across ranks),
+    :class:`TextBatch` (one batch of rows).
+
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
     shards), :func:`build_index` and :func:`write_index` (the index that makes epochs exact).
@@ -42,6 +47,7 @@ from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
 
 if TYPE_CHECKING:
+    from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts, count_tokens
     from shardstream.loader import Batch, ShardLoader
 
 __all__ = [
@@ -52,6 +58,11 @@ __all__ = [
     "SourceOptions",
     "Source",
     "DEFAULTS",
+    # text corpora
+    "count_tokens",
+    "TokenCounts",
+    "TextLoader",
+    "TextBatch",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",
@@ -76,4 +87,8 @@ def __getattr__(name: str) -> Any:
         from shardstream import loader
 
         return getattr(loader, name)
+    if name in ("count_tokens", "TokenCounts", "TextLoader", "TextBatch"):
+        from shardstream.kinds import text
+
+        return getattr(text, name)
     raise AttributeError(f"module 'shardstream' has no attribute {name!r}")

@@ -1,0 +1,563 @@
+"""Text corpora packed into token rows: FineWeb-, The Stack- or StarCoder-style Parquet files and
+tars of text members, from disk, HTTP, S3 or ``hf://``, tokenized by a Hugging Face
+``tokenizer.json`` in Rust threads and packed into ``[B, seq_len]`` rows.
+
+Two steps, as for images (an index, then a loader):
+
+1. :func:`count_tokens` reads every document once and records how many tokens each unit (a
+   Parquet row group, a tar shard) encodes to under the tokenizer: a small JSON file
+   (:class:`TokenCounts`), O(units), never O(documents).
+2. :class:`TextLoader` cuts the epoch's token stream into equal shares per rank from those
+   counts (``plan::packed`` in the Rust core): every rank yields the same number of full rows,
+   every token of every document is in exactly one row per epoch (except the remainder,
+   shorter than one global batch, reported in ``stats``), and ``state_dict`` /
+   ``load_state_dict`` continue at the exact next token, also onto another world size.
+
+Documents are concatenated, each followed by the EOS (and preceded by a BOS when named), and cut
+into rows, as Megatron and LitData pack; a document longer than a row spans rows. With
+``boundaries=True`` each batch also carries ``position_ids`` restarting at every document and
+``cu_seqlens`` for FlashAttention's varlen kernels, so attention need never cross documents.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from shardstream import _core
+from shardstream._system import default_loader_threads
+from shardstream.config import SourceOptions
+from shardstream.errors import OptionError, from_core_fault
+
+try:  # torch is optional: without it, batches are numpy arrays.
+    import torch
+except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
+    torch = None  # type: ignore[assignment]
+
+COUNTS_FORMAT = "shardstream-token-counts"
+COUNTS_VERSION = 1
+STATE_FORMAT = "shardstream-packed-state"
+STATE_VERSION = 1
+#: Documents larger than this many bytes are skipped (``member_too_large``), never loaded whole.
+DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """How many tokens every unit of a corpus encodes to under one tokenizer: what
+    :class:`TextLoader` plans an epoch with. Made by :func:`count_tokens`; saved and loaded as
+    JSON (gzip when the path ends in ``.gz``).
+
+    Attributes:
+        tokenizer: Path of the ``tokenizer.json`` the tokens were counted with.
+        fingerprint: Identifies that file's bytes with the EOS and BOS; a loader whose tokenizer
+            differs refuses the counts.
+        text_key: Where each document's text is: a Parquet string column or a tar member's
+            extension (``text``, ``txt``, ``py``), or ``json:FIELD`` (a field of the JSON member).
+        eos_token: The token after every document (None: the tokenizer's usual EOS).
+        bos_token: The token before every document, or None.
+        max_document_bytes: Larger documents were skipped (and are skipped by the loader).
+        units: One dict per unit in corpus order: ``url``, ``display``, ``first_row``, ``rows``
+            (None for a tar), ``identity`` (the file's ETag or size when counted), ``documents``,
+            ``tokens``, ``skipped`` (reason to count).
+        failed: Units that could not be read at all, with their ``error`` (reason, detail):
+            they hold no tokens, so no epoch reads them.
+    """
+
+    tokenizer: str
+    fingerprint: str
+    text_key: str
+    eos_token: str | None
+    bos_token: str | None
+    max_document_bytes: int
+    units: list[dict[str, Any]]
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of the whole corpus (every document, with its EOS/BOS)."""
+        return sum(int(u["tokens"]) for u in self.units)
+
+    @property
+    def documents(self) -> int:
+        """Documents that encode to tokens (skipped ones not counted)."""
+        return sum(int(u["documents"]) for u in self.units)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Documents skipped while counting, by reason (``bad_utf8``, ``missing_text``, ...)."""
+        total: Counter[str] = Counter()
+        for u in self.units:
+            total.update(u.get("skipped", {}))
+        return dict(total)
+
+    def identity(self) -> str:
+        """A short hash of the counts and their tokenizer: a resume state made over other counts
+        is refused."""
+        digest = hashlib.sha256(self.fingerprint.encode())
+        for u in self.units:
+            digest.update(f"{u['url']}|{u['first_row']}|{u['tokens']}\n".encode())
+        return digest.hexdigest()[:16]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the counts as JSON (gzip when ``path`` ends in ``.gz``), atomically."""
+        data = json.dumps({"format": COUNTS_FORMAT, "version": COUNTS_VERSION, **self.__dict__}).encode()
+        path = os.fspath(path)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(gzip.compress(data) if path.endswith(".gz") else data)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TokenCounts:
+        """Reads counts written by :meth:`save`.
+
+        Raises:
+            ValueError: the file is not a token counts file of a version this package reads.
+        """
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"{path}: not a token counts file ({e})") from None
+        if not isinstance(data, dict) or data.get("format") != COUNTS_FORMAT:
+            raise ValueError(f"{path}: not a token counts file (no format {COUNTS_FORMAT!r})")
+        if data.get("version") != COUNTS_VERSION:
+            raise ValueError(f"{path}: token counts version {data.get('version')}, this package reads 1")
+        data.pop("format")
+        data.pop("version")
+        return cls(**data)
+
+
+def count_tokens(
+    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    tokenizer: str | os.PathLike[str],
+    text_key: str = "text",
+    eos_token: str | None = None,
+    bos_token: str | None = None,
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    threads: int | None = None,
+    output: str | os.PathLike[str] | None = None,
+    source: SourceOptions | None = None,
+) -> TokenCounts:
+    """Counts the tokens of every unit of a text corpus, once, for :class:`TextLoader`.
+
+    Every document is read and encoded exactly as the loader will (in Rust threads, without the
+    GIL), so the plan's token positions are the loader's tokens.
+
+    Args:
+        urls: Parquet files and tar shards: a path, glob, brace pattern, ``http(s)://``,
+            ``s3://`` or ``hf://`` URL, or a list of them (as :class:`~shardstream.ShardLoader`).
+        tokenizer: Path of a Hugging Face ``tokenizer.json`` (GPT-2, Llama 3, Qwen, StarCoder2,
+            ...). Its ids are the ``tokenizers`` package's ``encode(text,
+            add_special_tokens=False)``.
+        text_key: A Parquet string column or tar member extension, or ``json:FIELD``.
+        eos_token: Token appended to every document; None: the first of ``<|endoftext|>``,
+            ``</s>``, ``<|end_of_text|>``, ``<eos>``, ``<|im_end|>`` in the vocabulary.
+        bos_token: Token put before every document; None: none.
+        max_document_bytes: A larger document is skipped (reason ``member_too_large``).
+        threads: Threads reading and tokenizing (default: this process's share of the cores).
+        output: If given, the counts are also saved there (see :meth:`TokenCounts.save`).
+        source: How the files are fetched (S3 endpoint, cache, ...).
+
+    Returns:
+        The counts.
+
+    Raises:
+        ValueError: the tokenizer file does not load, ``text_key`` is empty, no file matches, or
+            no unit holds a single token (every file failed, or every document was skipped): the
+            message names the most common reason.
+    """
+    from shardstream.urls import expand_urls, source_config
+
+    if max_document_bytes <= 0:
+        raise OptionError("max_document_bytes", f"must be positive, not {max_document_bytes}")
+    options = (source or SourceOptions()).keywords()
+    shards = expand_urls(urls, **options)
+    if not shards:
+        raise ValueError(f"no files match {urls!r}")
+    config = source_config(shards, options)
+    tokenizer = os.path.abspath(os.fspath(tokenizer))
+    fingerprint, _, _ = _core.packed_encoder(tokenizer, eos_token, bos_token)
+    results = _core.count_tokens(
+        [s.url for s in shards],
+        tokenizer,
+        text_key,
+        eos_token,
+        bos_token,
+        max_document_bytes,
+        threads or default_loader_threads(),
+        config,
+    )
+    display = {s.url: s.display for s in shards}
+    units: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for r in results:
+        r["display"] = display.get(r["url"], r["url"])
+        error = r.pop("error")
+        examples = r.pop("examples")
+        if error is not None:
+            failed.append({"url": r["url"], "display": r["display"], "error": error})
+        else:
+            r["examples"] = examples[:3]
+            units.append(r)
+    counts = TokenCounts(
+        tokenizer, fingerprint, text_key, eos_token, bos_token, max_document_bytes, units, failed
+    )
+    if counts.total_tokens == 0:
+        raise ValueError(f"no document of {urls!r} encodes to a token: {_top_reason(counts)}")
+    if output is not None:
+        counts.save(output)
+    return counts
+
+
+def _top_reason(counts: TokenCounts) -> str:
+    """The most common reason documents or units gave no tokens, for one-line errors."""
+    reasons: Counter[str] = Counter(counts.skipped)
+    for f in counts.failed:
+        reasons[f["error"]["reason"]] += 1
+    if not reasons:
+        return "the files hold no documents"
+    reason, n = reasons.most_common(1)[0]
+    example = next(
+        (f"{f['display']}: {f['error']['detail']}" for f in counts.failed if f["error"]["reason"] == reason),
+        None,
+    ) or next(
+        (
+            f"{e.get('url')} {e.get('key')}: {e.get('detail')}"
+            for u in counts.units
+            for e in u.get("examples", [])
+            if e.get("reason") == reason
+        ),
+        "",
+    )
+    return f"{n} x {reason} (e.g. {example})" if example else f"{n} x {reason}"
+
+
+class TextBatch(NamedTuple):
+    """One batch of packed rows.
+
+    Attributes:
+        input_ids: ``[B, seq_len]`` token ids (``torch.int64``, or ``int32`` with
+            ``dtype="int32"``; numpy without torch). Rows are consecutive tokens of the corpus:
+            documents, each followed by its EOS, cut at row ends.
+        position_ids: With ``boundaries=True``: ``[B, seq_len]`` int64 positions restarting at 0
+            at every document and at every row start; else None.
+        cu_seqlens: With ``boundaries=True``: int32 cumulative sequence lengths over the flattened
+            ``B * seq_len`` tokens (``0, len_0, len_0 + len_1, ..., B * seq_len``), as
+            FlashAttention's varlen kernels take them; else None.
+        max_seqlen: With ``boundaries=True``: the longest of those sequences; else None.
+    """
+
+    input_ids: Any
+    position_ids: Any = None
+    cu_seqlens: Any = None
+    max_seqlen: int | None = None
+
+    @property
+    def labels(self) -> Any:
+        """The labels a Hugging Face causal LM takes: ``input_ids`` itself, not shifted (the
+        model shifts them by one inside its loss). Every position is a real token: packed rows
+        hold no padding."""
+        return self.input_ids
+
+
+class TextLoader:
+    """Iterable of :class:`TextBatch`: a text corpus packed into rows of ``seq_len`` tokens, with
+    exact epochs across ranks.
+
+    Args:
+        counts: The corpus's :class:`TokenCounts` (or the path of a saved one), from
+            :func:`count_tokens`. Its tokenizer, text key and EOS/BOS are the loader's.
+        batch_size: Rows per batch on one rank (B).
+        seq_len: Tokens per row (L).
+        seed: Seeds the order of units in an epoch and the shuffle of rows within blocks.
+        block_rows: Rows per shuffle block: each reader fills a block with consecutive rows of
+            its share and emits them in a seeded order. Memory grows with ``block_rows x
+            seq_len`` tokens (4 bytes each). 1 keeps the stream's order.
+        boundaries: Also yield ``position_ids`` and ``cu_seqlens`` (see :class:`TextBatch`).
+        dtype: ``"int64"`` (default, what ``nn.Embedding`` takes) or ``"int32"``.
+        rank: This process's rank; default: ``torch.distributed`` when initialised, else the
+            ``RANK`` environment variable, else 0.
+        world_size: Ranks; default as ``rank``.
+        threads: Threads tokenizing (default: this process's share of the cores).
+        prefetch: Batches filled ahead of the one being used.
+        pin_memory: Batches in pinned memory; default: when CUDA is available.
+        source: How files are fetched (S3 endpoint, cache, ...); as for :func:`count_tokens`.
+
+    Raises:
+        OptionError: a value is out of range (named in the message).
+        ValueError: the counts' tokenizer file is missing or now encodes differently, or the
+            corpus holds less than one global batch of tokens.
+
+    Every rank yields ``len(loader)`` batches; the tokens of the epoch beyond the last full
+    global batch are the remainder (``stats["remainder_tokens"]``). A unit whose documents no
+    longer encode to its counted tokens (a file changed, another tokenizer) fails the pass
+    naming the file.
+    """
+
+    def __init__(
+        self,
+        counts: TokenCounts | str | os.PathLike[str],
+        *,
+        batch_size: int,
+        seq_len: int,
+        seed: int = 0,
+        block_rows: int = 256,
+        boundaries: bool = False,
+        dtype: str = "int64",
+        rank: int | None = None,
+        world_size: int | None = None,
+        threads: int | None = None,
+        prefetch: int = 2,
+        pin_memory: bool | None = None,
+        source: SourceOptions | None = None,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("block_rows", block_rows)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise OptionError(name, f"must be a positive integer, not {value!r}")
+        if dtype not in ("int64", "int32"):
+            raise OptionError("dtype", f"must be 'int64' or 'int32', not {dtype!r}")
+        self.counts = counts if isinstance(counts, TokenCounts) else TokenCounts.load(counts)
+        c = self.counts
+        if not os.path.isfile(c.tokenizer):
+            raise ValueError(f"the token counts' tokenizer file {c.tokenizer!r} does not exist")
+        fingerprint, _, _ = _core.packed_encoder(c.tokenizer, c.eos_token, c.bos_token)
+        if fingerprint != c.fingerprint:
+            raise ValueError(
+                f"the tokenizer file {c.tokenizer!r} changed since the tokens were counted "
+                f"(fingerprint {fingerprint}, counted with {c.fingerprint}): count again"
+            )
+        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
+        self.block_rows, self.boundaries, self.dtype = block_rows, boundaries, dtype
+        self.threads = threads or default_loader_threads()
+        self.prefetch = max(1, prefetch)
+        self._rank_arg, self._world_arg = rank, world_size
+        self._pin = (
+            pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
+        )
+        options = (source or SourceOptions()).keywords()
+        self._config = self._core_config(options)
+        self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
+        self._tokens = [int(u["tokens"]) for u in c.units]
+        self.epoch = 0
+        self._resume: dict[str, Any] | None = None
+        self._batches_done = 0
+        self._pass_completed = False
+        self._last_stats: dict[str, Any] = {}
+        if len(self) == 0 and self._resume is None:
+            need = self.world_size * batch_size * seq_len
+            raise ValueError(
+                f"the corpus holds {c.total_tokens} tokens, less than one global batch "
+                f"({self.world_size} ranks x {batch_size} rows x {seq_len} tokens = {need})"
+            )
+
+    def _core_config(self, options: dict[str, Any]) -> dict[str, Any]:
+        from shardstream.urls import expand_urls, source_config
+
+        c = self.counts
+        urls = sorted({u["url"] for u in c.units})
+        # Re-expanded only for what the reader needs to open them (S3 signers, CA bundle).
+        shards = expand_urls(urls, **{**options, "check": "none"}) if urls else []
+        config = source_config(shards, options)
+        config.update(
+            tokenizer=c.tokenizer,
+            text_key=c.text_key,
+            eos_token=c.eos_token,
+            bos_token=c.bos_token,
+            max_document_bytes=c.max_document_bytes,
+            int32=self.dtype == "int32",
+            boundaries=self.boundaries,
+        )
+        return config
+
+    # -- distribution and length ----------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank (see the ``rank`` argument)."""
+        from shardstream.loader import distributed_rank_world
+
+        return distributed_rank_world(self._rank_arg, self._world_arg)[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks (see the ``world_size`` argument)."""
+        from shardstream.loader import distributed_rank_world
+
+        return distributed_rank_world(self._rank_arg, self._world_arg)[1]
+
+    def _shape(self) -> tuple[int, int, int, int, int]:
+        return (self.world_size, 0, self.batch_size, self.seq_len, self.block_rows)
+
+    def _phases(self) -> list[tuple[tuple[int, int, int, int, int], int]]:
+        """The resume state's phases (empty for a fresh epoch)."""
+        if self._resume is None:
+            return []
+        return [(tuple(p["shape"]), int(p["batches_done"])) for p in self._resume["phases"]]  # type: ignore[misc]
+
+    def _plan_counts(self) -> tuple[int, int, int]:
+        return _core.packed_plan_counts(
+            self.counts.total_tokens, self.seed, self.epoch, self._phases(), self._shape()
+        )
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current pass (after a resume: those left)."""
+        return self._plan_counts()[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch ``epoch`` from its beginning; except right after :meth:`load_state_dict` of
+        a state in that same epoch, whose position is kept (frameworks restore the loader, then
+        set the epoch they resume in)."""
+        epoch = int(epoch)
+        if self._resume is not None and self._batches_done == 0 and int(self._resume["epoch"]) == epoch:
+            return
+        self.epoch = epoch
+        self._resume = None
+        self._batches_done = 0
+
+    # -- iteration ------------------------------------------------------------------------
+    def _alloc(self) -> tuple[Any, Any]:
+        shape = (self.batch_size, self.seq_len)
+        if torch is not None:
+            dtype = torch.int32 if self.dtype == "int32" else torch.int64
+            ids = torch.empty(shape, dtype=dtype, pin_memory=self._pin)
+            pos = torch.empty(shape, dtype=torch.int64, pin_memory=self._pin) if self.boundaries else None
+        else:
+            ids = np.empty(shape, dtype=np.int32 if self.dtype == "int32" else np.int64)
+            pos = np.empty(shape, dtype=np.int64) if self.boundaries else None
+        return ids, pos
+
+    @staticmethod
+    def _address(buf: Any) -> tuple[int, int]:
+        if torch is not None and isinstance(buf, torch.Tensor):
+            return buf.data_ptr(), buf.numel() * buf.element_size()
+        return buf.ctypes.data, buf.nbytes
+
+    def _lend(self, core: Any) -> tuple[Any, Any]:
+        ids, pos = self._alloc()
+        ptr, nbytes = self._address(ids)
+        if pos is None:
+            core.submit(ids, ptr, nbytes)
+        else:
+            pos_ptr, pos_bytes = self._address(pos)
+            core.submit((ids, pos), ptr, nbytes, pos_ptr, pos_bytes // 8)
+        return ids, pos
+
+    def __iter__(self) -> Iterator[TextBatch]:
+        if self._pass_completed and self._resume is not None:
+            # A pass after one that read a resumed epoch to its end reads the epoch whole.
+            self._resume = None
+        self._pass_completed = False
+        self._batches_done = 0
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[TextBatch]:
+        core = _core.PackedLoader(
+            self._units,
+            self._tokens,
+            self.seed,
+            self.epoch,
+            self._phases(),
+            self._shape(),
+            self.rank,
+            0,
+            dict(self._config, threads=self.threads),
+        )
+        lent: deque[tuple[Any, Any]] = deque()
+        try:
+            for _ in range(self.prefetch):
+                lent.append(self._lend(core))
+            while True:
+                try:
+                    result = core.next_batch()
+                except _core.CoreFault as fault:
+                    raise from_core_fault(fault) from None
+                if result is None:
+                    self._pass_completed = True
+                    break
+                _, cu_seqlens, max_seqlen = result
+                ids, pos = lent.popleft()
+                self._batches_done += 1
+                if self.boundaries:
+                    cu = (
+                        torch.tensor(cu_seqlens, dtype=torch.int32)
+                        if torch is not None
+                        else np.asarray(cu_seqlens, dtype=np.int32)
+                    )
+                    yield TextBatch(ids, pos, cu, int(max_seqlen))
+                else:
+                    yield TextBatch(ids)
+                lent.append(self._lend(core))
+        finally:
+            try:
+                self._last_stats = core.stats()
+            except ImportError:  # the interpreter is shutting down with this iterator open
+                pass
+            core.close()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
+        ``tokens`` (written into rows), ``documents`` (begun in rows), ``skipped`` documents by
+        reason, ``bytes``, ``retries``, ``tokenize_seconds``; and for the epoch:
+        ``remainder_tokens`` (read by no rank) and ``exact`` (True)."""
+        stats = dict(self._last_stats)
+        stats["remainder_tokens"] = self._plan_counts()[2]
+        stats["exact"] = True
+        return stats
+
+    # -- resume --------------------------------------------------------------------------
+    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+        """The position after the batches yielded so far (or ``batches``): small,
+        JSON-serialisable and the same on every rank (every rank yields the same batches)."""
+        done = self._batches_done if batches is None else int(batches)
+        phases = [dict(p) for p in self._resume["phases"]] if self._resume is not None else []
+        shape = list(self._shape())
+        if phases and list(phases[-1]["shape"]) == shape:
+            phases[-1]["batches_done"] = int(phases[-1]["batches_done"]) + done
+        else:
+            phases.append({"shape": shape, "batches_done": done})
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "counts": self.counts.identity(),
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "phases": phases,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues the epoch of ``state`` at the exact next token; with another world size,
+        batch size, row length or block size, the rest of the epoch is re-planned so that every
+        token left is read exactly once.
+
+        Raises:
+            ValueError: the state is not a text loader's, or was saved over other token counts
+                or another seed.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError("not a TextLoader state (no format 'shardstream-packed-state')")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"TextLoader state version {state.get('version')}, this package reads 1")
+        if state["counts"] != self.counts.identity():
+            raise ValueError("this state was saved over other token counts (another corpus or tokenizer)")
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"this state was saved with seed {state['seed']}, the loader has {self.seed}")
+        self.epoch = int(state["epoch"])
+        self._resume = {"epoch": self.epoch, "phases": [dict(p) for p in state["phases"]]}
+        self._batches_done = 0
+        self._pass_completed = False
+        self._plan_counts()  # a state that does not fit the counts fails here, not mid-pass
