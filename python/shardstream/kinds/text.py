@@ -218,7 +218,10 @@ def count_tokens(
         tokenizer, fingerprint, text_key, eos_token, bos_token, max_document_bytes, units, failed
     )
     if counts.total_tokens == 0:
-        raise ValueError(f"no document of {urls!r} encodes to a token: {_top_reason(counts)}")
+        what = (
+            repr(urls) if isinstance(urls, (str, os.PathLike)) or len(shards) == 1 else f"{len(shards)} files"
+        )
+        raise ValueError(f"no document of {what} encodes to a token: {_top_reason(counts)}")
     if output is not None:
         counts.save(output)
     return counts

@@ -1,0 +1,288 @@
+"""The packed text kind on real text (standard library sources and the real captions): document
+ids equal the ``tokenizers`` package's, rows are the corpus's token stream cut into rows, every
+token is in exactly one row per epoch across ranks (but the reported remainder), a resume goes on
+at the exact next token, also onto another world size, and bad input is a typed reason."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+import shardstream
+from shardstream import TextLoader, TokenCounts, count_tokens
+from shardstream.errors import OptionError, ShardError
+from text_corpus import (
+    BERT_STYLE,
+    GPT2_STYLE,
+    documents,
+    llama3_style_tokenizer,
+    parquet_units,
+    stdlib_sources,
+    write_code_tars,
+    write_parquet_corpus,
+)
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[str]:
+    return documents(60)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, docs) -> list[str]:
+    return write_parquet_corpus(str(tmp_path_factory.mktemp("fineweb")), docs, files=3, rows_per_group=40)
+
+
+@pytest.fixture(scope="module")
+def counts(corpus, tmp_path_factory) -> TokenCounts:
+    path = tmp_path_factory.mktemp("counts") / "corpus.tokens.json.gz"
+    return count_tokens(corpus, tokenizer=GPT2_STYLE, text_key="text", threads=2, output=path)
+
+
+def reference_ids(tokenizer: str, texts: list[str], eos: str, bos: str | None = None) -> list[list[int]]:
+    """Each text as the ``tokenizers`` package encodes it, with the BOS and EOS around it."""
+    tok = tokenizers.Tokenizer.from_file(tokenizer)
+    head = [tok.token_to_id(bos)] if bos else []
+    return [head + e.ids + [tok.token_to_id(eos)] for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
+@functools.cache
+def _unit_streams(paths: tuple[str, ...], tokenizer: str, eos: str) -> list[list[int]]:
+    tok = tokenizers.Tokenizer.from_file(tokenizer)
+    eos_id = tok.token_to_id(eos)
+    return [
+        [i for text in unit for i in tok.encode(text, add_special_tokens=False).ids + [eos_id]]
+        for unit in parquet_units(list(paths))
+    ]
+
+
+def unit_streams(paths: list[str], tokenizer: str = GPT2_STYLE, eos: str = "</s>") -> list[list[int]]:
+    """Each row group's documents as the reference package encodes them, EOS after each."""
+    return _unit_streams(tuple(paths), tokenizer, eos)
+
+
+def rows_of(loader: TextLoader) -> list[np.ndarray]:
+    return [row.copy() for batch in loader for row in batch.input_ids.numpy()]
+
+
+def test_document_ids_are_the_tokenizers_packages_for_three_tokenizer_styles(tmp_path, docs):
+    assert any(ord(ch) > 0xFFFF for d in docs for ch in d), "astral-plane characters are in the corpus"
+    assert any(ord(ch) > 127 for d in docs for ch in d)
+    llama = llama3_style_tokenizer(str(tmp_path / "llama3-style.json"), docs[::4])
+    cases = [
+        (GPT2_STYLE, "</s>", None, None),  # the EOS found by its usual name
+        (BERT_STYLE, "[SEP]", None, "[SEP]"),  # a separator named as the EOS
+        (llama, "<|end_of_text|>", "<|begin_of_text|>", None),
+    ]
+    for path, eos, bos, named_eos in cases:
+        got = shardstream._core.packed_encode(path, docs, named_eos, bos)
+        want = reference_ids(path, docs, eos, bos)
+        assert got == want, os.path.basename(path)
+
+
+def test_counts_are_the_tokens_of_every_row_group_and_survive_a_save(counts, corpus, tmp_path):
+    streams = unit_streams(corpus)
+    assert [u["tokens"] for u in counts.units] == [len(s) for s in streams]
+    assert counts.documents == sum(len(u) for u in parquet_units(corpus))
+    assert [u["rows"] for u in counts.units] == [len(u) for u in parquet_units(corpus)]
+    counts.save(tmp_path / "c.json")
+    assert TokenCounts.load(tmp_path / "c.json") == counts
+
+
+def test_one_rank_in_stream_order_yields_the_row_groups_token_streams_cut_into_rows(counts, corpus):
+    seq_len, batch = 96, 3
+    loader = TextLoader(counts, batch_size=batch, seq_len=seq_len, block_rows=1, rank=0, world_size=1)
+    flat = np.concatenate(rows_of(loader)).tolist()
+    assert len(flat) == len(loader) * batch * seq_len
+    assert len(flat) + loader.stats["remainder_tokens"] == counts.total_tokens
+    # The rows tile the units' streams, each whole and in its own order (units are shuffled).
+    streams = unit_streams(corpus)
+    left, at = list(range(len(streams))), 0
+    while at < len(flat):
+        match = [
+            u for u in left if streams[u] and flat[at : at + len(streams[u])] == streams[u][: len(flat) - at]
+        ]
+        assert len(match) == 1, f"no unit's tokens at {at}"
+        left.remove(match[0])
+        at += len(streams[match[0]])
+    assert sum(len(streams[u]) for u in left) + at - len(flat) == loader.stats["remainder_tokens"]
+
+
+def epoch_rows(counts: TokenCounts, world: int, **kw) -> list[list[np.ndarray]]:
+    out = []
+    for rank in range(world):
+        loader = TextLoader(counts, rank=rank, world_size=world, **kw)
+        out.append(rows_of(loader))
+    return out
+
+
+def assert_every_token_once(counts, corpus, rows: list[np.ndarray], remainder: int) -> None:
+    want = Counter(t for s in unit_streams(corpus) for t in s)
+    got = Counter(int(t) for r in rows for t in r)
+    assert not got - want, "a token was read more often than the corpus holds it"
+    assert sum((want - got).values()) == remainder
+
+
+def test_two_ranks_read_every_token_once_with_equal_batches_and_a_fresh_order_per_epoch(counts, corpus):
+    kw = dict(batch_size=4, seq_len=64, block_rows=8, seed=3)
+    ranks = epoch_rows(counts, 2, **kw)
+    assert len(ranks[0]) == len(ranks[1]) == len(TextLoader(counts, rank=0, world_size=2, **kw)) * 4
+    remainder = TextLoader(counts, rank=0, world_size=2, **kw).stats["remainder_tokens"]
+    assert 0 <= remainder < 2 * 4 * 64
+    assert_every_token_once(counts, corpus, ranks[0] + ranks[1], remainder)
+    again = epoch_rows(counts, 2, **kw)
+    assert all(np.array_equal(a, b) for a, b in zip(ranks[0] + ranks[1], again[0] + again[1], strict=True))
+    other = TextLoader(counts, rank=0, world_size=2, **kw)
+    other.set_epoch(1)
+    assert not all(np.array_equal(a, b) for a, b in zip(ranks[0], rows_of(other), strict=False))
+
+
+def test_a_resume_mid_epoch_gives_exactly_the_batches_that_would_have_followed(counts):
+    kw = dict(batch_size=2, seq_len=80, block_rows=5, seed=11, rank=1, world_size=2)
+    whole = rows_of(TextLoader(counts, **kw))
+    first = TextLoader(counts, **kw)
+    it = iter(first)
+    for _ in range(7):
+        next(it)
+    state = first.state_dict()
+    it.close()
+    resumed = TextLoader(counts, **kw)
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(whole) // 2 - 7
+    rest = rows_of(resumed)
+    assert len(rest) == len(whole) - 14
+    assert all(np.array_equal(a, b) for a, b in zip(rest, whole[14:], strict=True))
+
+
+def test_an_elastic_resume_from_two_ranks_onto_three_reads_every_token_left_once(counts, corpus):
+    kw = dict(batch_size=3, seq_len=50, block_rows=4, seed=5)
+    seen: list[np.ndarray] = []
+    state = None
+    for rank in range(2):
+        loader = TextLoader(counts, rank=rank, world_size=2, **kw)
+        it = iter(loader)
+        for _ in range(9):
+            seen.extend(row.copy() for row in next(it).input_ids.numpy())
+        state = loader.state_dict()
+        it.close()
+    lengths = []
+    for rank in range(3):
+        loader = TextLoader(counts, rank=rank, world_size=3, **kw)
+        loader.load_state_dict(state)
+        rows = rows_of(loader)
+        lengths.append(len(rows))
+        seen.extend(rows)
+    assert len(set(lengths)) == 1
+    assert_every_token_once(counts, corpus, seen, loader.stats["remainder_tokens"])
+
+
+def test_boundaries_restart_positions_at_every_document_and_give_cu_seqlens(counts):
+    loader = TextLoader(
+        counts, batch_size=4, seq_len=128, boundaries=True, rank=0, world_size=1, dtype="int32"
+    )
+    eos = tokenizers.Tokenizer.from_file(GPT2_STYLE).token_to_id("</s>")
+    checked = 0
+    for batch in loader:
+        ids, pos = batch.input_ids.numpy(), batch.position_ids.numpy()
+        assert ids.dtype == np.int32 and pos.shape == ids.shape
+        flat_pos = pos.reshape(-1)
+        starts = np.flatnonzero(flat_pos == 0)
+        cu = batch.cu_seqlens.numpy()
+        assert cu.tolist() == [*starts.tolist(), ids.size]
+        assert batch.max_seqlen == int(np.diff(cu).max())
+        for r in range(ids.shape[0]):
+            after_eos = np.flatnonzero(ids[r][:-1] == eos) + 1
+            assert set(after_eos) <= set(np.flatnonzero(pos[r] == 0))
+        checked += 1
+        if checked == 5:
+            break
+    assert batch.labels is batch.input_ids
+
+
+def test_code_tars_with_an_invalid_utf8_member_count_it_and_pack_the_rest(tmp_path):
+    sources = [(name, text.encode()) for name, text in stdlib_sources(12)]
+    sources.insert(3, ("broken", b"def f():\n    return '\xff\xfe'\n"))
+    tars = write_code_tars(str(tmp_path / "code"), sources, shards=2)
+    counts = count_tokens(str(tmp_path / "code" / "*.tar"), tokenizer=GPT2_STYLE, text_key="py")
+    assert counts.skipped == {"bad_utf8": 1}
+    assert counts.documents == len(sources) - 1
+    assert len(counts.units) == len(tars) and all(u["rows"] is None for u in counts.units)
+    good = [t.decode() for n, t in sources if n != "broken"]
+    want = sum(map(len, reference_ids(GPT2_STYLE, good, "</s>")))
+    assert counts.total_tokens == want
+    loader = TextLoader(counts, batch_size=2, seq_len=256, rank=0, world_size=1)
+    assert len(rows_of(loader)) == len(loader) * 2 > 0
+
+
+def test_a_json_field_of_tar_samples_is_the_document(tmp_path):
+    import json
+
+    from corpus import tar_bytes, write_file
+
+    texts = [s for _, s in stdlib_sources(4)]
+    members = [
+        (f"doc{i}.json", json.dumps({"text": t, "url": f"u{i}"}).encode()) for i, t in enumerate(texts)
+    ]
+    members.append(("doc9.json", json.dumps({"url": "no text"}).encode()))
+    path = write_file(str(tmp_path / "docs.tar"), tar_bytes(members))
+    counts = count_tokens(path, tokenizer=GPT2_STYLE, text_key="json:text")
+    assert counts.skipped == {"missing_text": 1}
+    assert counts.total_tokens == sum(map(len, reference_ids(GPT2_STYLE, texts, "</s>")))
+
+
+def test_bad_input_is_a_clear_error_naming_it(tmp_path, corpus, counts):
+    not_json = tmp_path / "tokenizer.json"
+    not_json.write_text("{ this is not json")
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        count_tokens(corpus, tokenizer=str(not_json))
+    with pytest.raises(ValueError, match="eos_token"):
+        count_tokens(corpus, tokenizer=BERT_STYLE)  # no usual EOS name in a BERT vocabulary
+    with pytest.raises(ValueError, match=r'missing_column .*no text column "content" \(its columns: id'):
+        count_tokens(corpus, tokenizer=GPT2_STYLE, text_key="content")
+    empty = write_parquet_corpus(str(tmp_path / "empty"), [], files=1)
+    with pytest.raises(ValueError, match="no document"):
+        count_tokens(empty, tokenizer=GPT2_STYLE)
+    with pytest.raises(OptionError, match="seq_len"):
+        TextLoader(counts, batch_size=2, seq_len=0)
+    with pytest.raises(ValueError, match="less than one global batch"):
+        TextLoader(counts, batch_size=64, seq_len=1 << 20, world_size=1, rank=0)
+
+
+def test_a_document_over_the_size_limit_is_skipped_and_counted_not_loaded(tmp_path, docs):
+    big = "x = 1\n" * 50_000  # 300 KB of code
+    paths = write_parquet_corpus(str(tmp_path / "big"), [*docs[:20], big], files=1, rows_per_group=100)
+    counts = count_tokens(paths, tokenizer=GPT2_STYLE, max_document_bytes=200_000)
+    assert counts.skipped == {"member_too_large": 1}
+    assert counts.documents == 20
+
+
+def test_a_file_changed_after_counting_is_refused_by_name(tmp_path, docs):
+    paths = write_parquet_corpus(str(tmp_path / "c"), docs[:200], files=1, rows_per_group=50)
+    counts = count_tokens(paths, tokenizer=GPT2_STYLE)
+    write_parquet_corpus(str(tmp_path / "c"), docs[:150], files=1, rows_per_group=50)
+    loader = TextLoader(counts, batch_size=1, seq_len=32, rank=0, world_size=1)
+    with pytest.raises(ShardError, match="part-000.parquet"):
+        rows_of(loader)
+
+
+def test_counts_made_with_another_tokenizer_file_are_refused(tmp_path, counts):
+    import shutil
+
+    copy = tmp_path / "tok.json"
+    shutil.copy(GPT2_STYLE, copy)
+    other = count_tokens(counts.units[0]["url"], tokenizer=str(copy))
+    copy.write_text(open(GPT2_STYLE).read() + "\n")  # the same vocabulary, other bytes
+    with pytest.raises(ValueError, match="changed since the tokens were counted"):
+        TextLoader(other, batch_size=1, seq_len=8, rank=0, world_size=1)
+    state = TextLoader(counts, batch_size=1, seq_len=8, rank=0, world_size=1).state_dict()
+    os.remove(copy)
+    with pytest.raises(ValueError, match="does not exist"):
+        TextLoader(other, batch_size=1, seq_len=8, rank=0, world_size=1)
+    small = TokenCounts(**{**counts.__dict__, "units": counts.units[:2]})
+    with pytest.raises(ValueError, match="other token counts"):
+        TextLoader(small, batch_size=1, seq_len=8, rank=0, world_size=1).load_state_dict(state)
