@@ -344,3 +344,74 @@ class ClipTokenizer:
     @staticmethod
     def clean(text: str) -> str: ...
     def tokenize_into(self, texts: list[str], ptr: int, len: int) -> None: ...
+
+# -- the packed text kind (rust/src/binding/packed.rs) ---------------------------------------------
+
+#: (world_size, workers, batch_size, seq_len, block_rows) of a packed plan's phase.
+PackShape = tuple[int, int, int, int, int]
+
+def packed_encoder(
+    tokenizer: str, eos_token: str | None = None, bos_token: str | None = None
+) -> tuple[str, int, int | None]:
+    """(fingerprint, eos id, bos id or None) of a tokenizer.json under these settings; raises
+    ``ValueError`` naming the file when it does not load or lacks the token."""
+
+def packed_encode(
+    tokenizer: str, texts: list[str], eos_token: str | None = None, bos_token: str | None = None
+) -> list[list[int]]:
+    """Each text's ids as the loader encodes documents: BOS (if any), the ids, EOS."""
+
+def count_tokens(
+    urls: list[str],
+    tokenizer: str,
+    text_key: str,
+    eos_token: str | None = None,
+    bos_token: str | None = None,
+    max_document_bytes: int = ...,
+    threads: int = 1,
+    config: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Per unit (Parquet row group or tar shard), in file order: url, first_row, rows, identity,
+    documents, tokens, skipped (by reason), examples (skipped documents), error (None, or the
+    fault that made the unit unreadable)."""
+
+def packed_plan_counts(
+    total: int, seed: int, epoch: int, phases: Sequence[tuple[PackShape, int]], current: PackShape
+) -> tuple[int, int, int]:
+    """(batches per rank left from the recorded position, the current phase's batches per rank,
+    tokens of the remainder) of an epoch's packed plan."""
+
+@final
+class PackedLoader:
+    """The running packed pipeline of one reader (rank, worker). ``config`` keys: tokenizer,
+    text_key, eos_token, bos_token, max_document_bytes, threads, int32, boundaries, and the source
+    options."""
+
+    def __new__(
+        cls,
+        units: Sequence[tuple[str, int, int | None, str | None]],
+        counts: Sequence[int],
+        seed: int,
+        epoch: int,
+        phases: Sequence[tuple[PackShape, int]],
+        current: PackShape,
+        rank: int,
+        worker: int,
+        config: dict[str, Any],
+    ) -> PackedLoader: ...
+    @property
+    def batches_left(self) -> int:
+        """Batches this reader yields from its position on."""
+    def submit(
+        self, owner: object, ids_ptr: int, ids_bytes: int, positions_ptr: int = 0, positions_len: int = 0
+    ) -> bool:
+        """Lends a batch's ids buffer (and int64 positions with boundaries) inside ``owner``."""
+    def next_batch(self) -> tuple[int, list[int], int] | None:
+        """(rows, cu_seqlens, max_seqlen) of the next batch, or None at the end of the share.
+        Raises ``CoreFault`` naming the unit when it cannot be read or its tokens differ from the
+        counts."""
+    def stats(self) -> dict[str, Any]:
+        """batches, rows, tokens, documents, bytes, retries, throttled, resumes,
+        tokenize_seconds, skipped (by reason), skipped_total, faults."""
+    def close(self) -> None:
+        """Stops every thread; afterwards no lent buffer is written any more."""

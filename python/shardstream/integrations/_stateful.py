@@ -5,9 +5,12 @@ the framework's checkpoint hook, and whose batches may be turned into the framew
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardstream.loader import Batch, ShardLoader
+
+if TYPE_CHECKING:
+    from shardstream.kinds.text import TextLoader
 
 
 class FrameworkLoader:
@@ -28,7 +31,7 @@ class FrameworkLoader:
 
     def __init__(
         self,
-        loader: ShardLoader,
+        loader: ShardLoader | TextLoader,
         *,
         num_workers: int = 0,
         convert: Callable[[Batch], Any] | None = None,
@@ -36,8 +39,15 @@ class FrameworkLoader:
         epoch_of: Callable[[], int] | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
-        if not isinstance(loader, ShardLoader):
-            raise TypeError(f"expected a shardstream.ShardLoader, got {type(loader).__name__}")
+        from shardstream.kinds.text import TextLoader
+
+        if not isinstance(loader, (ShardLoader, TextLoader)):
+            raise TypeError(f"expected a shardstream.ShardLoader or TextLoader, got {type(loader).__name__}")
+        if num_workers > 0 and isinstance(loader, TextLoader):
+            raise ValueError(
+                "a TextLoader tokenizes in its own threads (threads=): use num_workers=0 "
+                "(dataloader_num_workers=0)"
+            )
         self.loader = loader
         self.num_workers = int(num_workers)
         self._batches: Any = loader
@@ -71,7 +81,7 @@ class FrameworkLoader:
             yield batch if self.convert is None else self.convert(batch)
 
 
-def check_rank(loader: ShardLoader, rank: int, world_size: int, framework: str) -> None:
+def check_rank(loader: ShardLoader | TextLoader, rank: int, world_size: int, framework: str) -> None:
     """The loader must read this process's share: one clear error where it would read another's."""
     if (loader.rank, loader.world_size) != (rank, world_size):
         raise ValueError(

@@ -19,12 +19,13 @@ from typing import Any
 
 from shardstream.integrations import require
 from shardstream.integrations._stateful import FrameworkLoader, check_rank
+from shardstream.kinds.text import TextBatch, TextLoader
 from shardstream.loader import Batch, ShardLoader
 
 transformers = require("transformers", "hf", "hf")
 torch = require("torch", "hf", "hf")
 
-__all__ = ["CLIPCollator", "ShardTrainer"]
+__all__ = ["CLIPCollator", "CausalLMCollator", "ShardTrainer"]
 
 # The file beside Trainer's own in each checkpoint-N folder.
 LOADER_STATE_NAME = "shardstream_loader.json"
@@ -68,6 +69,22 @@ class CLIPCollator:
         }
 
 
+class CausalLMCollator:
+    """A :class:`~shardstream.TextBatch` as a ``transformers`` causal LM (GPT-2, Llama, Qwen)
+    takes it: ``input_ids``, ``labels`` (the same ids: the model shifts them inside its loss)
+    and, when the loader was made with ``boundaries=True``, ``position_ids`` restarting at every
+    document (what transformers' flash-attention paths read document boundaries from, as with
+    its ``DataCollatorWithFlattening``). Packed rows hold no padding, so no attention mask.
+    """
+
+    def __call__(self, batch: TextBatch) -> dict[str, Any]:
+        ids = torch.as_tensor(batch.input_ids).long()
+        out = {"input_ids": ids, "labels": ids.clone()}
+        if batch.position_ids is not None:
+            out["position_ids"] = torch.as_tensor(batch.position_ids)
+        return out
+
+
 class ShardTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` that trains on ``train_loader`` (this rank's ShardLoader).
 
@@ -83,10 +100,11 @@ class ShardTrainer(transformers.Trainer):
 
     Args:
         *args: ``transformers.Trainer``'s positional arguments (``model``, ``args``, ...).
-        train_loader: This rank's :class:`~shardstream.ShardLoader` (required; instead of
-            ``train_dataset``).
+        train_loader: This rank's :class:`~shardstream.ShardLoader` or
+            :class:`~shardstream.TextLoader` (required; instead of ``train_dataset``).
         collator: ``fn(batch)`` into the model's inputs (:class:`CLIPCollator` for
-            ``CLIPModel``). None (default): the :class:`~shardstream.Batch` itself.
+            ``CLIPModel``, :class:`CausalLMCollator` for a causal LM on a TextLoader). None
+            (default): the batch itself.
         num_workers: DataLoader worker processes. None (default):
             ``args.dataloader_num_workers``.
         **kwargs: ``transformers.Trainer``'s keyword arguments.
@@ -98,8 +116,8 @@ class ShardTrainer(transformers.Trainer):
     def __init__(
         self,
         *args: Any,
-        train_loader: ShardLoader,
-        collator: Callable[[Batch], Any] | None = None,
+        train_loader: ShardLoader | TextLoader,
+        collator: Callable[[Any], Any] | None = None,
         num_workers: int | None = None,
         **kwargs: Any,
     ) -> None:

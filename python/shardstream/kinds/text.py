@@ -108,7 +108,11 @@ class TokenCounts:
         return digest.hexdigest()[:16]
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the counts as JSON (gzip when ``path`` ends in ``.gz``), atomically."""
+        """Writes the counts as JSON, atomically.
+
+        Args:
+            path: Where; gzip-compressed when it ends in ``.gz``.
+        """
         data = json.dumps({"format": COUNTS_FORMAT, "version": COUNTS_VERSION, **self.__dict__}).encode()
         path = os.fspath(path)
         tmp = f"{path}.tmp-{os.getpid()}"
@@ -119,6 +123,12 @@ class TokenCounts:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TokenCounts:
         """Reads counts written by :meth:`save`.
+
+        Args:
+            path: A file :meth:`save` wrote (plain or gzip JSON).
+
+        Returns:
+            The counts.
 
         Raises:
             ValueError: the file is not a token counts file of a version this package reads.
@@ -420,10 +430,22 @@ class TextLoader:
         """Batches this rank yields in the current pass (after a resume: those left)."""
         return self._plan_counts()[0]
 
+    @property
+    def batches_per_epoch(self) -> int:
+        """The steps of this epoch as a framework counts them (``len()`` counts what is left
+        after a resume): the batches per rank done before the loaded position, in every phase
+        (at the world sizes they were done at), plus those left."""
+        done = sum(batches for _, batches in self._phases()) if self._resume is not None else 0
+        return done + len(self)
+
     def set_epoch(self, epoch: int) -> None:
         """Starts epoch ``epoch`` from its beginning; except right after :meth:`load_state_dict` of
         a state in that same epoch, whose position is kept (frameworks restore the loader, then
-        set the epoch they resume in)."""
+        set the epoch they resume in).
+
+        Args:
+            epoch: The epoch to read next (it seeds the order of units and rows).
+        """
         epoch = int(epoch)
         if self._resume is not None and self._batches_done == 0 and int(self._resume["epoch"]) == epoch:
             return
@@ -523,9 +545,20 @@ class TextLoader:
         return stats
 
     # -- resume --------------------------------------------------------------------------
-    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+    def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
         """The position after the batches yielded so far (or ``batches``): small,
-        JSON-serialisable and the same on every rank (every rank yields the same batches)."""
+        JSON-serialisable and the same on every rank (every rank yields the same batches), so
+        rank 0 can save it. ``gather`` is accepted for the framework adapters and does nothing:
+        a packed epoch has no per-rank reserve to collect.
+
+        Args:
+            batches: The batches consumed so far; default: those this loader yielded.
+            gather: Ignored (see above).
+
+        Returns:
+            The state, for :meth:`load_state_dict`.
+        """
+        del gather
         done = self._batches_done if batches is None else int(batches)
         phases = [dict(p) for p in self._resume["phases"]] if self._resume is not None else []
         shape = list(self._shape())
@@ -546,6 +579,9 @@ class TextLoader:
         """Continues the epoch of ``state`` at the exact next token; with another world size,
         batch size, row length or block size, the rest of the epoch is re-planned so that every
         token left is read exactly once.
+
+        Args:
+            state: What :meth:`state_dict` returned (on any rank).
 
         Raises:
             ValueError: the state is not a text loader's, or was saved over other token counts
