@@ -12,6 +12,15 @@ import time
 import train_support
 
 
+def run_cli(args: list[str], *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m shardstream ARGS`` in a process of its own, as a user types it."""
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "shardstream", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def torchrun(args: list[str], *, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``python -m shardstream ARGS`` on two ranks (see ``train_support.torchrun``)."""
     return train_support.torchrun(args, module="shardstream", timeout=timeout)

@@ -242,7 +242,9 @@ def test_bad_input_is_a_clear_error_naming_it(tmp_path, corpus, counts):
         count_tokens(corpus, tokenizer=str(not_json))
     with pytest.raises(ValueError, match="eos_token"):
         count_tokens(corpus, tokenizer=BERT_STYLE)  # no usual EOS name in a BERT vocabulary
-    with pytest.raises(ValueError, match=r'missing_column .*no text column "content" \(its columns: id'):
+    with pytest.raises(
+        ValueError, match=r'missing_column in 3 files .*no text column "content" \(its columns: id'
+    ):
         count_tokens(corpus, tokenizer=GPT2_STYLE, text_key="content")
     empty = write_parquet_corpus(str(tmp_path / "empty"), [], files=1)
     with pytest.raises(ValueError, match="no document"):
@@ -286,3 +288,30 @@ def test_counts_made_with_another_tokenizer_file_are_refused(tmp_path, counts):
     small = TokenCounts(**{**counts.__dict__, "units": counts.units[:2]})
     with pytest.raises(ValueError, match="other token counts"):
         TextLoader(small, batch_size=1, seq_len=8, rank=0, world_size=1).load_state_dict(state)
+
+
+def test_the_cli_indexes_and_validates_a_text_corpus(tmp_path, corpus, counts):
+    from cli_runs import run_cli
+
+    out = tmp_path / "corpus.tokens.json.gz"
+    tok = ["--tokenizer", GPT2_STYLE, "--text-key", "text"]
+    run = run_cli(["index", *corpus, *tok, "-o", str(out)])
+    assert run.returncode == 0, run.stderr
+    assert TokenCounts.load(out) == counts
+    assert f"{counts.total_tokens:,} tokens" in run.stdout
+    run = run_cli(["validate", *corpus, *tok])
+    assert (run.returncode, "all documents valid" in run.stdout) == (0, True), run.stdout + run.stderr
+    run = run_cli(
+        ["index", *corpus, "--tokenizer", GPT2_STYLE, "--text-key", "body", "-o", str(tmp_path / "x.json")]
+    )
+    assert run.returncode == 2 and 'no text column "body"' in run.stderr, run.stderr
+    assert not (tmp_path / "x.json").exists()
+    bad = write_code_tars(str(tmp_path / "bad"), [("ok", b"x = 1\n"), ("latin1", b"s = '\xe9'\n")], shards=1)
+    run = run_cli(
+        ["validate", *bad, "--tokenizer", GPT2_STYLE, "--text-key", "py", "--json", str(tmp_path / "r.json")]
+    )
+    assert run.returncode == 1 and "bad_utf8 1" in run.stdout, run.stdout
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["skipped"] == {"bad_utf8": 1} and report["examples"][0]["key"] == "latin1"

@@ -13,6 +13,7 @@ from .._system import torchrun_rank_world
 from ..progress import Progress, human_bytes
 from ..urls import Shard
 from ..validation import ScanOptions
+from . import text_corpus
 from .common import (
     EXIT_OK,
     EXIT_USAGE,
@@ -50,6 +51,7 @@ examples:
   shardstream index --from-index old-index.json -o data.index
   shardstream index 'shards/{000000..000199}.tar' -o shards.index   # again, grown: scans the new ones
   torchrun --nproc_per_node=8 -m shardstream index 's3://bucket/data/{000000..009999}.tar' -o data.index
+  shardstream index 'fineweb/*.parquet' --tokenizer tokenizer.json --text-key text -o fineweb.tokens.json.gz
 
 exit status: 0 index written, 2 a shard could not be read (no index written) or bad usage
 """
@@ -98,9 +100,12 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
         "instead of scanning (no offsets, nothing validated ahead)",
     )
     add_scan_options(p)
+    text_corpus.add_text_options(p)
 
 
 def cmd_index(args: argparse.Namespace) -> int:
+    if args.tokenizer is not None:
+        return text_corpus.cmd_index(args)
     if args.from_index is not None:
         return _on_rank_zero(args, lambda: _rewrite_index(args))
     if not args.urls:

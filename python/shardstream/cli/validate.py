@@ -10,6 +10,7 @@ from typing import Any
 from .._files import atomic_write_json
 from .._system import torchrun_rank_world
 from ..validation import ScanOptions
+from . import text_corpus
 from .common import (
     EXIT_OK,
     EXIT_USAGE,
@@ -40,6 +41,7 @@ examples:
   shardstream validate 's3://bucket/data/{000000..000999}.tar' --json report.json
   shardstream validate mnist.tgz --caption-key cls        # a label member instead of a caption
   shardstream validate images-only.tar --require image    # no caption needed
+  shardstream validate 'code/*.tar' --tokenizer tokenizer.json --text-key py   # a text corpus
   torchrun --nproc_per_node=8 -m shardstream validate 's3://bucket/{000000..009999}.tar' \\
       --json report.json
 
@@ -73,9 +75,12 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
     add_scan_options(p)
+    text_corpus.add_text_options(p)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.tokenizer is not None:
+        return text_corpus.cmd_validate(args)
     from ..validation import default_threads
     from .gather import RankGroup, share
 

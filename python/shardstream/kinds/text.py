@@ -238,26 +238,29 @@ def count_tokens(
 
 
 def _top_reason(counts: TokenCounts) -> str:
-    """The most common reason documents or units gave no tokens, for one-line errors."""
-    reasons: Counter[str] = Counter(counts.skipped)
-    for f in counts.failed:
-        reasons[f["error"]["reason"]] += 1
+    """The most common reason documents or files gave no tokens, for one-line errors: files
+    that could not be read count once per file, skipped documents once each."""
+    reasons: Counter[tuple[str, str]] = Counter()
+    for reason, n in counts.skipped.items():
+        reasons[(reason, "documents")] += n
+    for reason in {(f["url"], f["error"]["reason"]) for f in counts.failed}:
+        reasons[(reason[1], "files")] += 1
     if not reasons:
         return "the files hold no documents"
-    reason, n = reasons.most_common(1)[0]
+    (reason, what), n = reasons.most_common(1)[0]
+    if what == "files":
+        f = next(f for f in counts.failed if f["error"]["reason"] == reason)
+        return f"{reason} in {n} files (e.g. {f['display']}: {f['error']['detail']})"
     example = next(
-        (f"{f['display']}: {f['error']['detail']}" for f in counts.failed if f["error"]["reason"] == reason),
-        None,
-    ) or next(
         (
             f"{e.get('url')} {e.get('key')}: {e.get('detail')}"
             for u in counts.units
             for e in u.get("examples", [])
             if e.get("reason") == reason
         ),
-        "",
+        None,
     )
-    return f"{n} x {reason} (e.g. {example})" if example else f"{n} x {reason}"
+    return f"{n} documents {reason}" + (f" (e.g. {example})" if example else "")
 
 
 class TextBatch(NamedTuple):
