@@ -44,6 +44,14 @@ def counts(corpus, tmp_path_factory) -> TokenCounts:
     return count_tokens(corpus, tokenizer=GPT2_STYLE, text_key="text", threads=2, output=path)
 
 
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory, docs) -> tuple[list[str], TokenCounts]:
+    """Captions and a few short modules: DataLoader worker passes start often here."""
+    short = [d for d in docs if len(d) < 20_000][:600]
+    paths = write_parquet_corpus(str(tmp_path_factory.mktemp("small")), short, files=2, rows_per_group=30)
+    return paths, count_tokens(paths, tokenizer=GPT2_STYLE)
+
+
 def reference_ids(tokenizer: str, texts: list[str], eos: str, bos: str | None = None) -> list[list[int]]:
     """Each text as the ``tokenizers`` package encodes it, with the BOS and EOS around it."""
     tok = tokenizers.Tokenizer.from_file(tokenizer)
@@ -290,9 +298,10 @@ def test_counts_made_with_another_tokenizer_file_are_refused(tmp_path, counts):
         TextLoader(small, batch_size=1, seq_len=8, rank=0, world_size=1).load_state_dict(state)
 
 
-def test_the_cli_indexes_and_validates_a_text_corpus(tmp_path, corpus, counts):
+def test_the_cli_indexes_and_validates_a_text_corpus(tmp_path, small_corpus):
     from cli_runs import run_cli
 
+    corpus, counts = small_corpus
     out = tmp_path / "corpus.tokens.json.gz"
     tok = ["--tokenizer", GPT2_STYLE, "--text-key", "text"]
     run = run_cli(["index", *corpus, *tok, "-o", str(out)])
@@ -315,3 +324,37 @@ def test_the_cli_indexes_and_validates_a_text_corpus(tmp_path, corpus, counts):
 
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["skipped"] == {"bad_utf8": 1} and report["examples"][0]["key"] == "latin1"
+
+
+def test_two_ranks_with_two_dataloader_workers_each_read_every_token_once_and_resume_exactly(small_corpus):
+    corpus, counts = small_corpus
+    kw = dict(batch_size=4, seq_len=64, block_rows=6, seed=2)
+    seen: list[np.ndarray] = []
+    whole: dict[int, list[np.ndarray]] = {}
+    for rank in range(2):
+        batches = TextLoader(counts, rank=rank, world_size=2, **kw).dataloader(2)
+        whole[rank] = [row.copy() for b in batches for row in b.input_ids.numpy()]
+        assert batches.stats["tokens"] == len(whole[rank]) * 64, "both workers' counters merged"
+    assert len(whole[0]) == len(whole[1])
+    assert_every_token_once(counts, corpus, whole[0] + whole[1], batches.stats["remainder_tokens"])
+    # Stopped after 5 batches (mid-round: worker 1's turn), resumed with the same workers.
+    state = None
+    for rank in range(2):
+        loader = TextLoader(counts, rank=rank, world_size=2, **kw)
+        batches = loader.dataloader(2)
+        it = iter(batches)
+        for _ in range(5):
+            seen.extend(row.copy() for row in next(it).input_ids.numpy())
+        state = batches.state_dict()
+        del it
+        resumed = TextLoader(counts, rank=rank, world_size=2, **kw)
+        resumed.load_state_dict(state)
+        rest = [row.copy() for b in resumed.dataloader(2) for row in b.input_ids.numpy()]
+        assert all(np.array_equal(a, b) for a, b in zip(rest, whole[rank][20:], strict=True)), rank
+        assert len(rest) == len(whole[rank]) - 20
+    # The same state onto 3 ranks without workers: every token left once.
+    for rank in range(3):
+        loader = TextLoader(counts, rank=rank, world_size=3, **kw)
+        loader.load_state_dict(state)
+        seen.extend(rows_of(loader))
+    assert_every_token_once(counts, corpus, seen, loader.stats["remainder_tokens"])

@@ -43,11 +43,6 @@ class FrameworkLoader:
 
         if not isinstance(loader, (ShardLoader, TextLoader)):
             raise TypeError(f"expected a shardstream.ShardLoader or TextLoader, got {type(loader).__name__}")
-        if num_workers > 0 and isinstance(loader, TextLoader):
-            raise ValueError(
-                "a TextLoader tokenizes in its own threads (threads=): use num_workers=0 "
-                "(dataloader_num_workers=0)"
-            )
         self.loader = loader
         self.num_workers = int(num_workers)
         self._batches: Any = loader

@@ -374,6 +374,8 @@ class TextLoader:
         self._batches_done = 0
         self._pass_completed = False
         self._last_stats: dict[str, Any] = {}
+        # DataLoader worker processes reading this rank's share (0: read in this process).
+        self._num_workers = 0
         if len(self) == 0 and self._resume is None:
             need = self.world_size * batch_size * seq_len
             raise ValueError(
@@ -417,7 +419,7 @@ class TextLoader:
         return distributed_rank_world(self._rank_arg, self._world_arg)[1]
 
     def _shape(self) -> tuple[int, int, int, int, int]:
-        return (self.world_size, 0, self.batch_size, self.seq_len, self.block_rows)
+        return (self.world_size, self._num_workers, self.batch_size, self.seq_len, self.block_rows)
 
     def _phases(self) -> list[tuple[tuple[int, int, int, int, int], int]]:
         """The resume state's phases (empty for a fresh epoch)."""
@@ -462,8 +464,10 @@ class TextLoader:
         shape = (self.batch_size, self.seq_len)
         if torch is not None:
             dtype = torch.int32 if self.dtype == "int32" else torch.int64
-            ids = torch.empty(shape, dtype=dtype, pin_memory=self._pin)
-            pos = torch.empty(shape, dtype=torch.int64, pin_memory=self._pin) if self.boundaries else None
+            # A DataLoader worker (a forked process) must not touch CUDA: the DataLoader pins.
+            pin = self._pin and torch.utils.data.get_worker_info() is None
+            ids = torch.empty(shape, dtype=dtype, pin_memory=pin)
+            pos = torch.empty(shape, dtype=torch.int64, pin_memory=pin) if self.boundaries else None
         else:
             ids = np.empty(shape, dtype=np.int32 if self.dtype == "int32" else np.int64)
             pos = np.empty(shape, dtype=np.int64) if self.boundaries else None
@@ -494,6 +498,8 @@ class TextLoader:
         return self._iterate()
 
     def _iterate(self) -> Iterator[TextBatch]:
+        worker_info = torch.utils.data.get_worker_info() if torch is not None else None
+        worker = 0 if worker_info is None else worker_info.id
         core = _core.PackedLoader(
             self._units,
             self._tokens,
@@ -502,7 +508,7 @@ class TextLoader:
             self._phases(),
             self._shape(),
             self.rank,
-            0,
+            worker,
             dict(self._config, threads=self.threads),
         )
         lent: deque[tuple[Any, Any]] = deque()
@@ -520,6 +526,8 @@ class TextLoader:
                 _, cu_seqlens, max_seqlen = result
                 ids, pos = lent.popleft()
                 self._batches_done += 1
+                if worker_info is not None:  # the main process reads a worker's stats per batch
+                    self._last_stats = core.stats()
                 if self.boundaries:
                     cu = (
                         torch.tensor(cu_seqlens, dtype=torch.int32)
@@ -536,6 +544,43 @@ class TextLoader:
             except ImportError:  # the interpreter is shutting down with this iterator open
                 pass
             core.close()
+
+    def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
+        """A torch DataLoader in which ``num_workers`` worker processes read this rank's share,
+        each a contiguous part of it (``plan::packed``'s readers), yielded in torch's round-robin
+        order; the iterable it returns keeps the batch count that ``state_dict()`` needs and the
+        workers' stats. Each worker tokenizes on ``threads`` threads of its own.
+
+        Args:
+            num_workers: Worker processes (at least 1).
+            **kwargs: Passed to ``torch.utils.data.DataLoader`` (``pin_memory`` defaults to the
+                loader's); ``batch_size``, ``collate_fn``, ``sampler`` and
+                ``persistent_workers=True`` are refused (workers read the epoch and the resume
+                position when they start).
+
+        Returns:
+            An iterable with ``len()``, ``set_epoch``, ``state_dict`` and ``load_state_dict``.
+
+        Raises:
+            OptionError: ``num_workers`` is below 1.
+            TypeError: a refused keyword.
+        """
+        if torch is None:
+            raise RuntimeError("TextLoader.dataloader needs torch")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise OptionError("num_workers", f"must be at least 1, not {num_workers!r}")
+        for refused in ("batch_size", "collate_fn", "sampler", "batch_sampler"):
+            if refused in kwargs:
+                raise TypeError(f"TextLoader.dataloader() takes no {refused}: the loader makes the batches")
+        if kwargs.get("persistent_workers"):
+            raise TypeError(
+                "TextLoader.dataloader() takes no persistent_workers=True: workers start per pass"
+            )
+        self._num_workers = num_workers
+        kwargs.setdefault("pin_memory", self._pin)
+        view = _TextView(self)
+        inner = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
+        return _CountingTextLoader(self, inner)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -604,3 +649,80 @@ class TextLoader:
         self._batches_done = 0
         self._pass_completed = False
         self._plan_counts()  # a state that does not fit the counts fails here, not mid-pass
+
+
+class _CountingTextLoader:
+    """A DataLoader over a TextLoader's worker view: counts the batches it yields for
+    ``state_dict`` and merges the workers' counters (each sends its own with every batch)."""
+
+    def __init__(self, owner: TextLoader, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.owner.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        return self.owner.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
+
+    def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
+        return self.owner.state_dict(batches, gather=gather)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.owner.load_state_dict(state)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.owner.stats
+
+    def __iter__(self) -> Iterator[TextBatch]:
+        owner = self.owner
+        if owner._pass_completed and owner._resume is not None:
+            owner._resume = None
+        owner._pass_completed = False
+        owner._batches_done = 0
+        per_worker: dict[int, dict[str, Any]] = {}
+        for batch, worker, stats in self.inner:
+            owner._batches_done += 1
+            per_worker[worker] = stats
+            owner._last_stats = _sum_counters(list(per_worker.values()))
+            yield batch
+        owner._pass_completed = True
+
+
+def _sum_counters(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Numbers add, dicts of numbers add per key."""
+    total: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                into = total.setdefault(key, {})
+                for k, v in value.items():
+                    into[k] = into.get(k, 0) + v
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+if torch is not None:
+
+    class _TextView(torch.utils.data.IterableDataset):
+        """What each DataLoader worker iterates: its reader of the rank's share, with its
+        counters (faults left out: they stay bounded in the worker)."""
+
+        def __init__(self, loader: TextLoader) -> None:
+            self.loader = loader
+
+        def __iter__(self) -> Iterator[tuple[TextBatch, int, dict[str, Any]]]:
+            worker = torch.utils.data.get_worker_info()
+            wid = 0 if worker is None else worker.id
+            for batch in self.loader._iterate():
+                counters = {k: v for k, v in self.loader._last_stats.items() if k != "faults"}
+                yield batch, wid, counters

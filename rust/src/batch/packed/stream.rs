@@ -22,7 +22,7 @@ use crate::read::source::SourceOptions;
 
 /// Documents per chunk, and the text bytes after which a chunk is sent early.
 const CHUNK_DOCS: usize = 256;
-const CHUNK_BYTES: usize = 4 << 20;
+const CHUNK_BYTES: usize = 1 << 20;
 /// Chunks the document thread reads ahead.
 const CHUNKS_AHEAD: usize = 4;
 
