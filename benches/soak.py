@@ -227,7 +227,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from shardstream import ShardLoader, read_samples
+    from shardstream import ShardLoader, SourceOptions, read_samples
     from shardstream.cli import main as cli_main
 
     torch.set_num_threads(1)
@@ -268,7 +268,12 @@ def main() -> int:
         # Indexed through the proxy (the index names the URLs the loader reads), faults off.
         assert cli_main(["index", *urls, "-o", index, "-q"]) == 0
         active.value = 1
-        options = {"connect_timeout": 2.0, "read_timeout": 1.0, "max_retries": 8, "backoff_initial": 0.05}
+        options = {
+            "connect_timeout": 2.0,
+            "read_timeout": 1.0,
+            "max_retries": 8,
+            "source": SourceOptions(backoff_initial=0.05),
+        }
         loader = ShardLoader(
             urls,
             index=index,

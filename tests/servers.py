@@ -475,6 +475,12 @@ class SeaweedS3:
     def s3_options(self) -> dict[str, Any]:
         return {"endpoint_url": self.endpoint_url, "region": "us-east-1"}
 
+    def source(self) -> Any:
+        """This server's S3 endpoint and region as the ``source=`` of a loader or reader."""
+        from shardstream import SourceOptions
+
+        return SourceOptions(**self.s3_options())
+
     def env(self, *, secret: str | None = None) -> dict[str, str]:
         """Environment variables a client process needs (credentials through boto3's chain)."""
         return {

@@ -27,6 +27,7 @@ outages, a five-minute soak).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import pytest
 from servers import FaultProxy, RangeHTTPServer, SeaweedS3, build_photo_shards, weed_binary
-from shardstream import ShardLoader, read_samples
+from shardstream import ShardLoader, SourceOptions, read_samples
 from shardstream.errors import NotFoundError, ShardError, SourceError
 
 LONG = os.environ.get("SHARDSTREAM_DRILLS_LONG", "") not in ("", "0")
@@ -206,8 +207,7 @@ SHORT_BUDGET = {
     "connect_timeout": 1.0,
     "read_timeout": 2.0,
     "max_retries": 3,
-    "backoff_initial": 0.2,
-    "backoff_max": 1.0,
+    "source": SourceOptions(backoff_initial=0.2, backoff_max=1.0),
 }
 # At least 40 s of backoff (each delay is at least half its ceiling): outlasts a stop and
 # restart with room to spare. A restart usually takes about 3 s, but SeaweedFS's S3 gateway
@@ -217,8 +217,7 @@ LONG_BUDGET = {
     "connect_timeout": 1.0,
     "read_timeout": 2.0,
     "max_retries": 24,
-    "backoff_initial": 0.25,
-    "backoff_max": 4.0,
+    "source": SourceOptions(backoff_initial=0.25, backoff_max=4.0),
 }
 
 
@@ -421,8 +420,7 @@ FAST = {
     "connect_timeout": 2.0,
     "read_timeout": 2.0,
     "max_retries": 3,
-    "backoff_initial": 0.1,
-    "backoff_max": 0.5,
+    "source": SourceOptions(backoff_initial=0.1, backoff_max=0.5),
 }
 
 
@@ -499,7 +497,8 @@ def test_an_index_that_no_longer_matches_its_shards_is_a_clear_error(source, cac
     victim = spec[SHARDS // 2]
     name = victim.rsplit("/", 1)[-1]
     source.replace(victim, rewritten_shard(tmp_path, name, PER_SHARD // 2))
-    extra = {"cache_dir": str(tmp_path / "cache"), "cache_max_bytes": 1 << 30} if cached else {}
+    cache = {"cache_dir": str(tmp_path / "cache"), "cache_max_bytes": 1 << 30}
+    extra = {"source": dataclasses.replace(FAST["source"], **cache)} if cached else {}
     planned = all_keys(shard_dir)
 
     epoch = Epoch(indexed_loader(spec, index, on_error="raise", **extra))
@@ -533,7 +532,7 @@ CACHE_CHILD = textwrap.dedent(
     """
     # Runs as root inside its own mount namespace (unshare -m): its mounts vanish with it.
     import hashlib, json, os, subprocess, sys
-    from shardstream import read_samples
+    from shardstream import SourceOptions, read_samples
     args = json.loads(sys.argv[1])
     urls, local, cache = args["urls"], args["local"], args["cache"]
 
@@ -550,7 +549,9 @@ CACHE_CHILD = textwrap.dedent(
             out.append(h.hexdigest())
         return out
 
-    options = dict(cache_dir=cache, cache_max_bytes=1 << 30, read_timeout=5.0, connect_timeout=2.0)
+    options = dict(
+        source=SourceOptions(cache_dir=cache, cache_max_bytes=1 << 30), read_timeout=5.0, connect_timeout=2.0
+    )
     expected = digest(read_samples(local))
     report = {"passes": []}
     sh("mount", "--make-rprivate", "/")

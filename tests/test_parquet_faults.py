@@ -25,7 +25,7 @@ from servers import (
     short_body,
     stall_after,
 )
-from shardstream import ShardLoader, read_samples
+from shardstream import ShardLoader, SourceOptions, read_samples
 from shardstream.errors import ShardError
 from shardstream.index import build_index, write_index
 from source_checks import comparable
@@ -34,7 +34,12 @@ pytestmark = pytest.mark.timeout(180)
 
 COUNTS = [9, 10]  # row groups of 3: three and four per file
 HF = {"caption_key": "text", "image_keys": ["image"]}
-FAST = {"connect_timeout": 2.0, "read_timeout": 1.0, "max_retries": 4, "backoff_max": 0.2}
+FAST = {
+    "connect_timeout": 2.0,
+    "read_timeout": 1.0,
+    "max_retries": 4,
+    "source": SourceOptions(backoff_max=0.2),
+}
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def test_parquet_over_s3_reads_the_same_samples_as_local(tmp_path_factory, monke
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
         spec = f"s3://{BUCKET}/hf/*.parquet"
-        remote = [dict(s) for s in shardstream.read_samples(spec, **server.s3_options(), **FAST)]
+        remote = [dict(s) for s in shardstream.read_samples(spec, source=server.source(), **FAST)]
         local = [dict(s) for s in shardstream.read_samples(parquets)]
         strip = lambda rows: [{k: v for k, v in r.items() if k != "__url__"} for r in rows]  # noqa: E731
         assert strip(remote) == strip(local)

@@ -10,7 +10,7 @@ import os
 import pytest
 from hub_server import LocalHub
 from servers import build_photo_shards
-from shardstream import ShardLoader, read_samples
+from shardstream import ShardLoader, SourceOptions, read_samples
 from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
 from shardstream.index import build_index, write_index
 from shardstream.urls import expand_urls
@@ -128,7 +128,13 @@ def test_429s_are_retried_as_told_and_counted(hub, shard_dir):
     spec = f"hf://datasets/{REPO}/train/shard-00000{{2..3}}.tar"
     # backoff_max far below the server's Retry-After (1 s): the server's wait wins, in full.
     loader = ShardLoader(
-        spec, batch_size=PER_SHARD, image_size=32, shuffle_buffer=1, threads=1, backoff_max=0.2, **FAST
+        spec,
+        batch_size=PER_SHARD,
+        image_size=32,
+        shuffle_buffer=1,
+        threads=1,
+        source=SourceOptions(backoff_max=0.2),
+        **FAST,
     )
     keys = [k for batch in loader for k in batch.keys]
     assert len(keys) == 2 * PER_SHARD
@@ -158,7 +164,7 @@ def test_a_retry_after_given_as_an_http_date_is_waited_until_that_time(hub):
     hub.retry_after, hub.retry_after_as_date = 3, True
     hub.throttle("train/shard-000005.tar", 1)
     shard = expand_urls(f"hf://datasets/{REPO}/train/shard-000005.tar")
-    samples = list(read_samples(shard, backoff_max=0.2, **FAST))
+    samples = list(read_samples(shard, source=SourceOptions(backoff_max=0.2), **FAST))
     assert len(samples) == PER_SHARD
     tried = [r for r in hub.requests if r.path.endswith("shard-000005.tar")]
     assert len(tried) == 2
@@ -171,7 +177,7 @@ def test_the_retry_after_ceiling_is_an_option_of_the_reader(hub):
     hub.throttle("train/shard-000006.tar", 1)
     shard = expand_urls(f"hf://datasets/{REPO}/train/shard-000006.tar")
     with pytest.raises(SourceError, match="retry after 30 s"):
-        list(read_samples(shard, retry_after_max=5, **FAST))
+        list(read_samples(shard, source=SourceOptions(retry_after_max=5), **FAST))
     assert len([r for r in hub.requests if r.path.endswith("shard-000006.tar")]) == 1
 
 

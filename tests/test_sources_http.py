@@ -25,7 +25,7 @@ from servers import (
     short_body,
     stall_after,
 )
-from shardstream import read_samples
+from shardstream import SourceOptions, read_samples
 from shardstream.errors import CredentialsError, NotFoundError, ShardError, SourceError
 from source_checks import check_resumes, comparable
 
@@ -208,7 +208,7 @@ def local_samples_of(paths: list[str]) -> list[dict]:
 CACHE_READER = textwrap.dedent(
     """
     import hashlib, json, os, sys, time
-    from shardstream import read_samples
+    from shardstream import SourceOptions, read_samples
     urls, cache_dir, ready_dir, me, ranks = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], 8
     # Start together (imports take uneven time), so the ranks really race for each shard.
     open(os.path.join(ready_dir, me), "w").close()
@@ -217,7 +217,8 @@ CACHE_READER = textwrap.dedent(
         time.sleep(0.01)
     h = hashlib.sha256()
     n = 0
-    for s in read_samples(urls, cache_dir=cache_dir, cache_max_bytes=1 << 30, read_timeout=5.0):
+    cached = SourceOptions(cache_dir=cache_dir, cache_max_bytes=1 << 30)
+    for s in read_samples(urls, source=cached, read_timeout=5.0):
         for k in sorted(s):
             if k != "__url__":
                 h.update(k.encode()); h.update(s[k] if isinstance(s[k], bytes) else s[k].encode())
@@ -270,7 +271,7 @@ def test_https_with_a_private_ca(shard_dir, tmp_path):
     with RangeHTTPServer(shard_dir, tls=(cert, key)) as srv:
         urls = [srv.url(n) + "?" + FAKE_SIGNATURE for n in names()]
         assert urls[0].startswith("https://127.0.0.1:")
-        assert comparable(read_samples(urls, ca_bundle=ca, **FAST)) == expected
+        assert comparable(read_samples(urls, source=SourceOptions(ca_bundle=ca), **FAST)) == expected
         # Without our CA the certificate is refused at once: a clear error, no retry loop.
         started = time.monotonic()
         with pytest.raises(SourceError) as info:
@@ -326,7 +327,10 @@ def test_s3_endpoint_behind_a_private_ca_from_aws_ca_bundle(shard_dir, tmp_path,
         other_ca = make_test_pki(str(tmp_path / "other"))[0]
         monkeypatch.setenv("AWS_CA_BUNDLE", other_ca)
         shard = Shard(f"s3://bucket/{names()[0]}", signer=S3Signer(options))
-        assert comparable(read_samples([shard], ca_bundle=ca, **FAST)) == got
-        loader = ShardLoader([shard], batch_size=PER_SHARD, image_size=32, threads=1, ca_bundle=ca, **FAST)
+        private_ca = SourceOptions(ca_bundle=ca)
+        assert comparable(read_samples([shard], source=private_ca, **FAST)) == got
+        loader = ShardLoader(
+            [shard], batch_size=PER_SHARD, image_size=32, threads=1, source=private_ca, **FAST
+        )
         assert sorted(k for b in loader for k in b.keys) == sorted(s["__key__"] for s in got)
     assert got == comparable(read_samples(os.path.join(shard_dir, names()[0])))

@@ -17,7 +17,7 @@ from servers import (
     short_body,
     stall_after,
 )
-from shardstream import read_samples
+from shardstream import SourceOptions, read_samples
 from shardstream.errors import CredentialsError, NotFoundError
 from shardstream.urls import Shard, expand_urls
 from source_checks import check_resumes, comparable
@@ -87,7 +87,7 @@ def test_expansion_of_keys_prefixes_and_globs(s3, monkeypatch):
 
 def test_streaming_from_s3_equals_local_files(s3, local_dir, monkeypatch):
     with_env(monkeypatch, s3)
-    got = list(read_samples(f"s3://{BUCKET}/train/*.tar", **s3.s3_options(), **FAST))
+    got = list(read_samples(f"s3://{BUCKET}/train/*.tar", source=s3.source(), **FAST))
     assert comparable(got) == local_samples(local_dir)
     assert got[0]["__url__"] == f"s3://{BUCKET}/train/shard-000000.tar"
 
@@ -119,7 +119,9 @@ def test_wrong_secret_fails_at_once_with_a_clear_error(s3, monkeypatch):
         expand_urls(f"s3://{BUCKET}/train/")
     # The same mistake caught only when streaming (no up-front check): one 403, no retry loop.
     with pytest.raises(CredentialsError) as info:
-        list(read_samples(f"s3://{BUCKET}/train/shard-000001.tar", check="none", **FAST))
+        list(
+            read_samples(f"s3://{BUCKET}/train/shard-000001.tar", source=SourceOptions(check="none"), **FAST)
+        )
     assert f"s3://{BUCKET}/train/shard-000001.tar" in str(info.value) and "403" in str(info.value)
     assert time.monotonic() - started < 10
     for text in (message, str(info.value)):
@@ -140,7 +142,11 @@ def test_missing_bucket_and_key_are_named(s3, monkeypatch):
     with pytest.raises(NotFoundError, match="no matching objects"):
         expand_urls(f"s3://{BUCKET}/validation/*.tar")
     with pytest.raises(NotFoundError) as info:
-        list(read_samples(f"s3://{BUCKET}/train/shard-99999{{7..8}}.tar", check="none", **FAST))
+        list(
+            read_samples(
+                f"s3://{BUCKET}/train/shard-99999{{7..8}}.tar", source=SourceOptions(check="none"), **FAST
+            )
+        )
     assert "shard-999997.tar" in str(info.value)
 
 
