@@ -369,6 +369,7 @@ class TextLoader:
         self._config = self._core_config(options)
         self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
         self._tokens = [int(u["tokens"]) for u in c.units]
+        self._total = sum(self._tokens)  # len() is called often by frameworks: summed once
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         self._batches_done = 0
@@ -429,7 +430,7 @@ class TextLoader:
 
     def _plan_counts(self) -> tuple[int, int, int]:
         return _core.packed_plan_counts(
-            self.counts.total_tokens, self.seed, self.epoch, self._phases(), self._shape()
+            self._total, self.seed, self.epoch, self._phases(), self._shape()
         )
 
     def __len__(self) -> int:

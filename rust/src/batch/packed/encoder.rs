@@ -2,6 +2,7 @@
 //! crate behind the Python package, so the ids are its `encode(text, add_special_tokens=False)`),
 //! with an optional BOS before and the EOS (or a named separator) after every document.
 
+use super::windows::{cut_rule, pieces, CutRule};
 use crate::rng::hash_bytes;
 
 /// Tokens tried, in order, as the end-of-document token when none is named: GPT-2 / StarCoder /
@@ -34,6 +35,8 @@ pub struct DocumentEncoder {
     /// Identifies the token counts this encoder gives: the file's bytes, the EOS and the BOS.
     /// Counts made under another fingerprint are refused.
     pub fingerprint: String,
+    /// Where long documents are cut into pieces (`windows`); None: encoded whole.
+    cut: Option<CutRule>,
 }
 
 impl DocumentEncoder {
@@ -91,25 +94,38 @@ impl DocumentEncoder {
                 .concat()
             )
         );
+        let json: serde_json::Value = serde_json::from_slice(&raw).unwrap_or_default();
         Ok(Self {
             tokenizer,
             eos: eos_id,
             bos: bos_id,
             fingerprint,
+            cut: cut_rule(&json),
         })
     }
 
-    /// The ids of one document: BOS (if any), the text's ids, EOS.
+    /// The ids of one document: BOS (if any), the text's ids, EOS. A long document is encoded
+    /// in pieces where the tokenizer allows (`windows`), with the same ids.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        let encoding = self
-            .tokenizer
-            .encode_fast(text, false)
-            .map_err(|e| e.to_string())?;
-        let ids = encoding.get_ids();
-        let mut out = Vec::with_capacity(ids.len() + 2);
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
         out.extend(self.bos);
-        out.extend_from_slice(ids);
+        let parts = match self.cut {
+            Some(rule) => pieces(text, rule),
+            None => vec![(0, text.len())],
+        };
+        for (start, end) in parts {
+            let encoding = self
+                .tokenizer
+                .encode_fast(&text[start..end], false)
+                .map_err(|e| e.to_string())?;
+            out.extend_from_slice(encoding.get_ids());
+        }
         out.push(self.eos);
         Ok(out)
+    }
+
+    /// Whether long documents are encoded in pieces (see `windows`).
+    pub fn cuts_long_documents(&self) -> bool {
+        self.cut.is_some()
     }
 }
