@@ -91,10 +91,16 @@ class LoaderConfig:
             retries): ``"skip"`` (default) skips and counts it (``stats["skipped"]``, by
             reason) and, with an index, replaces it so every rank keeps the same batch count;
             ``"raise"`` raises the :class:`~shardstream.ShardError` subclass that says which.
+            A pass that skips every sample it reads raises :class:`~shardstream.errors.SampleError`
+            (its ``reason`` the most frequent skip reason) rather than yielding no batch.
         caption_key: The member holding the caption (default ``"txt"``); ``"json:FIELD"``
             reads FIELD of the sample's ``json`` member. For Parquet shards: the column.
-        image_keys: Member extensions (Parquet: columns) tried for the image, in order. None
-            (default): the core's ``("jpg", "jpeg", "png", "webp")``.
+        image_keys: Member extensions (Parquet: columns) tried for the image, in order; at
+            least one (a text-only corpus is read by ``shardstream.TextLoader``). None
+            (default): the core's ``("jpg", "jpeg", "png", "webp")``; a Parquet file with none
+            of those columns written by Hugging Face ``datasets`` gives its one ``Image``
+            column instead (likewise its one string column, or the one named ``text`` or
+            ``caption``, for the default ``caption_key``).
         crop: ``"center"`` (default) or ``"random"`` (a random-resized crop, as open_clip's
             training transform; seeded by ``seed`` and the epoch).
         random_crop_scale: With ``crop="random"``: the range of the crop's area as a fraction of
@@ -167,6 +173,15 @@ class LoaderConfig:
             raise OptionError("random_crop_ratio", f"must be two aspect ratios 0 < low <= high, got {ratio}")
         if self.context_length is not None and self.context_length < 2:
             raise OptionError("context_length", f"must be at least 2, got {self.context_length}")
+        if self.image_keys is not None and not self.image_keys:
+            # No image key would make every sample a counted skip and the loader empty: a corpus
+            # without images is another kind of sample, with its own loader.
+            raise OptionError(
+                "image_keys",
+                "must name at least one image member or column (None: the defaults); a text-only "
+                "corpus is read by the text kind: shardstream.TextLoader, with token counts from "
+                "shardstream.count_tokens",
+            )
         # Sequences are kept as tuples, so that the configuration stays immutable.
         if self.image_keys is not None:
             object.__setattr__(self, "image_keys", tuple(self.image_keys))

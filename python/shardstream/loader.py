@@ -18,7 +18,7 @@ import numpy as np
 from shardstream import _core
 from shardstream._system import default_loader_threads, torchrun_rank_world
 from shardstream.config import Crop, LoaderConfig, OnError, SourceOptions, resolve_source_options
-from shardstream.errors import MissingDependencyError, from_core_fault
+from shardstream.errors import MissingDependencyError, SampleError, ShardError, from_core_fault
 from shardstream.urls import source_config
 
 try:  # torch is optional: without it, batches are numpy arrays.
@@ -484,6 +484,7 @@ class ShardLoader:
     def _iterate(self, worker: int, workers: int) -> Iterator[Batch]:
         core, phase_reader = self._core_loader(worker, workers)
         lent: deque[Any] = deque()
+        yielded = 0
         try:
             # Each yielded batch owns fresh memory, so a caller may keep it; the pipeline never
             # writes to a buffer after handing it back.
@@ -493,7 +494,12 @@ class ShardLoader:
                 try:
                     result = core.next_batch()
                 except _core.CoreFault as fault:
-                    raise from_core_fault(fault) from None
+                    error = from_core_fault(fault)
+                    # A planned pass whose first batch failed whole fails in the core, named by
+                    # its top skip reason: the same error as an all-skipped streaming pass.
+                    if yielded == 0 and _is_skip_reason(error.reason, core.stats()):
+                        raise_if_all_skipped(core.stats())
+                    raise error from None
                 if result is None:
                     self._pass_completed = True
                     break
@@ -505,8 +511,13 @@ class ShardLoader:
                     self._last_stats = core.stats()
                 if toks is not None and n < self.batch_size:
                     toks = toks[:n]
+                yielded += 1
                 yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls, toks)
                 lent.append(self._lend(core))
+            # A DataLoader worker sees only its part of the pass: the main process decides, from
+            # every worker's stats (_DatasetView._with_stats, _CountingIterable).
+            if yielded == 0 and (torch is None or torch.utils.data.get_worker_info() is None):
+                raise_if_all_skipped(core.stats())
         finally:
             try:
                 self._last_stats = core.stats()
@@ -767,6 +778,50 @@ def _gather_from_ranks(uses: list[dict[str, int]], readers: int) -> list[dict[st
     ]
 
 
+def raise_if_all_skipped(stats: dict[str, Any]) -> None:
+    """Raises for a pass that yielded no batch and read no good sample but skipped samples or
+    lost shards: every sample it read was skipped, which a training loop would otherwise meet as
+    an epoch that never steps.
+
+    Args:
+        stats: The pass's stats (merged over its DataLoader workers).
+
+    Raises:
+        SampleError: ``reason`` is the most frequent reason samples were skipped for (without
+            skipped samples: shards failed for); the message gives its count, the others and one
+            fault's detail.
+    """
+    if stats.get("samples", 0):  # a good sample read (dropped with a short remainder): not this
+        return
+    skipped = {reason: n for reason, n in (stats.get("skipped") or {}).items() if n}
+    failed = {reason: n for reason, n in (stats.get("shard_errors") or {}).items() if n}
+    counts, unit = (skipped, "samples") if skipped else (failed, "shards")
+    if not counts:
+        return
+    reason, count = max(counts.items(), key=lambda item: (item[1], item[0]))
+    example = next((f for f in stats.get("faults") or [] if f.get("reason") == reason), None)
+    seen = ""
+    if example is not None:
+        where = f"key {example['key']!r} of {example['url']}" if example.get("key") else example["url"]
+        seen = f"; e.g. {where}: {example['detail']}"
+    others = [f"{r}: {n:,} {unit}" for r, n in sorted(counts.items()) if r != reason]
+    if skipped and failed:
+        others += [f"{r}: {n:,} shards" for r, n in sorted(failed.items())]
+    raise SampleError(
+        reason,
+        detail=f"the pass yielded no batch, every sample it read was skipped: {count:,} of "
+        f"{sum(counts.values()):,} {unit} for {reason}"
+        + (f" (also {', '.join(others)})" if others else "")
+        + seen,
+    )
+
+
+def _is_skip_reason(reason: str, stats: dict[str, Any]) -> bool:
+    """Whether the pass skipped samples (or lost shards) for ``reason``: the core names a pass
+    that cannot go on because everything failed by its top skip reason."""
+    return reason in (stats.get("skipped") or {}) or reason in (stats.get("shard_errors") or {})
+
+
 def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Sums the counters of several readers: numbers add, dicts add per key, lists concatenate."""
     merged: dict[str, Any] = {}
@@ -862,13 +917,23 @@ class _CountingIterable:
         self.owner._begin_pass()
         # Each worker's stats, rebuilt from its deltas: what it would have sent whole.
         per_worker: dict[int, dict[str, Any]] = {}
+        yielded = 0
         for batch, worker, delta, mark in self.inner:
-            self.owner._batches_done += 1
-            self.owner._reserve_marks.append(mark)
             add_stats_delta(per_worker.setdefault(worker, {}), delta)
             self.owner._last_stats = merge_stats(list(per_worker.values()))
+            if batch is None:  # the stats of a worker that yielded no batch, sent as it ended
+                continue
+            if isinstance(batch, ShardError):  # a worker's error, with its stats
+                if yielded == 0 and _is_skip_reason(batch.reason, self.owner._last_stats):
+                    raise_if_all_skipped(self.owner._last_stats)
+                raise batch
+            self.owner._batches_done += 1
+            self.owner._reserve_marks.append(mark)
+            yielded += 1
             yield batch
         self.owner._pass_completed = True
+        if yielded == 0:
+            raise_if_all_skipped(self.owner._last_stats)
 
 
 def _transformed(transform: Callable[[Batch], Batch], batch: Batch) -> Batch:
@@ -899,11 +964,23 @@ if torch is not None:
         def _with_stats(self) -> Iterator[tuple[Batch, int, dict[str, Any], tuple[int, int]]]:
             worker = _worker()[0]
             sent: dict[str, Any] = {}
-            for batch in self.loader:
-                delta = stats_delta(self.loader._last_stats, sent)
-                if self.batch_transform is not None:
-                    batch = _transformed(self.batch_transform, batch)
-                yield batch, worker, delta, self.loader._reserve_marks[-1]
+            yielded = 0
+            try:
+                for batch in self.loader:
+                    delta = stats_delta(self.loader._last_stats, sent)
+                    if self.batch_transform is not None:
+                        batch = _transformed(self.batch_transform, batch)
+                    yielded += 1
+                    yield batch, worker, delta, self.loader._reserve_marks[-1]
+            except ShardError as error:
+                # Sent as an item, the error reaches the main process whole (torch re-raises a
+                # worker's exception as ``type(msg)``: a ShardError's reason would be the text).
+                yield error, worker, stats_delta(self.loader._last_stats, sent), None
+                return
+            if yielded == 0:
+                # Without a batch to carry them, this worker's stats (what it skipped) would
+                # never reach the main process, which raises when no worker yielded a batch.
+                yield None, worker, stats_delta(self.loader._last_stats, sent), None
 
         def __len__(self) -> int:
             return len(self.loader)

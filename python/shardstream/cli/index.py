@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..urls import Shard
 from ..validation import ScanOptions
 from . import text_corpus
 from .common import (
+    EXIT_INVALID,
     EXIT_OK,
     EXIT_USAGE,
     URL_HELP,
@@ -53,7 +55,9 @@ examples:
   torchrun --nproc_per_node=8 -m shardstream index 's3://bucket/data/{000000..009999}.tar' -o data.index
   shardstream index 'fineweb/*.parquet' --tokenizer tokenizer.json --text-key text -o fineweb.tokens.json.gz
 
-exit status: 0 index written, 2 a shard could not be read (no index written) or bad usage
+exit status: 0 index written, 1 no valid sample left (every shard failed or every sample is
+invalid: no index written, the reason printed), 2 a shard could not be read (no index written)
+or bad usage
 """
 
 
@@ -222,6 +226,8 @@ def _finish_index(
     with_identities(results, [identities[i] for i in plan.scan])
     try:
         index = assemble_update(plan, old, urls, results)
+        if len(index) and index.num_valid == 0 and _report_nothing_valid(results):
+            return EXIT_INVALID
         write_index(index, args.output)
     except (OSError, ValueError) as e:
         print_err("index", f"cannot write the index: {e}")
@@ -249,6 +255,35 @@ def _finish_index(
                     f"(indexed the {r['samples']:,} samples before it)"
                 )
     return EXIT_OK
+
+
+def _report_nothing_valid(results: list[dict[str, Any]]) -> bool:
+    """Prints why an index would schedule no sample (the most frequent reason first, with a
+    shard's detail for it) when the scan found reasons; returns whether it did. Such an index is
+    not written: the loader could only fail on it ("the index schedules no sample")."""
+    shard_reasons = Counter(r["fatal"]["reason"] for r in results if r["fatal"])
+    sample_reasons = Counter(item["reason"] for r in results for item in r["invalid"])
+    if not shard_reasons and not sample_reasons:
+        return False
+    # A shard-level reason (a missing column) weighs by the shards it failed; samples by samples.
+    reason, count = max((shard_reasons + sample_reasons).items(), key=lambda item: (item[1], item[0]))
+    what = "shards" if reason in shard_reasons else "samples"
+    failed = [r for r in results if r["fatal"] and r["fatal"]["reason"] == reason]
+    example = next((f"{r['url']}: {r['fatal']['detail']}" for r in failed), None) or next(
+        f"{r['url']} key {item['key']!r}: {item['detail']}"
+        for r in results
+        for item in r["invalid"]
+        if item["reason"] == reason
+    )
+    print_err(
+        "index",
+        f"no valid sample: {reason} ({count:,} {what}) left nothing to index; no index written. "
+        f"e.g. {example}",
+    )
+    for other, n in sorted((shard_reasons + sample_reasons).items()):
+        if other != reason:
+            print_err("index", f"  also {other}: {n:,}")
+    return True
 
 
 def _index_from_stats(args: argparse.Namespace, shards: list[Shard]) -> int:

@@ -51,17 +51,28 @@ _IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm",
 
 
 def describe_member(ext: str, data: bytes, width: int) -> dict[str, Any]:
-    """Size plus, for images, format and dimensions from the header; for text, the (cut) text."""
+    """Size plus, for images, format and dimensions from the header; for text, the (cut) text.
+    A member named neither (a Parquet column such as ``datasets``' ``image``) is an image when
+    its header reads as one."""
+    from .. import _core
+
     info: dict[str, Any] = {"ext": ext, "bytes": len(data)}
     if ext in _IMAGE_EXTS or ext.rsplit(".", 1)[-1] in _IMAGE_EXTS:
-        from .. import _core
-
         try:
             fmt, w, h = _core.probe_image(data)
             info.update(format=fmt, width=w, height=h)
         except Exception as e:  # noqa: BLE001 - any probe failure is shown, not raised
             info["error"] = str(e)
-    elif ext in _TEXT_EXTS or (len(data) <= 4096 and b"\0" not in data):
+        return info
+    if ext not in _TEXT_EXTS:
+        try:
+            fmt, w, h = _core.probe_image(data)
+        except Exception:  # noqa: BLE001 - not an image: described as text or bytes below
+            pass
+        else:
+            info.update(format=fmt, width=w, height=h)
+            return info
+    if ext in _TEXT_EXTS or (len(data) <= 4096 and b"\0" not in data):
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:

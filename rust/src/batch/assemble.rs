@@ -47,6 +47,38 @@ fn prepare_into(
     })
 }
 
+/// [`Batcher::count_verdict`], on the fields it needs (callable while the config is borrowed).
+fn verdict_counted(
+    rejected_run: &mut u64,
+    cfg: &PipelineConfig,
+    stats: &Stats,
+    good: bool,
+    stream: &ShuffledItems,
+) -> Result<(), Fault> {
+    if good {
+        *rejected_run = 0;
+        return Ok(());
+    }
+    *rejected_run += 1;
+    match stream.cycle_window() {
+        Some(window) if cfg.cycle && *rejected_run >= window => {
+            let (reason, count, all) = stats.top_skip().unwrap_or((Reason::Unreadable, 0, 0));
+            Err(Fault {
+                reason,
+                url: String::new(),
+                key: String::new(),
+                detail: format!(
+                    "every sample of a full pass over this reader's shards was skipped \
+                     ({count} of {all} for {reason}), so its batch quota (samples_per_epoch) \
+                     can never be met"
+                ),
+                kind: SourceKind::Other,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Runs `work` for one sample; a panic in it (a bug in a decoder, met on some input) becomes
 /// that sample's `internal_error` rejection, counted like any other, after `reset`.
 fn guarded<T>(
@@ -76,6 +108,9 @@ pub(super) struct Batcher {
     /// batch whose every sample failed once the reserve is used up, so the rank still yields
     /// the batch every other rank yields.
     last_good: Option<(Slot, Vec<u8>)>,
+    /// Samples rejected one after another since the last good one: a streaming pass with a
+    /// quota cycles over its shards, and one where every sample fails would cycle forever.
+    rejected_run: u64,
 }
 
 /// Where the sample in a batch slot came from.
@@ -128,6 +163,7 @@ impl Batcher {
             main,
             reserve,
             last_good: None,
+            rejected_run: 0,
         }
     }
 
@@ -172,7 +208,7 @@ impl Batcher {
                     }
                     Err(StreamError::Starved) => {
                         let _ = out.send(Err(Fault {
-                            reason: Reason::Unreadable,
+                            reason: self.stats.top_skip().map_or(Reason::Unreadable, |t| t.0),
                             url: String::new(),
                             key: String::new(),
                             detail: "a full pass over this reader's shards produced no sample, so its batch quota \
@@ -236,6 +272,9 @@ impl Batcher {
         let first_shard = items.first().map(Item::shard);
         let decoded = self.decode(items, memory);
         let mut slots = self.classify(decoded)?;
+        for slot in &slots {
+            self.count_verdict(slot.is_some(), stream)?;
+        }
         self.refill(&mut slots, memory, stream)?;
         if self.cfg.planned {
             self.pad(&mut slots, memory, target);
@@ -337,12 +376,13 @@ impl Batcher {
             };
             match prepare_into(&raw, shard, cfg, slot_mem) {
                 Ok(text) => {
+                    self.rejected_run = 0;
                     return Ok(Some(Slot {
                         shard,
                         key: raw.key,
                         text,
                         origin,
-                    }))
+                    }));
                 }
                 Err(rejection) => {
                     let fault = cfg.sample_fault(shard, raw.key, rejection);
@@ -350,9 +390,18 @@ impl Batcher {
                         return Err(fault);
                     }
                     self.stats.record_skip(fault);
+                    if !cfg.planned {
+                        verdict_counted(&mut self.rejected_run, cfg, &self.stats, false, stream)?;
+                    }
                 }
             }
         }
+    }
+
+    /// Counts a streaming sample's verdict; fails the pass once a whole cycle's worth of samples
+    /// in a row was rejected: every sample of its shards fails, so a quota can never be met.
+    fn count_verdict(&mut self, good: bool, stream: &ShuffledItems) -> Result<(), Fault> {
+        verdict_counted(&mut self.rejected_run, &self.cfg, &self.stats, good, stream)
     }
 
     /// Pads a planned batch whose failures the reserve could not replace, so that every rank
@@ -427,15 +476,23 @@ impl Batcher {
         }
         if len == 0 && cfg.planned {
             // Ending here would leave this rank a batch short of the others (DDP would wait for
-            // it forever): fail the pass, saying why.
+            // it forever): fail the pass, saying why: by the reason its samples were skipped for
+            // (none had yet succeeded: no good sample is kept to pad with).
+            let (reason, skipped) = match self.stats.top_skip() {
+                Some((reason, count, all)) => (
+                    reason,
+                    format!(", {count} of the {all} skipped so far for {reason}"),
+                ),
+                None => (Reason::Unreadable, String::new()),
+            };
             return Err(Fault {
-                reason: Reason::Unreadable,
+                reason,
                 url: first_shard.map(|s| cfg.display(s)).unwrap_or_default(),
                 key: String::new(),
                 detail: format!(
-                    "all {target} samples of this rank's first batch failed and no reserve sample \
-                     is left to replace them, so it cannot yield the batch every other rank \
-                     yields; see the skipped samples in stats"
+                    "all {target} samples of this rank's first batch failed{skipped}, and no \
+                     reserve sample is left to replace them, so it cannot yield the batch every \
+                     other rank yields; see the skipped samples in stats"
                 ),
                 kind: SourceKind::Other,
             });

@@ -5,13 +5,15 @@
 //! `shuffle` (the block shuffle), `assemble` (the batcher and its phases), `reserve` (the spans
 //! that refill a planned batch), `stats`, `config` and `panics`. `sample` turns one raw sample
 //! into its caption and its pixels in a batch slot (shared by the loader and validation);
-//! `text` tokenizes captions into the batch's token tensor.
+//! `text` tokenizes captions into the batch's token tensor; `columns` chooses the Parquet
+//! columns a spec reads from each file.
 //!
 //! That is the square image-text kind. Other kinds sit beside it, each a module owning only
 //! what turns a raw sample into its slot of a batch: `packed` (text documents packed into
 //! token rows, planned by `plan::packed`).
 
 mod assemble;
+pub mod columns;
 pub mod config;
 #[cfg(test)]
 mod fixtures;

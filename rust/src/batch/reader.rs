@@ -241,6 +241,8 @@ pub(super) struct MergedReader {
     cycle: bool,
     spans_done: usize,
     items_since_cycle: u64,
+    /// Items the first full cycle over the spans gave (once it is complete).
+    first_cycle_items: Option<u64>,
 }
 
 /// Why the sample stream cannot go on.
@@ -267,7 +269,13 @@ impl MergedReader {
             cycle,
             spans_done: 0,
             items_since_cycle: 0,
+            first_cycle_items: None,
         }
+    }
+
+    /// With `cycle`: the items of one full cycle over the spans, once one is complete.
+    pub(super) fn cycle_items(&self) -> Option<u64> {
+        self.first_cycle_items
     }
 
     /// Next item in span order.
@@ -289,6 +297,7 @@ impl MergedReader {
                         if self.items_since_cycle == 0 {
                             return Err(StreamError::Starved);
                         }
+                        self.first_cycle_items.get_or_insert(self.items_since_cycle);
                         self.items_since_cycle = 0;
                     }
                 }

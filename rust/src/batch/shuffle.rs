@@ -14,6 +14,14 @@ pub(super) enum ItemSource {
 }
 
 impl ItemSource {
+    /// See [`MergedReader::cycle_items`] (a mixture never cycles).
+    fn cycle_items(&self) -> Option<u64> {
+        match self {
+            Self::Merged(reader) => reader.cycle_items(),
+            Self::Mixed(_) => None,
+        }
+    }
+
     fn next(&mut self) -> Result<Option<Item>, StreamError> {
         match self {
             Self::Merged(reader) => reader.next(),
@@ -46,6 +54,15 @@ impl ShuffledItems {
             order: vec![],
             pos: 0,
         }
+    }
+
+    /// Consecutive items that, once emitted, hold every item of a full cycle over the spans
+    /// (streaming with a quota): a cycle's items, plus a block, since a block's items come out
+    /// permuted. None until the first cycle is complete.
+    pub(super) fn cycle_window(&self) -> Option<u64> {
+        self.source
+            .cycle_items()
+            .map(|n| n + self.block_size.max(1) as u64)
     }
 
     pub(super) fn next(&mut self) -> Result<Option<Item>, StreamError> {

@@ -7,12 +7,13 @@
 
 use std::sync::Arc;
 
+use crate::batch::columns::resolve;
 use crate::batch::config::PipelineConfig;
 use crate::batch::sample::{CaptionSource, SampleSpec};
 use crate::batch::stats::Stats;
 use crate::error::{Reason, SourceKind};
-use crate::read::group::{is_gzip_name, open_shard, open_shard_columns, SampleReader, ShardFault};
-use crate::read::parquet::is_parquet_name;
+use crate::read::group::{is_gzip_name, open_shard, SampleReader, ShardFault};
+use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::seek::DetailSource;
 use crate::read::source::Expected;
 
@@ -152,18 +153,24 @@ impl ShardSpan {
     ) -> Result<SampleReader, ShardFault> {
         if is_parquet_name(&self.url) {
             // Rows are addressed by number: the footer's row counts find the first one, no
-            // detail block needed; only the columns this source's spec reads are fetched.
-            let spec = cfg.spec_for(self.shard);
-            return open_shard_columns(
-                &self.url,
-                0,
-                self.skip_before.max(self.first_ordinal),
-                cfg.max_member_bytes,
-                &self.expected,
-                &cfg.source,
-                &stats.source,
-                Some(&wanted_columns(spec)),
-            );
+            // detail block needed; only the columns this source's spec reads (in this file:
+            // `columns::resolve`) are fetched.
+            let file = ParquetFile::open(&self.url, &self.expected, &cfg.source, &stats.source)?;
+            let columns =
+                resolve(cfg.spec_for(self.shard), &file.schema).map_err(|(reason, detail)| {
+                    ShardFault {
+                        reason,
+                        kind: SourceKind::Other,
+                        detail,
+                        offset: 0,
+                    }
+                })?;
+            let first = self.skip_before.max(self.first_ordinal);
+            let rows = file
+                .samples(first, Some(&columns.wanted))
+                .with_max_member_bytes(cfg.max_member_bytes)
+                .with_renamed(columns.renamed);
+            return Ok(SampleReader::of_parquet(rows, first));
         }
         let (start, first) = self.entry_point(cfg, stats)?;
         open_shard(

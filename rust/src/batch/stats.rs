@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::batch::config::PipelineConfig;
-use crate::error::Fault;
+use crate::error::{Fault, Reason};
 use crate::read::source::SourceStats;
 
 /// What the pipeline counted; readable at any time.
@@ -61,6 +61,22 @@ impl Stats {
                 *s.by_source.entry(i).or_default() += 1;
             }
         }
+    }
+
+    /// The most frequent reason samples were skipped for so far (else shards failed for), with
+    /// its count and the count of all: what an all-skipped pass names.
+    pub(super) fn top_skip(&self) -> Option<(Reason, u64, u64)> {
+        let s = self.inner.lock().expect("stats lock");
+        let counts = if s.skipped.is_empty() {
+            &s.shard_errors
+        } else {
+            &s.skipped
+        };
+        let (name, count) = counts
+            .iter()
+            .max_by_key(|&(name, count)| (*count, std::cmp::Reverse(*name)))?;
+        let reason = Reason::ALL.into_iter().find(|r| r.as_str() == *name)?;
+        Some((reason, *count, counts.values().sum()))
     }
 
     pub(super) fn record_remainder(&self, keys: Vec<String>) {

@@ -5,23 +5,35 @@
 
 use std::sync::Arc;
 
+use crate::batch::columns::{resolve, FileColumns};
 use crate::batch::sample::CaptionSource;
-use crate::batch::span::wanted_columns;
 use crate::check::scan::{ScanOptions, ShardFatal, ShardReport};
 use crate::error::{Reason, SourceKind};
 use crate::read::parquet::{ColumnKind, FileSchema, ParquetFile};
 use crate::read::source::{redact_url, SourceStats};
 
-/// The columns to read, or why the file cannot give the spec's samples.
+/// The columns to read (and the member names some are read as: `columns::resolve`), or why
+/// the file cannot give the spec's samples.
 pub fn checked_columns(
     url: &str,
     schema: &FileSchema,
     opts: &ScanOptions,
-) -> Result<Vec<String>, ShardFatal> {
+) -> Result<FileColumns, ShardFatal> {
     let fatal = |reason, detail: String| ShardFatal {
         reason,
         kind: SourceKind::Other,
         detail: format!("{}: {detail}", redact_url(url)),
+    };
+    let mut chosen =
+        resolve(&opts.spec, schema).map_err(|(reason, detail)| fatal(reason, detail))?;
+    // The column a member is read from: the one renamed to it, else its own name.
+    let column = |member: &str| {
+        let name = chosen
+            .renamed
+            .iter()
+            .find(|(_, m)| m == member)
+            .map_or(member, |(c, _)| c.as_str());
+        schema.column(name)
     };
     let names = || {
         schema
@@ -32,7 +44,7 @@ pub fn checked_columns(
             .join(", ")
     };
     let image_keys = &opts.spec.image_keys;
-    match image_keys.iter().find_map(|k| schema.column(k)) {
+    match image_keys.iter().find_map(|k| column(k)) {
         None => {
             return Err(fatal(
                 Reason::MissingColumn,
@@ -60,7 +72,7 @@ pub fn checked_columns(
         CaptionSource::None => None,
     };
     if let Some(m) = caption {
-        match schema.column(m) {
+        match column(m) {
             None if opts.require_caption => {
                 return Err(fatal(
                     Reason::MissingColumn,
@@ -79,9 +91,8 @@ pub fn checked_columns(
             _ => {}
         }
     }
-    let mut wanted = wanted_columns(&opts.spec);
-    wanted.extend(opts.capture.iter().cloned());
-    Ok(wanted)
+    chosen.wanted.extend(opts.capture.iter().cloned());
+    Ok(chosen)
 }
 
 /// A scan that reads the footer and the key column only: row counts, each row's number as its

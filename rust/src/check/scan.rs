@@ -10,7 +10,7 @@ use crate::batch::sample::{caption, image_bytes, prepare, CaptionSource, SampleS
 use crate::check::parquet::{checked_columns, footer_scan};
 use crate::error::{Reason, SourceKind};
 use crate::index::{InvalidSample, ShardEntry};
-use crate::read::group::{open_shard_columns, ShardFault};
+use crate::read::group::{open_shard, SampleReader, ShardFault};
 use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::source::{redact_url, SourceOptions, SourceStats};
 
@@ -88,7 +88,7 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
         captured: Vec::new(),
         row_groups: None,
     };
-    let mut columns = None;
+    let mut parquet = None;
     if is_parquet_name(url) {
         let file = match ParquetFile::open(url, &Default::default(), &opts.source, &stats) {
             Ok(f) => f,
@@ -104,23 +104,32 @@ pub fn scan_shard(url: &str, opts: &ScanOptions) -> ShardReport {
             return report;
         }
         match checked_columns(url, &file.schema, opts) {
-            Ok(wanted) => columns = Some(wanted),
+            Ok(columns) => parquet = Some((file, columns)),
             Err(fatal) => {
                 report.fatal = Some(fatal);
                 return report;
             }
         }
     }
-    let reader = match open_shard_columns(
-        url,
-        0,
-        0,
-        opts.max_member_bytes,
-        &Default::default(),
-        &opts.source,
-        &stats,
-        columns.as_deref(),
-    ) {
+    let opened = match parquet {
+        // The file already open: its rows, read as the members the spec names.
+        Some((file, columns)) => Ok(SampleReader::of_parquet(
+            file.samples(0, Some(&columns.wanted))
+                .with_max_member_bytes(opts.max_member_bytes)
+                .with_renamed(columns.renamed),
+            0,
+        )),
+        None => open_shard(
+            url,
+            0,
+            0,
+            opts.max_member_bytes,
+            &Default::default(),
+            &opts.source,
+            &stats,
+        ),
+    };
+    let reader = match opened {
         Ok(r) => r,
         Err(f) => {
             report.fatal = Some(f.into());

@@ -89,7 +89,9 @@ pub fn is_gzip_name(url: &str) -> bool {
 
 /// Opens a shard for sample grouping at `start` (a sample offset from the index, or 0).
 /// Gzip shards are recognised by name or by magic bytes; they cannot be entered in the middle,
-/// so they are decompressed from the start and the bytes before `start` are discarded.
+/// so they are decompressed from the start and the bytes before `start` are discarded. A
+/// Parquet file starts at row `first_ordinal` and gives every column that can be a member (the
+/// loader and the scan read only their spec's: `SampleReader::of_parquet`).
 pub fn open_shard(
     url: &str,
     start: u64,
@@ -99,44 +101,12 @@ pub fn open_shard(
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<SampleReader, ShardFault> {
-    open_shard_columns(
-        url,
-        start,
-        first_ordinal,
-        max_member_bytes,
-        expected,
-        opts,
-        stats,
-        None,
-    )
-}
-
-/// [`open_shard`], reading only the members `columns` names from a Parquet file (None: all;
-/// a tar is read whole either way). A Parquet file starts at row `first_ordinal`.
-#[allow(clippy::too_many_arguments)]
-pub fn open_shard_columns(
-    url: &str,
-    start: u64,
-    first_ordinal: u64,
-    max_member_bytes: u64,
-    expected: &source::Expected,
-    opts: &SourceOptions,
-    stats: &Arc<SourceStats>,
-    columns: Option<&[String]>,
-) -> Result<SampleReader, ShardFault> {
     if parquet::is_parquet_name(url) {
         let file = parquet::ParquetFile::open(url, expected, opts, stats)?;
-        let rows = file.num_rows();
-        let mut samples = SampleReader::new(
-            TarReader::new(Box::new(std::io::empty()), 0, max_member_bytes),
-            first_ordinal,
-        );
-        samples.data_end = rows;
         let rows = file
-            .samples(first_ordinal, columns)
+            .samples(first_ordinal, None)
             .with_max_member_bytes(max_member_bytes);
-        samples.parquet = Some(rows);
-        return Ok(samples);
+        return Ok(SampleReader::of_parquet(rows, first_ordinal));
     }
     let unreadable = |e: source::SourceError| ShardFault {
         reason: Reason::Unreadable,
@@ -221,6 +191,17 @@ impl SampleReader {
             data_end: 0,
             parquet: None,
         }
+    }
+
+    /// The rows of a Parquet file from `first_ordinal` on, as samples.
+    pub fn of_parquet(rows: parquet::ParquetSamples, first_ordinal: u64) -> Self {
+        let mut samples = SampleReader::new(
+            TarReader::new(Box::new(std::io::empty()), 0, rows.max_member_bytes()),
+            first_ordinal,
+        );
+        samples.data_end = rows.num_rows();
+        samples.parquet = Some(rows);
+        samples
     }
 
     pub fn is_compressed(&self) -> bool {

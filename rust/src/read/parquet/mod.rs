@@ -27,7 +27,7 @@ use parquet::record::{Field, Row};
 use parquet::schema::types::SchemaDescriptor;
 
 pub use chunks::RangedFile;
-pub use schema::{ColumnKind, FileSchema};
+pub use schema::{ColumnKind, Feature, FileSchema};
 
 use crate::error::{Reason, SourceKind};
 use crate::read::group::{RawSample, ShardFault};
@@ -157,6 +157,7 @@ impl ParquetFile {
             ready: VecDeque::new(),
             done: false,
             max_member_bytes: crate::defaults::MAX_MEMBER_BYTES,
+            renamed: Vec::new(),
         }
     }
 }
@@ -190,12 +191,31 @@ pub struct ParquetSamples {
     /// Bounds each member (a larger one is a `member_too_large` defect) and each column chunk
     /// fetched ([`chunk_limit`]), as the tar reader bounds a member from its header.
     max_member_bytes: u64,
+    /// (column, member name): columns handed out under another name than their own.
+    renamed: Vec<(String, String)>,
 }
 
 impl ParquetSamples {
     /// The member size limit the chunks are bounded by (default: the core's `MAX_MEMBER_BYTES`).
     pub fn with_max_member_bytes(mut self, max_member_bytes: u64) -> Self {
         self.max_member_bytes = max_member_bytes;
+        self
+    }
+
+    pub fn max_member_bytes(&self) -> u64 {
+        self.max_member_bytes
+    }
+
+    /// Rows in the file (from its footer).
+    pub fn num_rows(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Hands out each (column, member name) pair's column as a member of that name: a file's
+    /// columns read under the names a sample spec looks for (`columns::resolve` in the batch
+    /// stage: `datasets`' `image` column as the default image key).
+    pub fn with_renamed(mut self, renamed: Vec<(String, String)>) -> Self {
+        self.renamed = renamed;
         self
     }
 
@@ -298,6 +318,11 @@ impl ParquetSamples {
                 Reason::MemberTooLarge,
                 format!("{name}: {} bytes > {max}", bytes.len()),
             ));
+        }
+        for (name, _) in &mut members {
+            if let Some((_, member)) = self.renamed.iter().find(|(column, _)| column == name) {
+                name.clone_from(member);
+            }
         }
         RawSample {
             key: key.unwrap_or_else(|| format!("{}/{ordinal}", self.stem)),

@@ -1,5 +1,6 @@
 //! What a Parquet file's top-level columns are, as members: which can be read as a member's
-//! bytes, which is the key, and the projection that reads just the wanted ones.
+//! bytes, which is the key, the feature Hugging Face `datasets` recorded for each, and the
+//! projection that reads just the wanted ones.
 
 use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
 use parquet::file::metadata::ParquetMetaData;
@@ -37,10 +38,25 @@ impl ColumnKind {
     }
 }
 
+/// The feature Hugging Face `datasets` recorded for a column in the file's `huggingface`
+/// key-value metadata (`{"info": {"features": {NAME: {"_type": ...}}}}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feature {
+    /// `{"_type": "Image"}`.
+    Image,
+    /// `{"_type": "Value", "dtype": "string"}` (or `large_string`).
+    String,
+    /// Any other feature (numbers, lists, `Audio`, ...).
+    Other,
+}
+
 #[derive(Clone, Debug)]
 pub struct Column {
     pub name: String,
     pub kind: ColumnKind,
+    /// Its `datasets` feature; None when the file records none for it (no `huggingface`
+    /// metadata: pyarrow, img2dataset, Spark).
+    pub feature: Option<Feature>,
     field: TypePtr,
     /// Leaf column indices (the chunks to fetch).
     leaves: Vec<usize>,
@@ -68,6 +84,7 @@ pub struct Members {
 impl FileSchema {
     pub fn of(meta: &ParquetMetaData) -> Self {
         let descr = meta.file_metadata().schema_descr();
+        let features = hf_features(meta);
         let mut columns: Vec<Column> = descr
             .root_schema()
             .get_fields()
@@ -75,6 +92,10 @@ impl FileSchema {
             .map(|field| Column {
                 name: field.name().to_string(),
                 kind: kind_of(field),
+                feature: features
+                    .as_ref()
+                    .and_then(|f| f.get(field.name()))
+                    .map(feature_of),
                 field: field.clone(),
                 leaves: Vec::new(),
             })
@@ -135,6 +156,32 @@ impl FileSchema {
                 .collect(),
             key,
         }
+    }
+}
+
+/// The `features` object of the `huggingface` key-value metadata, when the file has one that
+/// parses; anything else is no features (the metadata only ever adds a choice).
+fn hf_features(meta: &ParquetMetaData) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let text = meta
+        .file_metadata()
+        .key_value_metadata()?
+        .iter()
+        .find(|kv| kv.key == "huggingface")?
+        .value
+        .as_deref()?;
+    let mut value: serde_json::Value = serde_json::from_str(text).ok()?;
+    match value.get_mut("info")?.get_mut("features")?.take() {
+        serde_json::Value::Object(features) => Some(features),
+        _ => None,
+    }
+}
+
+fn feature_of(value: &serde_json::Value) -> Feature {
+    let text = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
+    match (text("_type"), text("dtype")) {
+        (Some("Image"), _) => Feature::Image,
+        (Some("Value"), Some("string" | "large_string")) => Feature::String,
+        _ => Feature::Other,
     }
 }
 
