@@ -8,6 +8,10 @@ Loading batches
     :class:`SourceOptions` (how shards are fetched: S3, TLS, backoff, cache), :class:`Source`
     (one dataset of a mixture), :data:`DEFAULTS` (the core's defaults).
 
+Sample kinds
+    :class:`NaFlex` (``ShardLoader(..., sample=NaFlex(...))``: images at their own aspect ratio as
+    SigLIP 2 patch sequences) and its batch, :class:`NaFlexBatch` (from ``shardstream.kinds``).
+
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
     shards), :func:`build_index` and :func:`write_index` (the index that makes epochs exact).
@@ -37,6 +41,7 @@ from shardstream.errors import (
     SourceError,
 )
 from shardstream.index import build_index, write_index
+from shardstream.kinds import NaFlex, NaFlexBatch
 from shardstream.mixture import Source
 from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
@@ -52,6 +57,9 @@ __all__ = [
     "SourceOptions",
     "Source",
     "DEFAULTS",
+    # sample kinds
+    "NaFlex",
+    "NaFlexBatch",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",

@@ -109,7 +109,8 @@ class Loader:
     ``random_crop_ratio``, ``connect_timeout``, ``read_timeout``, ``backoff_initial``, ``backoff_max``,
     ``retry_after_max``, ``max_retries``, ``signer``, ``sources``,
     ``tokenizer``, ``naflex`` ((patch_size, max_num_patches, min_num_patches, (scale, ratio) or
-    None): the NaFlex kind; ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers). A key that is absent or None keeps the core's default (rust/src/defaults.rs);
+    None): the NaFlex kind; ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers). A key that
+    is absent or None keeps the core's default (rust/src/defaults.rs);
     ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
     """
 

@@ -114,7 +114,9 @@ class NaFlex:
             raise OptionError(
                 "min_num_patches", f"must be None or an integer in 0..max_num_patches, not {low!r}"
             )
-        object.__setattr__(self, "random_crop_scale", _range("random_crop_scale", self.random_crop_scale, upper=1))
+        object.__setattr__(
+            self, "random_crop_scale", _range("random_crop_scale", self.random_crop_scale, upper=1)
+        )
         object.__setattr__(self, "random_crop_ratio", _range("random_crop_ratio", self.random_crop_ratio))
 
     @property
