@@ -14,8 +14,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from shardstream.errors import OptionError
 
 # The core's bounds (rust/src/batch/naflex.rs): a patch side and a budget per image.
@@ -167,6 +165,8 @@ class NaFlex:
         Returns:
             The :class:`NaFlexBatch`.
         """
+        import numpy as np  # here, so that `import shardstream` stays free of numpy
+
         shapes = np.asarray(grids, dtype=np.int64).reshape(-1, 2)
         counts = shapes[:, 0] * shapes[:, 1]
         mask = (np.arange(self.max_num_patches)[None, :] < counts[:, None]).astype(np.int32)
