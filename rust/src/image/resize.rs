@@ -554,6 +554,64 @@ mod tests {
         assert_eq!(&chw[..224 * 224], &out[..]);
     }
 
+    /// To a non-square size (NaFlex's targets), shrinking one axis and growing the other, the
+    /// plane path and the packed-RGB path (fast_image_resize) agree with either kernel: the
+    /// plane path's transposes keep rows and columns apart. Within 1 with the triangle, 2 with
+    /// the cubic: the paths run their passes in opposite orders and round to u8 in between,
+    /// and the cubic's overshoot is clamped there (a square 48x48 is held to the same bound).
+    #[test]
+    fn plane_and_rgb_paths_agree_on_non_square_targets() {
+        let (w, h) = (131u32, 97u32);
+        let data: Vec<u8> = (0..w * h)
+            .map(|i| ((i % w) * 255 / w + (i / w) * 3 % 40) as u8)
+            .collect();
+        let plane = Planes {
+            count: 1,
+            width: w,
+            height: h,
+            pitch: w,
+            data: &data,
+        };
+        let rgb: Vec<u8> = data.iter().flat_map(|&v| [v, v, v]).collect();
+        let img = Pixels::Rgb(Rgb {
+            width: w,
+            height: h,
+            pixels: &rgb,
+        });
+        let region = CropBox {
+            x: 3.0,
+            y: 0.0,
+            w: 120.0,
+            h: 97.0,
+        };
+        for kernel in [Kernel::Bilinear, Kernel::Bicubic] {
+            let tolerance = if kernel == Kernel::Bilinear { 1 } else { 2 };
+            for (ow, oh) in [(48u32, 160u32), (176, 32), (16, 16), (48, 48)] {
+                let n = (ow * oh) as usize;
+                let mut planes = vec![0u8; n];
+                PlaneResizer::default()
+                    .resize(plane, region, (ow, oh), kernel, &mut planes)
+                    .unwrap();
+                let mut chw = vec![0u8; 3 * n];
+                Transformer::new()
+                    .resize_into_planar(&img, region, (ow, oh), kernel, &mut chw)
+                    .unwrap();
+                let worst = planes
+                    .iter()
+                    .zip(&chw[..n])
+                    .map(|(&a, &b)| (a as i16 - b as i16).abs())
+                    .max()
+                    .unwrap();
+                assert!(worst <= tolerance, "{kernel:?} {ow}x{oh}: off by {worst}");
+                // Red grows along x in both: the resize did not swap the axes.
+                assert!(
+                    planes[ow as usize - 1] > planes[0] + 150,
+                    "{kernel:?} {ow}x{oh}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn uniform_image_stays_uniform_and_is_planar() {
         let pixels: Vec<u8> = std::iter::repeat_n([10u8, 20, 30], 64 * 48)
