@@ -13,6 +13,10 @@ Text corpora (the packed text kind, :mod:`shardstream.kinds.text`)
     :class:`TextLoader` (documents packed into token rows, exact across ranks),
     :class:`TextBatch` (one batch of rows).
 
+Sample kinds
+    :class:`NaFlex` (``ShardLoader(..., sample=NaFlex(...))``: images at their own aspect ratio as
+    SigLIP 2 patch sequences) and its batch, :class:`NaFlexBatch` (from ``shardstream.kinds``).
+
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
     shards), :func:`build_index` and :func:`write_index` (the index that makes epochs exact).
@@ -42,6 +46,7 @@ from shardstream.errors import (
     SourceError,
 )
 from shardstream.index import build_index, write_index
+from shardstream.kinds import NaFlex, NaFlexBatch
 from shardstream.mixture import Source
 from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
@@ -63,6 +68,9 @@ __all__ = [
     "TokenCounts",
     "TextLoader",
     "TextBatch",
+    # sample kinds
+    "NaFlex",
+    "NaFlexBatch",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",

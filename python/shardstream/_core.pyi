@@ -108,7 +108,9 @@ class Loader:
     ``max_pixels``, ``crop`` (``"center"``/``"random"``), ``random_crop_scale``,
     ``random_crop_ratio``, ``connect_timeout``, ``read_timeout``, ``backoff_initial``, ``backoff_max``,
     ``retry_after_max``, ``max_retries``, ``signer``, ``sources``,
-    ``tokenizer``. A key that is absent or None keeps the core's default (rust/src/defaults.rs);
+    ``tokenizer``, ``naflex`` ((patch_size, max_num_patches, min_num_patches, (scale, ratio) or
+    None): the NaFlex kind; ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers). A key that
+    is absent or None keeps the core's default (rust/src/defaults.rs);
     ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
     """
 
@@ -129,9 +131,13 @@ class Loader:
         """Lends ``nbytes`` at address ``ptr`` inside ``owner`` (the tensor or array holding that
         memory; the pipeline keeps a reference to it while it may write there). False once the
         loader is closed."""
-    def next_batch(self) -> tuple[int, list[str], list[str], list[str], int] | None:
-        """(n, keys, texts, shard_urls, reserve_used) of the next batch, or None at the end of the
-        epoch; ``reserve_used`` counts the reserve positions this reader consumed up to it.
+    def next_batch(
+        self,
+    ) -> tuple[int, list[str], list[str], list[str], int, list[tuple[int, int]] | None] | None:
+        """(n, keys, texts, shard_urls, reserve_used, grids) of the next batch, or None at the end
+        of the epoch; ``reserve_used`` counts the reserve positions this reader consumed up to it;
+        ``grids`` is the NaFlex kind's patch grid (rows, columns) per sample, None for square
+        images.
 
         Raises ``CoreFault`` with ``on_error="raise"``."""
     def stats(self) -> dict[str, Any]:

@@ -18,7 +18,8 @@ import numpy as np
 from shardstream import _core
 from shardstream._system import default_loader_threads, torchrun_rank_world
 from shardstream.config import Crop, LoaderConfig, OnError, SourceOptions, resolve_source_options
-from shardstream.errors import MissingDependencyError, SampleError, ShardError, from_core_fault
+from shardstream.errors import MissingDependencyError, OptionError, SampleError, ShardError, from_core_fault
+from shardstream.kinds.naflex import NaFlex, NaFlexBatch
 from shardstream.urls import source_config
 
 try:  # torch is optional: without it, batches are numpy arrays.
@@ -133,6 +134,10 @@ class ShardLoader:
         context_length: See :class:`~shardstream.LoaderConfig`.
         sources: A mixture: a list of :class:`~shardstream.Source`, each with its own index
             (instead of ``urls`` and ``index``). None (default): one dataset.
+        sample: The sample kind: a :class:`~shardstream.kinds.NaFlex` makes batches of patch
+            sequences at each image's own aspect ratio (:class:`~shardstream.kinds.NaFlexBatch`);
+            ``image_size``, ``crop`` and the ``random_crop_*`` arguments are then refused (the
+            spec has its own). None (default): square images (:class:`Batch`).
         source: How shards are fetched (S3 endpoint, region and profile, presign lifetime, TLS
             roots, backoff, ``Retry-After`` limit, shard cache, existence check): a
             :class:`~shardstream.SourceOptions`. None (default): its defaults.
@@ -142,7 +147,8 @@ class ShardLoader:
 
     Raises:
         OptionError: A :class:`~shardstream.LoaderConfig` or :class:`~shardstream.SourceOptions`
-            value is out of range (a ``ValueError``; ``option`` names it).
+            value is out of range (a ``ValueError``; ``option`` names it), or a square-image
+            argument is given with ``sample=NaFlex(...)``.
         ValueError: Neither ``urls``, ``index`` nor ``sources`` is given, ``sources`` is given
             with ``urls`` or ``index``, no shard matches ``urls``, or the index and ``urls``
             name different shards.
@@ -188,10 +194,13 @@ class ShardLoader:
         tokenizer: str | None = LoaderConfig.tokenizer,
         context_length: int | None = LoaderConfig.context_length,
         sources: list[Any] | None = None,
+        sample: NaFlex | None = None,
         source: SourceOptions | None = None,
         **source_options: Any,
     ) -> None:
         source_options = resolve_source_options(source, source_options, "ShardLoader")
+        if sample is not None:
+            _refuse_square_arguments(sample, image_size, crop, random_crop_scale, random_crop_ratio)
         # The keyword arguments are the fields of LoaderConfig, which checks them.
         self.config = LoaderConfig(
             batch_size=batch_size,
@@ -247,6 +256,9 @@ class ShardLoader:
         )
         # What the Rust pipeline of every reader is started with (_core.Loader's config).
         self._config: dict[str, Any] = self.config.core_config()
+        self.sample = sample
+        if sample is not None:
+            self._config.update(sample.core_config())
         from shardstream.text import resolve_tokenizer
 
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
@@ -436,7 +448,9 @@ class ShardLoader:
         return _core.Loader(spans, config, display), phase_reader
 
     def _alloc(self) -> Any:
-        shape = (self.batch_size, 3, self.image_size, self.image_size)
+        shape: tuple[int, ...] = (self.batch_size, 3, self.image_size, self.image_size)
+        if self.sample is not None:
+            shape = self.sample.buffer_shape(self.batch_size)
         if torch is not None:
             # Inside a DataLoader worker (a forked process) CUDA must not be touched: the
             # DataLoader pins batches in the main process instead (dataloader() asks it to).
@@ -503,7 +517,7 @@ class ShardLoader:
                 if result is None:
                     self._pass_completed = True
                     break
-                n, keys, texts, urls, reserve_used = result
+                n, keys, texts, urls, reserve_used, grids = result
                 buf, toks = lent.popleft()
                 self._batches_done += 1
                 self._reserve_marks.append((phase_reader, reserve_used))
@@ -512,7 +526,11 @@ class ShardLoader:
                 if toks is not None and n < self.batch_size:
                     toks = toks[:n]
                 yielded += 1
-                yield Batch(buf[:n] if n < self.batch_size else buf, texts, keys, urls, toks)
+                pixels = buf[:n] if n < self.batch_size else buf
+                if self.sample is not None:
+                    yield self.sample.make_batch(pixels, grids, texts, keys, urls, toks)
+                else:
+                    yield Batch(pixels, texts, keys, urls, toks)
                 lent.append(self._lend(core))
             # A DataLoader worker sees only its part of the pass: the main process decides, from
             # every worker's stats (_DatasetView._with_stats, _CountingIterable).
@@ -751,6 +769,26 @@ class _WorkerSync:
         return int(position["epoch"]), position["resume"]
 
 
+def _refuse_square_arguments(sample: NaFlex, image_size: int, crop: Crop, scale: Any, ratio: Any) -> None:
+    """Raises OptionError naming the first square-image argument given a non-default value
+    alongside ``sample`` (whose spec has its own size and crop)."""
+    if not isinstance(sample, NaFlex):
+        raise TypeError(f"sample must be a shardstream.kinds.NaFlex or None, not {type(sample).__name__}")
+    given = {
+        "image_size": (image_size, LoaderConfig.image_size),
+        "crop": (crop, LoaderConfig.crop),
+        "random_crop_scale": (tuple(scale), tuple(LoaderConfig.random_crop_scale)),
+        "random_crop_ratio": (tuple(ratio), tuple(LoaderConfig.random_crop_ratio)),
+    }
+    for name, (value, default) in given.items():
+        if value != default:
+            raise OptionError(
+                name,
+                f"is a square-image option; with sample=NaFlex(...) the image size comes from "
+                f"max_num_patches and the crop from NaFlex(random_crop=...), not {value!r}",
+            )
+
+
 def _seed(*parts: int) -> int:
     from shardstream.plan import derive_seed
 
@@ -940,7 +978,7 @@ def _transformed(transform: Callable[[Batch], Batch], batch: Batch) -> Batch:
     """``transform(batch)``, which must stay a Batch: the counting, pinning and framework
     adapters downstream rely on its fields."""
     result = transform(batch)
-    if not isinstance(result, Batch):
+    if not isinstance(result, (Batch, NaFlexBatch)):
         raise TypeError(
             f"batch_transform must return a shardstream.Batch (use batch._replace(...)), "
             f"got {type(result).__name__}"

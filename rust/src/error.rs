@@ -46,10 +46,13 @@ pub enum Reason {
     Internal,
     /// A text kind's document has no text where the spec says (the member, column or field).
     MissingText,
+    /// A NaFlex image's patch grid under `max_num_patches` has fewer patches than
+    /// `min_num_patches` (an extreme aspect ratio: one side is held at one patch).
+    TooFewPatches,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -68,6 +71,7 @@ impl Reason {
         Reason::NullImage,
         Reason::Internal,
         Reason::MissingText,
+        Reason::TooFewPatches,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -90,6 +94,7 @@ impl Reason {
             Reason::NullImage => "null_image",
             Reason::Internal => "internal_error",
             Reason::MissingText => "missing_text",
+            Reason::TooFewPatches => "too_few_patches",
         }
     }
 }

@@ -4,6 +4,8 @@ Reading, sources, fault handling, the index and the plan's arithmetic are shared
 a kind owns only what turns a raw sample into its part of a batch, and its batch layout.
 
 - The square image-text kind is :class:`shardstream.ShardLoader` itself.
+- :class:`NaFlex` (``ShardLoader(..., sample=NaFlex(...))``): images at their own aspect ratio
+  as SigLIP 2 patch sequences, with its batch type :class:`NaFlexBatch`.
 - :mod:`shardstream.kinds.text`: text documents tokenized and packed into token rows
   (:class:`~shardstream.kinds.text.TextLoader`), planned by token positions
   (:func:`~shardstream.kinds.text.count_tokens` counts them once).
@@ -12,3 +14,7 @@ A kind that keeps the sample plan (one sample, one slot) is a ``sample=`` spec o
 :class:`~shardstream.ShardLoader`; a kind with its own plan (packing: rows cut across documents)
 is its own small loader class.
 """
+
+from shardstream.kinds.naflex import NaFlex, NaFlexBatch
+
+__all__ = ["NaFlex", "NaFlexBatch"]

@@ -429,9 +429,7 @@ class TextLoader:
         return [(tuple(p["shape"]), int(p["batches_done"])) for p in self._resume["phases"]]  # type: ignore[misc]
 
     def _plan_counts(self) -> tuple[int, int, int]:
-        return _core.packed_plan_counts(
-            self._total, self.seed, self.epoch, self._phases(), self._shape()
-        )
+        return _core.packed_plan_counts(self._total, self.seed, self.epoch, self._phases(), self._shape())
 
     def __len__(self) -> int:
         """Batches this rank yields in the current pass (after a resume: those left)."""

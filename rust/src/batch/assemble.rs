@@ -16,7 +16,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 use rayon::prelude::*;
 
-use crate::batch::config::{OnError, PipelineConfig};
+use crate::batch::config::{OnError, PipelineConfig, SampleKind};
 use crate::batch::panics::{panic_fault, panic_message};
 use crate::batch::pipeline::{BatchMeta, BatchResult, OutBuffer};
 use crate::batch::reader::{Item, StreamError};
@@ -31,16 +31,36 @@ thread_local! {
     static WORKER: std::cell::RefCell<Worker> = std::cell::RefCell::new(Worker::default());
 }
 
+/// A sample's caption and, for kinds that have one, its patch grid (rows, columns).
+type Prepared = (String, Option<(u32, u32)>);
+
+/// Runs the kind's per-sample function: `raw` into `slot`.
 fn prepare_into(
     raw: &RawSample,
     shard: u32,
     cfg: &PipelineConfig,
     slot: &mut [u8],
-) -> Result<String, Rejection> {
+) -> Result<Prepared, Rejection> {
     let spec = cfg.spec_for(shard);
     WORKER.with(|w| {
         guarded(
-            || prepare(raw, spec, cfg.crop_seed, &mut w.borrow_mut(), slot),
+            || {
+                let worker = &mut w.borrow_mut();
+                match &cfg.kind {
+                    SampleKind::Square => {
+                        prepare(raw, spec, cfg.crop_seed, worker, slot).map(|text| (text, None))
+                    }
+                    SampleKind::NaFlex(naflex) => crate::batch::naflex::prepare(
+                        raw,
+                        spec,
+                        naflex,
+                        cfg.crop_seed,
+                        worker,
+                        slot,
+                    )
+                    .map(|(text, grid)| (text, Some(grid))),
+                }
+            },
             // The worker's decoder may be mid-image: the next sample gets a fresh one.
             || *w.borrow_mut() = Worker::default(),
         )
@@ -134,6 +154,8 @@ struct Slot {
     key: String,
     text: String,
     origin: Origin,
+    /// The NaFlex kind's patch grid (rows, columns) of the slot's image.
+    grid: Option<(u32, u32)>,
 }
 
 /// What decoding one stream item into its slot gave.
@@ -156,7 +178,7 @@ impl Batcher {
         reserve: ReserveReader,
     ) -> Self {
         Self {
-            slot_len: 3 * (cfg.spec.image_size as usize).pow(2),
+            slot_len: cfg.slot_len(),
             cfg,
             stats,
             stop,
@@ -291,11 +313,12 @@ impl Batcher {
             .zip(items.into_par_iter())
             .map(|(slot_mem, item)| match item {
                 Item::Sample { shard, raw } => match prepare_into(&raw, shard, cfg, slot_mem) {
-                    Ok(text) => Decoded::Good(Slot {
+                    Ok((text, grid)) => Decoded::Good(Slot {
                         shard,
                         key: raw.key,
                         text,
                         origin: Origin::Stream,
+                        grid,
                     }),
                     Err(rejection) => {
                         Decoded::Rejected(cfg.sample_fault(shard, raw.key, rejection))
@@ -375,13 +398,14 @@ impl Batcher {
                 return Ok(None);
             };
             match prepare_into(&raw, shard, cfg, slot_mem) {
-                Ok(text) => {
+                Ok((text, grid)) => {
                     self.rejected_run = 0;
                     return Ok(Some(Slot {
                         shard,
                         key: raw.key,
                         text,
                         origin,
+                        grid,
                     }));
                 }
                 Err(rejection) => {
@@ -450,6 +474,7 @@ impl Batcher {
         let mut keys = Vec::with_capacity(slots.len());
         let mut texts = Vec::with_capacity(slots.len());
         let mut shards = Vec::with_capacity(slots.len());
+        let mut grids = Vec::new();
         let (mut replaced, mut padded) = (0u64, 0u64);
         for (read, slot) in slots.into_iter().enumerate() {
             let Some(slot) = slot else { continue };
@@ -465,6 +490,7 @@ impl Batcher {
             keys.push(slot.key);
             texts.push(slot.text);
             shards.push(slot.shard);
+            grids.extend(slot.grid);
         }
         self.stats.replaced.fetch_add(replaced, Ordering::Relaxed);
         self.stats.padded.fetch_add(padded, Ordering::Relaxed);
@@ -501,31 +527,42 @@ impl Batcher {
             return Ok(None);
         }
         if cfg.planned {
-            self.keep_last_good(&memory[..slot_len], shards[0], &keys[0], &texts[0]);
+            let grid = grids.first().copied();
+            self.keep_last_good(&memory[..slot_len], shards[0], &keys[0], &texts[0], grid);
         }
         Ok(Some(BatchMeta {
             len,
             keys,
             texts,
             shards,
+            grids,
             reserve_used: self.reserve.used,
         }))
     }
 
     /// Remembers a good sample of this batch for [`Batcher::pad`]: one slot's copy, into the
     /// same buffer every time, so no allocation on the batch path after the first.
-    fn keep_last_good(&mut self, pixels: &[u8], shard: u32, key: &str, text: &str) {
+    fn keep_last_good(
+        &mut self,
+        pixels: &[u8],
+        shard: u32,
+        key: &str,
+        text: &str,
+        grid: Option<(u32, u32)>,
+    ) {
         let (slot, copy) = self.last_good.get_or_insert_with(|| {
             let slot = Slot {
                 shard: 0,
                 key: String::new(),
                 text: String::new(),
                 origin: Origin::Stream,
+                grid: None,
             };
             (slot, vec![0u8; pixels.len()])
         });
         copy.copy_from_slice(pixels);
         slot.shard = shard;
+        slot.grid = grid;
         key.clone_into(&mut slot.key);
         text.clone_into(&mut slot.text);
     }
@@ -558,6 +595,7 @@ mod tests {
             key: key.into(),
             text: format!("caption of {key}"),
             origin,
+            grid: None,
         })
     }
 

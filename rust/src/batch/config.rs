@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::batch::naflex::NaFlexSpec;
 use crate::batch::sample::{CaptionSource, Rejection, SampleSpec};
 use crate::batch::span::ShardSpan;
 use crate::defaults;
@@ -18,9 +19,24 @@ pub enum OnError {
     Raise,
 }
 
+/// What one sample becomes in its batch slot. Reading, the plan, shuffling, refills and padding
+/// are the same for every kind; only the per-sample function and the slot's layout differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum SampleKind {
+    /// `[3, S, S]` pixels, S = `spec.image_size` (`spec.crop` squares the image).
+    #[default]
+    Square,
+    /// `max_num_patches` flattened patches of the image at its own aspect ratio, and its patch
+    /// grid (see `batch::naflex`).
+    NaFlex(NaFlexSpec),
+}
+
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
     pub spec: SampleSpec,
+    /// The layout of a sample's slot (the spec's image keys, caption and `max_pixels` hold for
+    /// every kind).
+    pub kind: SampleKind,
     pub batch_size: usize,
     pub threads: usize,
     pub read_ahead: usize,
@@ -65,13 +81,23 @@ impl PipelineConfig {
         if self.batch_size == 0 {
             return Err("batch_size must be positive".into());
         }
-        Ok(())
+        match &self.kind {
+            SampleKind::Square => Ok(()),
+            SampleKind::NaFlex(naflex) => naflex.validate(),
+        }
     }
 
-    /// Bytes of one batch's images: `[batch_size, 3, image_size, image_size]` uint8.
+    /// Bytes of one sample's slot: `[3, S, S]` (square) or `[N, 3 * p * p]` (NaFlex) uint8.
+    pub fn slot_len(&self) -> usize {
+        match &self.kind {
+            SampleKind::Square => 3 * (self.spec.image_size as usize).pow(2),
+            SampleKind::NaFlex(naflex) => naflex.slot_len(),
+        }
+    }
+
+    /// Bytes of one batch's images: `batch_size` slots.
     pub fn batch_bytes(&self) -> usize {
-        let side = self.spec.image_size as usize;
-        self.batch_size * 3 * side * side
+        self.batch_size * self.slot_len()
     }
 
     /// int64 elements of one batch's tokens (0 without a tokenizer).
@@ -152,6 +178,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             spec: SampleSpec::default(),
+            kind: SampleKind::Square,
             batch_size: 32,
             threads: 1,
             read_ahead: defaults::READ_AHEAD,

@@ -9,8 +9,10 @@
 //! columns a spec reads from each file.
 //!
 //! That is the square image-text kind. Other kinds sit beside it, each a module owning only
-//! what turns a raw sample into its slot of a batch: `packed` (text documents packed into
-//! token rows, planned by `plan::packed`).
+//! what turns a raw sample into its slot of a batch: `naflex` (images at their own aspect
+//! ratio as patch sequences, in the square kind's pipeline with another slot layout: see
+//! `config::SampleKind`) and `packed` (text documents packed into token rows, planned by
+//! `plan::packed`).
 
 mod assemble;
 pub mod columns;
@@ -18,6 +20,7 @@ pub mod config;
 #[cfg(test)]
 mod fixtures;
 mod mix;
+pub mod naflex;
 pub mod packed;
 mod panics;
 pub mod pipeline;

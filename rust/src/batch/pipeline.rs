@@ -62,6 +62,9 @@ pub struct BatchMeta {
     pub keys: Vec<String>,
     pub texts: Vec<String>,
     pub shards: Vec<u32>,
+    /// The NaFlex kind: each sample's patch grid (rows, columns), in batch order; empty for
+    /// the square kind.
+    pub grids: Vec<(u32, u32)>,
     /// Reserve positions this reader had consumed when the batch was complete (planned mode):
     /// what a resume state records, so that a resumed reader never refills from them again.
     pub reserve_used: u64,

@@ -8,7 +8,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::batch::config::{OnError, PipelineConfig};
+use crate::batch::config::{OnError, PipelineConfig, SampleKind};
+use crate::batch::naflex::NaFlexSpec;
 use crate::batch::sample::{CaptionSource, SampleSpec};
 use crate::defaults;
 use crate::image::resize::CropMode;
@@ -196,6 +197,18 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
     }
     if let Some(v) = present(config, "sources")? {
         cfg.sources = cfg.source_specs(v.extract()?);
+    }
+    if let Some(v) = present(config, "naflex")? {
+        // (patch_size, max_num_patches, min_num_patches, random crop (scale, ratio) or None)
+        type NaFlexTuple = (u32, u32, u32, Option<((f64, f64), (f64, f64))>);
+        let (patch_size, max_num_patches, min_num_patches, random_crop): NaFlexTuple =
+            v.extract()?;
+        cfg.kind = SampleKind::NaFlex(NaFlexSpec {
+            patch_size,
+            max_num_patches,
+            min_num_patches,
+            random_crop,
+        });
     }
     if let Some(v) = present(config, "tokenizer")? {
         let (kind, path, ctx): (String, String, usize) = v.extract()?;

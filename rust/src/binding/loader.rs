@@ -10,6 +10,7 @@ use pyo3::types::{PyDict, PyList};
 use super::convert::{json_to_py, pipeline_config};
 use super::errors::fault_to_py;
 use super::plan::PlannedSpans;
+use crate::batch::config::SampleKind;
 use crate::batch::pipeline::{display_table, MainSpans, OutBuffer, Pipeline};
 use crate::batch::span::ShardSpan;
 use crate::read::source::Expected;
@@ -41,8 +42,16 @@ fn spans(list: Vec<SpanTuple>, display: &[String]) -> Vec<ShardSpan> {
         .collect()
 }
 
-/// (samples, keys, texts, shard URLs, reserve positions used so far) of one batch.
-type BatchTuple = (usize, Py<PyList>, Py<PyList>, Py<PyList>, u64);
+/// (samples, keys, texts, shard URLs, reserve positions used so far, the NaFlex kind's patch
+/// grids (rows, columns) or None) of one batch.
+type BatchTuple = (
+    usize,
+    Py<PyList>,
+    Py<PyList>,
+    Py<PyList>,
+    u64,
+    Option<Py<PyList>>,
+);
 
 /// The running pipeline of one reader. Python lends output buffers (`submit`) and takes back
 /// finished batches (`next_batch`) in the same order.
@@ -53,6 +62,8 @@ pub struct Loader {
     batch_bytes: usize,
     /// int64 elements of a batch's tokens (0 without a tokenizer).
     token_len: usize,
+    /// Batches carry patch grids (the NaFlex kind).
+    naflex: bool,
 }
 
 /// A loader's spans: planned ones as the plan built them, or (streaming) tuples with the
@@ -77,6 +88,7 @@ impl Loader {
         let cfg = pipeline_config(config)?;
         cfg.validate().map_err(PyValueError::new_err)?;
         let (batch_bytes, token_len) = (cfg.batch_bytes(), cfg.token_len());
+        let naflex = matches!(cfg.kind, SampleKind::NaFlex(_));
         let (main, reserve) = match spans_list {
             SpanInput::Planned(p) => (p.main(), p.reserve.clone()),
             SpanInput::Tuples(t) => (MainSpans::Spans(spans(t, &display_urls)), Vec::new()),
@@ -88,6 +100,7 @@ impl Loader {
             display,
             batch_bytes,
             token_len,
+            naflex,
         })
     }
 
@@ -136,8 +149,9 @@ impl Loader {
         }))
     }
 
-    /// (n, keys, texts, shard_urls, reserve_used) of the next batch, or None at the end of the
-    /// epoch; `reserve_used` counts the reserve positions this reader consumed up to this batch.
+    /// (n, keys, texts, shard_urls, reserve_used, grids) of the next batch, or None at the end
+    /// of the epoch; `reserve_used` counts the reserve positions this reader consumed up to this
+    /// batch; `grids` is the NaFlex kind's (rows, columns) per sample, None for square images.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchTuple>> {
         let Some(p) = &self.pipeline else {
             return Ok(None);
@@ -157,6 +171,9 @@ impl Loader {
                     PyList::new(py, &meta.texts)?.unbind(),
                     PyList::new(py, urls)?.unbind(),
                     meta.reserve_used,
+                    self.naflex
+                        .then(|| PyList::new(py, &meta.grids).map(Bound::unbind))
+                        .transpose()?,
                 )))
             }
         }

@@ -1,7 +1,8 @@
-//! Separable bicubic resampling of 8-bit planes, the JPEG-plane path's resize.
+//! Separable resampling of 8-bit planes, the JPEG-plane path's resize.
 //!
 //! Pillow's BICUBIC weights (Catmull-Rom, widened by the scale when shrinking, so it
-//! antialiases) in 14-bit fixed point, computed once per pass into flat arrays; a vertical pass
+//! antialiases), or its BILINEAR ones (the triangle, widened the same way: what SigLIP 2's
+//! processors resize with), in 14-bit fixed point, computed once per pass into flat arrays; a vertical pass
 //! that is vectorised across the row (AVX2 when the CPU has it, detected at run time); and an
 //! SSE2 transpose, so the horizontal pass is the vertical one run over the transposed image.
 
@@ -16,7 +17,7 @@ pub struct Weights {
     counts: Vec<u32>,
     values: Vec<i16>,
     /// The arguments of the last `compute`: datasets of one image size reuse the weights.
-    computed_for: Option<(u32, u64, u64, u32)>,
+    computed_for: Option<(Kernel, u32, u64, u64, u32)>,
     centers: Vec<f64>,
     scratch: Vec<f64>,
     scales: Vec<f64>,
@@ -39,17 +40,61 @@ pub(crate) fn bicubic(x: f64) -> f64 {
     }
 }
 
+/// Pillow's BILINEAR kernel: the triangle, support 1.
+#[inline(always)]
+pub(crate) fn bilinear(x: f64) -> f64 {
+    let x = x.abs();
+    if x < 1.0 {
+        1.0 - x
+    } else {
+        0.0
+    }
+}
+
+/// The resampling filter of a resize (both as Pillow defines them, antialiased when shrinking).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kernel {
+    /// Catmull-Rom (a = -0.5), support 2: the square kind's resize.
+    #[default]
+    Bicubic,
+    /// The triangle, support 1: SigLIP 2's processors (`resample=BILINEAR`).
+    Bilinear,
+}
+
+impl Kernel {
+    /// Half-width of the kernel at scale 1, in input samples.
+    pub fn support(self) -> f64 {
+        match self {
+            Kernel::Bicubic => 2.0,
+            Kernel::Bilinear => 1.0,
+        }
+    }
+}
+
 impl Weights {
-    /// Weights mapping the input span `[in0, in1)` of an axis `in_size` long onto `out_size`
-    /// samples; taps past the axis ends are dropped and the rest renormalised, as Pillow does.
+    /// Bicubic weights mapping the input span `[in0, in1)` of an axis `in_size` long onto
+    /// `out_size` samples; taps past the axis ends are dropped and the rest renormalised, as
+    /// Pillow does.
     pub fn compute(&mut self, in_size: u32, in0: f64, in1: f64, out_size: u32) {
-        let key = (in_size, in0.to_bits(), in1.to_bits(), out_size);
+        self.compute_with(Kernel::Bicubic, in_size, in0, in1, out_size)
+    }
+
+    /// As [`compute`](Self::compute), with `kernel`'s weights.
+    pub fn compute_with(
+        &mut self,
+        kernel: Kernel,
+        in_size: u32,
+        in0: f64,
+        in1: f64,
+        out_size: u32,
+    ) {
+        let key = (kernel, in_size, in0.to_bits(), in1.to_bits(), out_size);
         if self.computed_for == Some(key) {
             return;
         }
         self.computed_for = Some(key);
         let out = out_size as usize;
-        let axis = Axis::new(in0, in1, out_size);
+        let axis = Axis::new(in0, in1, out_size, kernel.support());
         let (scale, filter_scale, radius) = (axis.scale, axis.filter_scale, axis.radius);
         let window = radius.ceil() as usize * 2 + 1;
         self.window = window;
@@ -76,7 +121,12 @@ impl Weights {
             inverse_filter_scale: 1.0 / filter_scale,
         };
         self.scales.resize(out, 0.0);
-        taps.evaluate(&mut self.scratch, &mut self.scales, &mut self.rounded);
+        taps.evaluate(
+            kernel,
+            &mut self.scratch,
+            &mut self.scales,
+            &mut self.rounded,
+        );
 
         self.values.clear();
         self.values.resize(window * out, 0);
@@ -112,13 +162,13 @@ struct Axis {
 }
 
 impl Axis {
-    fn new(in0: f64, in1: f64, out: u32) -> Axis {
+    fn new(in0: f64, in1: f64, out: u32, support: f64) -> Axis {
         let scale = (in1 - in0) / out as f64;
         let filter_scale = scale.max(1.0);
         Axis {
             scale,
             filter_scale,
-            radius: 2.0 * filter_scale,
+            radius: support * filter_scale,
         }
     }
 
@@ -137,9 +187,10 @@ impl Axis {
 
 /// The input samples `first..end` that resampling `[in0, in1)` of an axis `in_size` long onto
 /// `out_size` samples reads (what [`Weights::compute`] gives, before it drops zero weights):
-/// the rows of an image a decoder must produce for the vertical pass.
+/// the rows of an image a decoder must produce for the vertical pass. Bicubic's, the wider
+/// kernel: a superset of what a bilinear resize reads.
 pub fn input_span(in_size: u32, in0: f64, in1: f64, out_size: u32) -> (u32, u32) {
-    let axis = Axis::new(in0, in1, out_size);
+    let axis = Axis::new(in0, in1, out_size, Kernel::Bicubic.support());
     // Centres grow with the output index, and so do the taps' bounds: the first output reads
     // the lowest sample, the last the highest.
     let first = axis.taps(in0 + 0.5 * axis.scale, in_size).0;
@@ -160,23 +211,56 @@ struct Taps<'a> {
 impl Taps<'_> {
     /// Fills `kernel` and `rounded` (both `window x outputs`, tap-major); `scales` (one per
     /// output) is scratch.
-    fn evaluate(&self, kernel: &mut [f64], scales: &mut [f64], rounded: &mut [i32]) {
+    fn evaluate(
+        &self,
+        filter: Kernel,
+        kernel: &mut [f64],
+        scales: &mut [f64],
+        rounded: &mut [i32],
+    ) {
+        // One monomorphised loop per filter: no per-tap branch on the kind.
+        match filter {
+            Kernel::Bicubic => self.evaluate_dispatch(bicubic, kernel, scales, rounded),
+            Kernel::Bilinear => self.evaluate_dispatch(bilinear, kernel, scales, rounded),
+        }
+    }
+
+    #[inline(always)]
+    fn evaluate_dispatch<F: Fn(f64) -> f64>(
+        &self,
+        f: F,
+        kernel: &mut [f64],
+        scales: &mut [f64],
+        rounded: &mut [i32],
+    ) {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (no FMA is enabled: weights are the same on every CPU).
-            return unsafe { self.evaluate_avx2(kernel, scales, rounded) };
+            return unsafe { self.evaluate_avx2(f, kernel, scales, rounded) };
         }
-        self.evaluate_any(kernel, scales, rounded)
+        self.evaluate_any(f, kernel, scales, rounded)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn evaluate_avx2(&self, kernel: &mut [f64], scales: &mut [f64], rounded: &mut [i32]) {
-        self.evaluate_any(kernel, scales, rounded)
+    unsafe fn evaluate_avx2<F: Fn(f64) -> f64>(
+        &self,
+        f: F,
+        kernel: &mut [f64],
+        scales: &mut [f64],
+        rounded: &mut [i32],
+    ) {
+        self.evaluate_any(f, kernel, scales, rounded)
     }
 
     #[inline(always)]
-    fn evaluate_any(&self, kernel: &mut [f64], scales: &mut [f64], rounded: &mut [i32]) {
+    fn evaluate_any<F: Fn(f64) -> f64>(
+        &self,
+        f: F,
+        kernel: &mut [f64],
+        scales: &mut [f64],
+        rounded: &mut [i32],
+    ) {
         let out = self.starts.len();
         // First each output's sum of weights, then in its place the factor that normalises them.
         scales.fill(0.0);
@@ -186,12 +270,12 @@ impl Taps<'_> {
                 taps.zip(self.centers.iter().zip(scales.iter_mut()))
             {
                 let x = (lo as f64 + k as f64 + 0.5 - center) * self.inverse_filter_scale;
-                *w = if (k as u32) < count { bicubic(x) } else { 0.0 };
+                *w = if (k as u32) < count { f(x) } else { 0.0 };
                 *total += *w;
             }
         }
-        // An output whose taps all fell outside the kernel (not reachable with support 2, but
-        // cheap to rule out) copies its first input. Checked apart, so the loop below vectorises.
+        // An output whose taps all fell outside the kernel (not reachable with support 1 or 2,
+        // but cheap to rule out) copies its first input. Checked apart, so the loop below vectorises.
         if scales.contains(&0.0) {
             for (o, total) in scales.iter_mut().enumerate() {
                 if *total == 0.0 {

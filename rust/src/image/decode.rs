@@ -258,20 +258,35 @@ impl Decoder {
         max_pixels: u64,
         partial: bool,
     ) -> Result<Pixels<'_>, DecodeError> {
+        self.decode_to(bytes, probe, region, (target, target), max_pixels, partial)
+    }
+
+    /// As [`decode`](Self::decode), for a resize to `target` = (width, height): the DCT
+    /// reduction keeps the region at least that wide and that tall.
+    pub fn decode_to(
+        &mut self,
+        bytes: &[u8],
+        probe: &Probe,
+        region: CropBox,
+        target: (u32, u32),
+        max_pixels: u64,
+        partial: bool,
+    ) -> Result<Pixels<'_>, DecodeError> {
         check_pixels(probe.width, probe.height, max_pixels)?;
         let (w, h) = match (probe.format, probe.jpeg) {
             (Format::Jpeg, Some(header)) => {
                 let reduction = if header.lossless {
                     1
                 } else {
-                    dct_reduction(region.min_side(), target)
+                    dct_reduction(region, target)
                 };
                 let planes = probe.orientation <= 1
                     && !header.lossless
                     && matches!(header.colorspace, Colorspace::YCbCr | Colorspace::Gray)
                     && header.subsampling != Subsampling::Unknown;
                 if planes {
-                    let stop = (partial && target > 0).then_some((region, target));
+                    let stop =
+                        (partial && target.0 > 0 && target.1 > 0).then_some((region, target));
                     // As with TurboJPEG below, a failed decode leaves no state behind.
                     let layout = self
                         .decode_jpeg_planes(bytes, probe, reduction, stop)
@@ -344,7 +359,7 @@ impl Decoder {
         bytes: &[u8],
         probe: &Probe,
         reduction: u32,
-        stop: Option<(CropBox, u32)>,
+        stop: Option<(CropBox, (u32, u32))>,
     ) -> Result<PlanesLayout, DecodeError> {
         let corrupt = |e: String| DecodeError::corrupt(format!("jpeg: {e}"));
         if self.raw.is_none() {
@@ -496,10 +511,11 @@ fn reduced_handle(
 /// `region_side` stored pixels at least `target` pixels, as Pillow's `draft()` chooses.
 /// libjpeg-turbo has SIMD IDCTs for these factors; the other M/8 factors run its plain C code
 /// and measured slower than a full-size decode here.
-fn dct_reduction(region_side: u32, target: u32) -> u32 {
+fn dct_reduction(region: CropBox, (tw, th): (u32, u32)) -> u32 {
+    let (rw, rh) = (region.w.floor() as u32, region.h.floor() as u32);
     let mut denom = 1;
-    if target > 0 {
-        while denom < 8 && region_side.div_ceil(denom * 2) >= target {
+    if tw > 0 && th > 0 {
+        while denom < 8 && rw.div_ceil(denom * 2) >= tw && rh.div_ceil(denom * 2) >= th {
             denom *= 2;
         }
     }

@@ -3,10 +3,13 @@
 //! `decode` reads the header, checks the limits and decodes (JPEG through libjpeg-turbo:
 //! `jpeg` for packed RGB/CMYK, `jpeg_raw` for raw Y/Cb/Cr planes that stop at the crop; PNG
 //! and WebP through the `image` crate); `resize` computes the crop and writes `[3, S, S]` into
-//! the slot, resampling JPEG planes with `convolve`. Nothing here knows about shards or batches.
+//! the slot, resampling JPEG planes with `convolve`; `patches` is the NaFlex kind's geometry
+//! (the patch grid under a budget, its crop, the patch layout). Nothing here knows about shards
+//! or batches.
 
 pub mod convolve;
 pub mod decode;
 pub mod jpeg;
 pub mod jpeg_raw;
+pub mod patches;
 pub mod resize;

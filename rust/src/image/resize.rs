@@ -11,7 +11,7 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{Filter, FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use crate::error::Reason;
-use crate::image::convolve::{self, Weights};
+use crate::image::convolve::{self, Kernel, Weights};
 use crate::image::decode::{DecodeError, Pixels, Planes, Rgb, YCbCr};
 use crate::rng::SplitMix64;
 
@@ -134,11 +134,28 @@ impl Transformer {
         size: u32,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
-        let n = size as usize * size as usize;
-        assert_eq!(out.len(), 3 * n, "slot must hold one [3, size, size] image");
+        self.resize_into_planar(img, region, (size, size), Kernel::Bicubic, out)
+    }
+
+    /// Resizes `region` of `img` to `width x height` with `kernel` (antialiased when
+    /// shrinking) and writes it as RGB [3, height, width] into `out`.
+    pub fn resize_into_planar(
+        &mut self,
+        img: &Pixels<'_>,
+        region: CropBox,
+        size: (u32, u32),
+        kernel: Kernel,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        let n = size.0 as usize * size.1 as usize;
+        assert_eq!(
+            out.len(),
+            3 * n,
+            "slot must hold one [3, height, width] image"
+        );
         match img {
-            Pixels::Rgb(rgb) => self.rgb_into_chw(rgb, region, size, out),
-            Pixels::YCbCr(planes) => self.ycbcr_into_chw(planes, region, size, out),
+            Pixels::Rgb(rgb) => self.rgb_into_chw(rgb, region, size, kernel, out),
+            Pixels::YCbCr(planes) => self.ycbcr_into_chw(planes, region, size, kernel, out),
         }
     }
 
@@ -146,24 +163,26 @@ impl Transformer {
         &mut self,
         img: &YCbCr<'_>,
         region: CropBox,
-        size: u32,
+        size: (u32, u32),
+        kernel: Kernel,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
-        let n = size as usize * size as usize;
+        let n = size.0 as usize * size.1 as usize;
         let Some(chroma) = img.chroma else {
             let (gray, rest) = out.split_at_mut(n);
-            self.luma.resize(img.luma, region, size, gray)?;
+            self.luma.resize(img.luma, region, size, kernel, gray)?;
             rest[..n].copy_from_slice(gray);
             rest[n..].copy_from_slice(gray);
             return Ok(());
         };
         crate::image::decode::grow(&mut self.ycc, 3 * n);
         let (luma_out, chroma_out) = self.ycc[..3 * n].split_at_mut(n);
-        self.luma.resize(img.luma, region, size, luma_out)?;
+        self.luma.resize(img.luma, region, size, kernel, luma_out)?;
         self.chroma.resize(
             chroma,
             chroma_region(region, img.subsampling),
             size,
+            kernel,
             chroma_out,
         )?;
         let (cb_out, cr_out) = chroma_out.split_at(n);
@@ -175,17 +194,18 @@ impl Transformer {
         &mut self,
         img: &Rgb<'_>,
         region: CropBox,
-        size: u32,
+        (width, height): (u32, u32),
+        kernel: Kernel,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
-        let n = size as usize * size as usize;
+        let n = width as usize * height as usize;
         let src = ImageRef::new(img.width, img.height, img.pixels, PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
         crate::image::decode::grow(&mut self.hwc, 3 * n);
-        let mut dst = Image::from_slice_u8(size, size, &mut self.hwc[..3 * n], PixelType::U8x3)
+        let mut dst = Image::from_slice_u8(width, height, &mut self.hwc[..3 * n], PixelType::U8x3)
             .map_err(|e| fail(e.to_string()))?;
         self.resizer
-            .resize(&src, &mut dst, &options(region))
+            .resize(&src, &mut dst, &options(region, kernel))
             .map_err(|e| fail(e.to_string()))?;
         let (r, rest) = out.split_at_mut(n);
         let (g, b) = rest.split_at_mut(n);
@@ -216,12 +236,13 @@ pub struct Window {
     pub y: (u32, u32),
 }
 
-/// What resizing `region` (luma coordinates) of a JPEG's planes to `size x size` reads of the
-/// luma plane (`luma` = its width and height) and, for colour images, of the chroma plane
-/// (its size, and the luma pixels per chroma sample). A decoder may skip everything else.
+/// What resizing `region` (luma coordinates) of a JPEG's planes to `size` (width, height)
+/// reads of the luma plane (`luma` = its width and height) and, for colour images, of the
+/// chroma plane (its size, and the luma pixels per chroma sample), with either kernel (the
+/// bicubic window, the wider). A decoder may skip everything else.
 pub fn planes_windows(
     region: CropBox,
-    size: u32,
+    size: (u32, u32),
     luma: (u32, u32),
     chroma: Option<((u32, u32), (u32, u32))>,
 ) -> (Window, Option<Window>) {
@@ -252,8 +273,21 @@ fn bicubic_never_zero(x: f64) -> f64 {
     }
 }
 
-fn options(region: CropBox) -> ResizeOptions {
-    let filter = Filter::new("bicubic", bicubic_never_zero, 2.0).expect("positive finite support");
+/// Pillow's BILINEAR (the triangle), never an exact zero up to and including its support's
+/// edge, for the same reason as [`bicubic_never_zero`]: a tap exactly 1 away weighs 0.
+fn bilinear_never_zero(x: f64) -> f64 {
+    match convolve::bilinear(x) {
+        0.0 if x.abs() <= 1.0 => 1e-12,
+        w => w,
+    }
+}
+
+fn options(region: CropBox, kernel: Kernel) -> ResizeOptions {
+    let filter = match kernel {
+        Kernel::Bicubic => Filter::new("bicubic", bicubic_never_zero, 2.0),
+        Kernel::Bilinear => Filter::new("bilinear", bilinear_never_zero, 1.0),
+    }
+    .expect("positive finite support");
     ResizeOptions::new()
         .resize_alg(ResizeAlg::Convolution(FilterType::Custom(filter)))
         .crop(region.x, region.y, region.w.max(1.0), region.h.max(1.0))
@@ -271,8 +305,9 @@ struct PlaneResizer {
 }
 
 impl PlaneResizer {
-    /// Columns the horizontal filter can touch, with a pixel to spare: the pass over the
-    /// transposed strip then sees exactly the neighbourhood a one-pass resize would.
+    /// Columns the horizontal filter (either kernel: bicubic's radius, the wider) can touch
+    /// when resizing to `size` columns, with a pixel to spare: the pass over the transposed
+    /// strip then sees exactly the neighbourhood a one-pass resize would.
     fn strip(region: CropBox, size: u32, width: u32) -> (u32, u32) {
         let radius = 2.0 * (region.w / size as f64).max(1.0);
         let x0 = (region.x - radius - 1.0).floor().max(0.0) as u32;
@@ -280,42 +315,44 @@ impl PlaneResizer {
         (x0, x1)
     }
 
-    /// What [`resize`](Self::resize) reads of a `width x height` plane: the strip's columns, and
-    /// the rows of the vertical pass's weights.
-    fn window(region: CropBox, size: u32, (width, height): (u32, u32)) -> Window {
+    /// What [`resize`](Self::resize) to `(out_w, out_h)` reads of a `width x height` plane:
+    /// the strip's columns, and the rows of the vertical pass's weights.
+    fn window(region: CropBox, (out_w, out_h): (u32, u32), (width, height): (u32, u32)) -> Window {
         Window {
-            x: Self::strip(region, size, width),
-            y: convolve::input_span(height, region.y, region.y + region.h, size),
+            x: Self::strip(region, out_w, width),
+            y: convolve::input_span(height, region.y, region.y + region.h, out_h),
         }
     }
 
-    /// Resizes `region` of each of `src`'s planes to `size x size`, written one after another
-    /// into `out` (`src.count * size * size` bytes).
+    /// Resizes `region` of each of `src`'s planes to `out_w x out_h` with `kernel`, written one
+    /// after another into `out` (`src.count * out_w * out_h` bytes).
     fn resize(
         &mut self,
         src: Planes<'_>,
         region: CropBox,
-        size: u32,
+        (out_w, out_h): (u32, u32),
+        kernel: Kernel,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let (count, width, pitch) = (src.count as usize, src.width as usize, src.pitch as usize);
-        let side = size as usize;
-        let square = side * side;
-        assert_eq!(out.len(), count * square, "output must hold every plane");
+        let (cols, rows) = (out_w as usize, out_h as usize);
+        let area = cols * rows;
+        assert_eq!(out.len(), count * area, "output must hold every plane");
         assert!(pitch >= width, "a plane's rows hold its width");
         if region.w <= 0.0 || region.h <= 0.0 || width == 0 || src.height == 0 {
             return Err(fail(format!("empty region {region:?}")));
         }
-        let (x0, x1) = Self::strip(region, size, width as u32);
+        let (x0, x1) = Self::strip(region, out_w, width as u32);
         let (x0, strip) = (x0 as usize, (x1 - x0) as usize);
-        crate::image::decode::grow(&mut self.rows, count * (strip * side).max(square));
-        crate::image::decode::grow(&mut self.columns, count * strip * side);
-        let wide = count * side;
+        crate::image::decode::grow(&mut self.rows, count * (strip * rows).max(area));
+        crate::image::decode::grow(&mut self.columns, count * strip * rows);
+        // The transposed strips side by side: `strip` rows of `wide` (each plane's `rows`).
+        let wide = count * rows;
 
         self.down
-            .compute(src.height, region.y, region.y + region.h, size);
+            .compute_with(kernel, src.height, region.y, region.y + region.h, out_h);
         for p in 0..count {
-            let tall = &mut self.rows[p * strip * side..][..strip * side];
+            let tall = &mut self.rows[p * strip * rows..][..strip * rows];
             convolve::vertical(
                 &src.data[p * pitch + x0..],
                 count * pitch,
@@ -329,19 +366,19 @@ impl PlaneResizer {
                 tall,
                 strip,
                 strip,
-                side,
-                &mut self.columns[p * side..],
+                rows,
+                &mut self.columns[p * rows..],
                 wide,
             );
         }
 
         let from = region.x - x0 as f64;
         self.across
-            .compute(strip as u32, from, from + region.w, size);
-        let sideways = &mut self.rows[..wide * side];
+            .compute_with(kernel, strip as u32, from, from + region.w, out_w);
+        let sideways = &mut self.rows[..wide * cols];
         convolve::vertical(&self.columns, wide, wide, &self.across, sideways, wide);
-        for (p, plane_out) in out.chunks_exact_mut(square).enumerate() {
-            convolve::transpose(&sideways[p * side..], wide, side, side, plane_out, side);
+        for (p, plane_out) in out.chunks_exact_mut(area).enumerate() {
+            convolve::transpose(&sideways[p * rows..], wide, rows, cols, plane_out, cols);
         }
         Ok(())
     }
@@ -502,7 +539,7 @@ mod tests {
         };
         let mut out = vec![0u8; 224 * 224];
         PlaneResizer::default()
-            .resize(plane, region, 224, &mut out)
+            .resize(plane, region, (224, 224), Kernel::Bicubic, &mut out)
             .unwrap();
         let rgb: Vec<u8> = data.iter().flat_map(|&v| [v, v, v]).collect();
         let img = Pixels::Rgb(Rgb {
@@ -515,6 +552,64 @@ mod tests {
             .resize_into_chw(&img, region, 224, &mut chw)
             .unwrap();
         assert_eq!(&chw[..224 * 224], &out[..]);
+    }
+
+    /// To a non-square size (NaFlex's targets), shrinking one axis and growing the other, the
+    /// plane path and the packed-RGB path (fast_image_resize) agree with either kernel: the
+    /// plane path's transposes keep rows and columns apart. Within 1 with the triangle, 2 with
+    /// the cubic: the paths run their passes in opposite orders and round to u8 in between,
+    /// and the cubic's overshoot is clamped there (a square 48x48 is held to the same bound).
+    #[test]
+    fn plane_and_rgb_paths_agree_on_non_square_targets() {
+        let (w, h) = (131u32, 97u32);
+        let data: Vec<u8> = (0..w * h)
+            .map(|i| ((i % w) * 255 / w + (i / w) * 3 % 40) as u8)
+            .collect();
+        let plane = Planes {
+            count: 1,
+            width: w,
+            height: h,
+            pitch: w,
+            data: &data,
+        };
+        let rgb: Vec<u8> = data.iter().flat_map(|&v| [v, v, v]).collect();
+        let img = Pixels::Rgb(Rgb {
+            width: w,
+            height: h,
+            pixels: &rgb,
+        });
+        let region = CropBox {
+            x: 3.0,
+            y: 0.0,
+            w: 120.0,
+            h: 97.0,
+        };
+        for kernel in [Kernel::Bilinear, Kernel::Bicubic] {
+            let tolerance = if kernel == Kernel::Bilinear { 1 } else { 2 };
+            for (ow, oh) in [(48u32, 160u32), (176, 32), (16, 16), (48, 48)] {
+                let n = (ow * oh) as usize;
+                let mut planes = vec![0u8; n];
+                PlaneResizer::default()
+                    .resize(plane, region, (ow, oh), kernel, &mut planes)
+                    .unwrap();
+                let mut chw = vec![0u8; 3 * n];
+                Transformer::new()
+                    .resize_into_planar(&img, region, (ow, oh), kernel, &mut chw)
+                    .unwrap();
+                let worst = planes
+                    .iter()
+                    .zip(&chw[..n])
+                    .map(|(&a, &b)| (a as i16 - b as i16).abs())
+                    .max()
+                    .unwrap();
+                assert!(worst <= tolerance, "{kernel:?} {ow}x{oh}: off by {worst}");
+                // Red grows along x in both: the resize did not swap the axes.
+                assert!(
+                    planes[ow as usize - 1] > planes[0] + 150,
+                    "{kernel:?} {ow}x{oh}"
+                );
+            }
+        }
     }
 
     #[test]

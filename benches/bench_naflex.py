@@ -1,0 +1,166 @@
+"""NaFlex batches per core (issue 30): the same shards of real photos to SigLIP 2 NaFlex batches
+(``pixel_values [B, N, 3*p*p]``, ``pixel_attention_mask``, ``spatial_shapes``) plus captions.
+
+  webdataset + Siglip2ImageProcessorPil     PIL decode, transformers' PIL ("slow") processor
+  webdataset + Siglip2ImageProcessor        PIL decode, transformers' torchvision ("fast") one
+  shardstream, 1 thread                      sample=NaFlex(...), pinned to one core
+
+Every contender runs pinned to one core in its own process, yields uint8-scale patches (the
+processors with ``do_rescale=False, do_normalize=False``: normalisation belongs on the device
+for all three) in batches of ``--batch`` images, and keeps its best of ``--repeat`` rounds taken
+in turn (benches/_harness.py). torch is limited to one thread in the processor workers.
+
+    python benches/bench_naflex.py [--samples 2000] [--repeat 3] [--patch-size 16] [--max-patches 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+
+from _harness import pin, print_result, try_worker
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROCESSORS = {"pil": "Siglip2ImageProcessorPil", "torchvision": "Siglip2ImageProcessor"}
+
+
+def make_processor(processor: str, patch: int, budget: int):
+    """The processor, warmed up on one image (its first call imports and initialises lazily:
+    not part of the job)."""
+    import torch
+    import transformers
+    from PIL import Image
+
+    torch.set_num_threads(1)
+    proc = getattr(transformers, PROCESSORS[processor])(
+        patch_size=patch, max_num_patches=budget, do_rescale=False, do_normalize=False
+    )
+    proc(images=[Image.new("RGB", (320, 240))], return_tensors="pt")
+    return proc
+
+
+def run_webdataset(paths: list[str], proc, batch: int, patch: int, budget: int) -> int:
+    import webdataset as wds
+    from PIL import Image
+
+    ds = wds.WebDataset(paths, shardshuffle=False).to_tuple("jpg", "txt")
+    n, images = 0, []
+
+    def flush() -> int:
+        out = proc(images=images, return_tensors="pt")
+        assert out["pixel_values"].shape[1:] == (budget, 3 * patch * patch)
+        return len(images)
+
+    for jpg, _txt in ds:
+        images.append(Image.open(io.BytesIO(jpg)).convert("RGB"))
+        if len(images) == batch:
+            n += flush()
+            images = []
+    if images:
+        n += flush()
+    return n
+
+
+def run_shardstream(paths: list[str], batch: int, patch: int, budget: int) -> int:
+    import shardstream
+    from shardstream.kinds import NaFlex
+
+    loader = shardstream.ShardLoader(
+        paths,
+        batch_size=batch,
+        threads=1,
+        shuffle_buffer=1,
+        drop_last=False,
+        sample=NaFlex(patch_size=patch, max_num_patches=budget),
+    )
+    n = 0
+    for b in loader:
+        assert b.pixel_values.shape[1:] == (budget, 3 * patch * patch)
+        n += len(b.keys)
+    return n
+
+
+def worker(args) -> None:
+    paths = json.loads(args.paths)
+    pin(args.cpus)
+    # Imports (torch, transformers) are not part of the job.
+    import shardstream.loader  # noqa: F401
+
+    batch, patch, budget = int(args.batch), int(args.patch_size), int(args.max_patches)
+    proc = None
+    if args.worker != "shardstream":
+        import webdataset  # noqa: F401
+
+        proc = make_processor(args.worker, patch, budget)
+    start = time.perf_counter()
+    if proc is None:
+        n = run_shardstream(paths, batch, patch, budget)
+    else:
+        n = run_webdataset(paths, proc, batch, patch, budget)
+    print_result({"samples": n, "seconds": time.perf_counter() - start})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; each contender keeps its best")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--patch-size", type=int, default=16)
+    ap.add_argument("--max-patches", type=int, default=256)
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardstream-bench-naflex"))
+    ap.add_argument("--worker")
+    ap.add_argument("--paths")
+    ap.add_argument("--cpus")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    sys.path.insert(0, HERE)
+    import photo_shards
+
+    per_shard = min(250, max(1, args.samples))
+    paths = photo_shards.build(args.dir, shards=max(1, args.samples // per_shard), per_shard=per_shard)
+    one = [sorted(os.sched_getaffinity(0))[-1]]
+    print(
+        f"{len(paths)} shards x {per_shard} real-photo JPEGs (256-512 px), NaFlex patch "
+        f"{args.patch_size}, max_num_patches {args.max_patches}, batches of {args.batch}; 1 core"
+    )
+    runs = {
+        "webdataset + Siglip2ImageProcessorPil": "pil",
+        "webdataset + Siglip2ImageProcessor (torchvision)": "torchvision",
+        "shardstream, 1 thread": "shardstream",
+    }
+    options = {
+        "paths": paths,
+        "cpus": one,
+        "batch": args.batch,
+        "patch-size": args.patch_size,
+        "max-patches": args.max_patches,
+    }
+    rounds: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(max(1, args.repeat)):
+        for label, name in runs.items():
+            r = try_worker(__file__, name, options)
+            if r:
+                rounds[label].append(r["samples"] / r["seconds"])
+    best = {label: max(rates) for label, rates in rounds.items() if rates}
+    for label, rates in rounds.items():
+        if rates:
+            spread = ", ".join(f"{r:.0f}" for r in rates)
+            print(f"  {label:50s} {best[label]:8.1f} samples/s   (rounds: {spread})")
+    ours = best.get("shardstream, 1 thread")
+    if ours is None:
+        return
+    print("\nratios (samples/s per core):")
+    for label, rate in best.items():
+        if label != "shardstream, 1 thread":
+            print(f"  shardstream / {label:50s} {ours / rate:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
