@@ -395,3 +395,43 @@ def test_long_documents_encode_to_the_packages_ids_in_memory_that_does_not_grow_
     # The ids themselves (a Python list of ints) take about 36 bytes each; the encoder's own
     # memory stays near one piece's, instead of 170 x 12 MB = 2 GB.
     assert grown_mb < 40 * n / 1e6 + 200, (grown_mb, n)
+
+
+def test_a_two_source_mixture_keeps_each_sources_share_of_every_batch_and_resumes_exactly(
+    counts, small_corpus, tmp_path
+):
+    from shardstream import TextMixture, TextSource
+
+    code = write_code_tars(str(tmp_path / "code"), [(n, t.encode()) for n, t in stdlib_sources(30)], shards=2)
+    code_counts = count_tokens(code, tokenizer=GPT2_STYLE, text_key="py")
+    sources = [TextSource(small_corpus[1], 0.7, "captions"), TextSource(code_counts, 0.3, "code")]
+    kw = dict(batch_size=10, seq_len=48, block_rows=4, seed=4, world_size=2)
+    mixes = [TextMixture(sources, rank=r, **kw) for r in range(2)]
+    assert mixes[0].rows == [7, 3] and len(mixes[0]) == len(mixes[1]) > 0
+    whole = [[b.input_ids.numpy().copy() for b in m] for m in mixes]
+    # Rows 0..6 of every batch are the captions source's, rows 7..9 the code source's, each as
+    # that corpus's own loader yields them: a 7:3 token share in every batch.
+    for rank in range(2):
+        parts = [
+            TextLoader(
+                c, batch_size=rows, seq_len=48, block_rows=4, seed=4 * 1_000_003 + i, rank=rank, world_size=2
+            )
+            for i, (c, rows) in enumerate([(small_corpus[1], 7), (code_counts, 3)])
+        ]
+        alone = [[b.input_ids.numpy().copy() for b in p] for p in parts]
+        for j, batch in enumerate(whole[rank]):
+            assert np.array_equal(batch[:7], alone[0][j]) and np.array_equal(batch[7:], alone[1][j])
+    stats = mixes[0].stats["tokens_by_source"]
+    assert stats["captions"] * 3 == stats["code"] * 7
+    # Stopped after 4 batches and resumed: exactly the batches that would have followed.
+    first = TextMixture(sources, rank=1, **kw)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    it.close()
+    resumed = TextMixture(sources, rank=1, **kw)
+    resumed.load_state_dict(state)
+    rest = [b.input_ids.numpy().copy() for b in resumed]
+    assert len(rest) == len(whole[1]) - 4
+    assert all(np.array_equal(a, b) for a, b in zip(rest, whole[1][4:], strict=True))

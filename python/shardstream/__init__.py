@@ -11,7 +11,8 @@ Loading batches
 Text corpora (the packed text kind, :mod:`shardstream.kinds.text`)
     :func:`count_tokens` (each unit's tokens under a tokenizer, once), :class:`TokenCounts`,
     :class:`TextLoader` (documents packed into token rows, exact across ranks),
-    :class:`TextBatch` (one batch of rows).
+    :class:`TextBatch` (one batch of rows), :class:`TextMixture` and :class:`TextSource` (corpora
+    mixed by token weight, stratified per batch).
 
 Sample kinds
     :class:`NaFlex` (``ShardLoader(..., sample=NaFlex(...))``: images at their own aspect ratio as
@@ -53,6 +54,7 @@ from shardstream.writer import ShardWriter
 
 if TYPE_CHECKING:
     from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts, count_tokens
+    from shardstream.kinds.text_mixture import TextMixture, TextSource
     from shardstream.loader import Batch, ShardLoader
 
 __all__ = [
@@ -68,6 +70,8 @@ __all__ = [
     "TokenCounts",
     "TextLoader",
     "TextBatch",
+    "TextMixture",
+    "TextSource",
     # sample kinds
     "NaFlex",
     "NaFlexBatch",
@@ -99,4 +103,8 @@ def __getattr__(name: str) -> Any:
         from shardstream.kinds import text
 
         return getattr(text, name)
+    if name in ("TextMixture", "TextSource"):
+        from shardstream.kinds import text_mixture
+
+        return getattr(text_mixture, name)
     raise AttributeError(f"module 'shardstream' has no attribute {name!r}")
