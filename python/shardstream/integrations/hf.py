@@ -25,7 +25,7 @@ from shardstream.loader import Batch, ShardLoader
 transformers = require("transformers", "hf", "hf")
 torch = require("torch", "hf", "hf")
 
-__all__ = ["CLIPCollator", "CausalLMCollator", "ShardTrainer"]
+__all__ = ["CLIPCollator", "CausalLMCollator", "Siglip2Collator", "ShardTrainer"]
 
 # The file beside Trainer's own in each checkpoint-N folder.
 LOADER_STATE_NAME = "shardstream_loader.json"
@@ -65,6 +65,27 @@ class CLIPCollator:
             "pixel_values": pixels,
             "input_ids": tokens,
             "attention_mask": (tokens != self.pad_token_id).long(),
+            "return_loss": True,
+        }
+
+
+class Siglip2Collator:
+    """A :class:`~shardstream.NaFlexBatch` as ``transformers.Siglip2Model`` takes it:
+    ``pixel_values`` rescaled to [-1, 1] (its processors' mean and std of 0.5, on whatever device
+    the batch is on), ``pixel_attention_mask``, ``spatial_shapes``, ``input_ids`` from the
+    loader's tokens (make the loader with ``tokenizer=``, e.g. SigLIP 2's Gemma
+    ``tokenizer.json``; SigLIP pads to the context length and uses no attention mask) and
+    ``return_loss=True``.
+    """
+
+    def __call__(self, batch: Any) -> dict[str, Any]:
+        if batch.tokens is None:
+            raise ValueError("Siglip2Collator needs tokenized captions: make the ShardLoader with tokenizer=")
+        return {
+            "pixel_values": torch.as_tensor(batch.pixel_values).float() / 127.5 - 1.0,
+            "pixel_attention_mask": torch.as_tensor(batch.pixel_attention_mask),
+            "spatial_shapes": torch.as_tensor(batch.spatial_shapes),
+            "input_ids": torch.as_tensor(batch.tokens),
             "return_loss": True,
         }
 
