@@ -34,7 +34,8 @@ def naflex_loader(shards: str, index: str, rank: int | None = None, world: int |
     """The loader the runs train with; the test makes the same one for the reference keys."""
     return ShardLoader(
         shards, index=index, batch_size=4, seed=SEED, shuffle_buffer=6, threads=1, rank=rank,
-        world_size=world, tokenizer=TOKENIZER, context_length=16, sample=NaFlex(patch_size=16, max_num_patches=16),
+        world_size=world, tokenizer=TOKENIZER, context_length=16,
+        sample=NaFlex(patch_size=16, max_num_patches=16),
     )  # fmt: skip
 
 
