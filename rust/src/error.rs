@@ -46,10 +46,16 @@ pub enum Reason {
     Internal,
     /// A text kind's document has no text where the spec says (the member, column or field).
     MissingText,
+    /// A JSONL line that is not one JSON object (malformed JSON, an array or a scalar, or more
+    /// after the object), or a text kind's JSON member that does not parse.
+    BadJson,
+    /// A compressed file's stream (a JSONL `.gz` or `.zst`) is truncated or does not decode.
+    CorruptStream,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 18] = [
+    // New reasons go at the end, so that every existing one keeps its position.
+    pub const ALL: [Reason; 20] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -68,6 +74,8 @@ impl Reason {
         Reason::NullImage,
         Reason::Internal,
         Reason::MissingText,
+        Reason::BadJson,
+        Reason::CorruptStream,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -90,6 +98,8 @@ impl Reason {
             Reason::NullImage => "null_image",
             Reason::Internal => "internal_error",
             Reason::MissingText => "missing_text",
+            Reason::BadJson => "bad_json",
+            Reason::CorruptStream => "corrupt_stream",
         }
     }
 }
