@@ -264,3 +264,21 @@ def test_only_text_corpus_listings_take_jsonl_files(tmp_path):
         "e.parquet",
     ]
     assert set(SHARD_SUFFIXES) < set(TEXT_SUFFIXES)
+
+
+def test_a_jsonl_folder_on_the_hub_reads_as_the_local_files(jsonl_dir, monkeypatch, tmp_path):
+    from hub_server import LocalHub
+
+    folder = os.path.join(jsonl_dir, "jsonl.zst")
+    local = count_tokens(folder, tokenizer=GPT2_STYLE)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with LocalHub(token="hf_jsonl_test_token") as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        files = {f"data/{n}": open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))}
+        hub.push("acme/fineweb-like", {**files, "data/README.md": b"# not a shard\n"})
+        # The folder's listing takes the JSONL files and leaves the README.
+        remote = count_tokens("hf://datasets/acme/fineweb-like/data/", tokenizer=GPT2_STYLE)
+        assert [u["display"].rsplit("/", 1)[1] for u in remote.units] == sorted(os.listdir(folder))
+        assert [u["tokens"] for u in remote.units] == [u["tokens"] for u in local.units]
+        assert (remote.documents, remote.skipped, remote.failed) == (local.documents, {}, [])
