@@ -282,3 +282,29 @@ def test_a_jsonl_folder_on_the_hub_reads_as_the_local_files(jsonl_dir, monkeypat
         assert [u["display"].rsplit("/", 1)[1] for u in remote.units] == sorted(os.listdir(folder))
         assert [u["tokens"] for u in remote.units] == [u["tokens"] for u in local.units]
         assert (remote.documents, remote.skipped, remote.failed) == (local.documents, {}, [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_jsonl_prefix_on_s3_reads_as_the_local_files(jsonl_dir, hermetic_aws_env, monkeypatch, tmp_path):
+    from servers import SeaweedS3
+    from shardstream import SourceOptions
+
+    folder = os.path.join(jsonl_dir, "jsonl.gz")
+    local = count_tokens(folder, tokenizer=GPT2_STYLE)
+    local_rows = rows_of(TextLoader(local, rank=1, world_size=2, **LOADER))
+    with SeaweedS3(str(tmp_path / "seaweed")) as server:
+        server.upload_dir("text-corpus", folder, prefix="fineweb/")
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        source = SourceOptions(**server.s3_options())
+        # A prefix: the listing takes the JSONL files; each is read through a presigned URL.
+        remote = count_tokens("s3://text-corpus/fineweb/", tokenizer=GPT2_STYLE, source=source)
+        assert [u["display"] for u in remote.units] == [
+            f"s3://text-corpus/fineweb/part-{f:03d}.jsonl.gz" for f in range(FILES)
+        ]
+        assert [u["tokens"] for u in remote.units] == [u["tokens"] for u in local.units]
+        assert (remote.documents, remote.skipped, remote.failed) == (local.documents, {}, [])
+        rows = rows_of(TextLoader(remote, rank=1, world_size=2, source=source, **LOADER))
+    assert len(rows) == len(local_rows) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(rows, local_rows, strict=True))
