@@ -237,17 +237,16 @@ impl JsonlDocuments {
                 Box::new(BufReader::with_capacity(BUFFER, MultiGzDecoder::new(raw)))
             }
             Compression::Zstd => {
-                let mut decoder =
-                    zstd::stream::read::Decoder::with_buffer(raw).map_err(|e| Fault {
-                        reason: Reason::Internal,
-                        url: display.to_string(),
-                        key: String::new(),
-                        detail: format!("cannot start a zstd decoder: {e}"),
-                        kind: SourceKind::Other,
-                    })?;
-                // Zstandard's long-distance mode (`zstd --long`, used for some corpora) needs
-                // windows over the default 128 MiB limit; its memory is the file's window.
-                let _ = decoder.window_log_max(31);
+                // The decoder's default window limit (128 MiB) stays: a file must not choose how
+                // much memory its reader takes. A `zstd --long=31` file fails as corrupt_stream
+                // ("Frame requires too much memory"); recompress it without --long.
+                let decoder = zstd::stream::read::Decoder::with_buffer(raw).map_err(|e| Fault {
+                    reason: Reason::Internal,
+                    url: display.to_string(),
+                    key: String::new(),
+                    detail: format!("cannot start a zstd decoder: {e}"),
+                    kind: SourceKind::Other,
+                })?;
                 Box::new(BufReader::with_capacity(BUFFER, decoder))
             }
         };
