@@ -1,13 +1,16 @@
 """Real text corpora for the packed text kind's tests: Python standard library sources (code, with
 its indentation, some non-ASCII and astral characters) and the real captions of
 ``../shared/data`` (64 of them non-ASCII), written as Parquet files (FineWeb layout: a ``text``
-column, row groups as units) and as tars of ``.py`` members (StarCoder layout); and tokenizer.json
-files: the committed GPT-2-style and BERT-style fixtures plus a Llama-3-style one trained here."""
+column, row groups as units), as JSONL files (plain, gzip, zstd; one unit each) and as tars of
+``.py`` members (StarCoder layout); and tokenizer.json files: the committed GPT-2-style and
+BERT-style fixtures plus a Llama-3-style one trained here."""
 
 from __future__ import annotations
 
 import glob
+import gzip
 import io
+import json
 import os
 import sysconfig
 import tarfile
@@ -119,3 +122,48 @@ def llama3_style_tokenizer(path: str, docs: list[str], vocab: int = 2000) -> str
     tok.train_from_iterator(docs, trainer)
     tok.save(path)
     return path
+
+
+def jsonl_lines(docs: list[str], *, start: int = 0) -> list[bytes]:
+    """FineWeb-style JSONL lines: ``text`` among metadata fields (a nested object, a number, a
+    list), so the reader has to find the field rather than take the first one."""
+    return [
+        json.dumps(
+            {
+                "id": f"<urn:uuid:{start + i}>",
+                "meta": {"dump": "CC-MAIN-2024-10", "text": None},
+                "text": doc,
+                "language_score": 0.93,
+                "token_ids": [1, 2, 3],
+            }
+        ).encode()
+        + b"\n"
+        for i, doc in enumerate(docs)
+    ]
+
+
+def write_jsonl(path: str, lines: list[bytes]) -> str:
+    """``lines`` as one file, compressed as its name says (``.gz``: gzip, ``.zst``: zstd)."""
+    data = b"".join(lines)
+    if path.endswith(".gz"):
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    elif path.endswith(".zst"):
+        with pa.output_stream(path, compression="zstd") as f:
+            f.write(data)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
+    return path
+
+
+def write_jsonl_corpus(
+    directory: str, docs: list[str], *, files: int = 3, suffix: str = ".jsonl"
+) -> list[str]:
+    """The documents of :func:`write_parquet_corpus` (document i in file i mod ``files``) as
+    JSONL files ``part-NNN{suffix}``; their paths."""
+    os.makedirs(directory, exist_ok=True)
+    return [
+        write_jsonl(os.path.join(directory, f"part-{f:03d}{suffix}"), jsonl_lines(docs[f::files]))
+        for f in range(files)
+    ]

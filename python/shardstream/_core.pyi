@@ -377,9 +377,9 @@ def count_tokens(
     threads: int = 1,
     config: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per unit (Parquet row group or tar shard), in file order: url, first_row, rows, identity,
-    documents, tokens, skipped (by reason), examples (skipped documents), error (None, or the
-    fault that made the unit unreadable)."""
+    """Per unit (Parquet row group, JSONL file or tar shard), in file order: url, first_row, rows,
+    identity, documents, tokens, skipped (by reason), examples (skipped documents), error (None,
+    or the fault that made the unit unreadable)."""
 
 def packed_plan_counts(
     total: int, seed: int, epoch: int, phases: Sequence[tuple[PackShape, int]], current: PackShape

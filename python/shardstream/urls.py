@@ -4,8 +4,9 @@ A spec is a string or a list of strings. Each string may hold several parts sepa
 and each part may use brace expansion: ``{000..099}`` (zero padding kept), ``{0..10..2}``,
 ``{a,b,c}``, several and nested braces. Each expanded part is then resolved by its scheme:
 
-- a local path or ``file://``: a file, a directory (its ``.tar``, ``.tar.gz``, ``.tgz`` files) or
-  a glob (``/data/*.tar``);
+- a local path or ``file://``: a file, a directory (its ``.tar``, ``.tar.gz``, ``.tgz`` and
+  ``.parquet`` files; for a text corpus also its JSONL files, :data:`TEXT_SUFFIXES`) or a glob
+  (``/data/*.tar``: every file it matches, whatever its name);
 - ``http://`` / ``https://``: used as given;
 - ``s3://bucket/key``, ``s3://bucket/prefix/`` (listing) or ``s3://bucket/prefix/*.tar`` (glob;
   ``*`` stays within one path segment, ``**`` crosses them): listed with boto3; each shard keeps
@@ -22,6 +23,7 @@ credentials a user wrote into an http(s) URL) with a printable ``display`` (reda
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
@@ -35,7 +37,22 @@ from typing import Any
 from shardstream._deps import require
 from shardstream.errors import BadUrlError, CredentialsError, NotFoundError, SourceError
 
+#: The files a directory, S3 prefix or ``hf://`` folder listing takes as shards.
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".parquet")
+#: JSONL files (FineWeb, DCLM, The Stack v2; C4 and Dolma name theirs ``.json.gz``): the packed
+#: text kind reads them, image loaders do not, so only a text corpus's listings take them.
+JSONL_SUFFIXES = (
+    ".jsonl",
+    ".jsonl.gz",
+    ".jsonl.zst",
+    ".ndjson",
+    ".ndjson.gz",
+    ".ndjson.zst",
+    ".json.gz",
+    ".json.zst",
+)
+#: What a text corpus's listings take (``suffixes=`` of :func:`expand_urls`).
+TEXT_SUFFIXES = SHARD_SUFFIXES + JSONL_SUFFIXES
 REMOTE_SCHEMES = ("http", "https")
 KNOWN_SCHEMES = ("file", "http", "https", "s3", "hf")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -281,11 +298,11 @@ def scheme_of(url: str) -> str:
     return scheme
 
 
-def _is_shard_file(name: str) -> bool:
-    return name.endswith(SHARD_SUFFIXES)
+def _is_shard_file(name: str, suffixes: tuple[str, ...] = SHARD_SUFFIXES) -> bool:
+    return name.endswith(suffixes)
 
 
-def _expand_local(part: str) -> tuple[list[Shard], bool]:
+def _expand_local(part: str, suffixes: tuple[str, ...] = SHARD_SUFFIXES) -> tuple[list[Shard], bool]:
     path = os.path.expanduser(part[len("file://") :] if part.startswith("file://") else part)
     if _GLOB_CHARS.search(path):
         matches = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
@@ -293,11 +310,9 @@ def _expand_local(part: str) -> tuple[list[Shard], bool]:
             raise NotFoundError("unreadable", part, "", "no file matches this pattern")
         return [Shard(p, p) for p in matches], True
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, n) for n in os.listdir(path) if _is_shard_file(n))
+        files = sorted(os.path.join(path, n) for n in os.listdir(path) if _is_shard_file(n, suffixes))
         if not files:
-            raise NotFoundError(
-                "unreadable", part, "", f"no {'/'.join(SHARD_SUFFIXES)} files in this directory"
-            )
+            raise NotFoundError("unreadable", part, "", f"no {'/'.join(suffixes)} files in this directory")
         return [Shard(p, p) for p in files], True
     return [Shard(path, path)], False
 
@@ -312,6 +327,7 @@ def expand_urls(
     *,
     s3_options: S3Options | dict[str, Any] | None = None,
     check: str = "first",
+    suffixes: tuple[str, ...] = SHARD_SUFFIXES,
     **options: Any,
 ) -> list[Shard]:
     """Concrete shard URLs for ``spec`` (see the module docstring), in spec order.
@@ -322,11 +338,14 @@ def expand_urls(
     ``"all"`` checks every shard, ``"none"`` none (missing shards are then reported when read,
     and handled by the ``on_error`` policy). S3 options may be given as ``s3_options`` or as
     keywords (``endpoint_url=``, ``region=``, ``profile=``, ``expires_in=``, ``addressing_style=``);
-    reader options (:data:`READER_OPTIONS`) are accepted and ignored here.
+    reader options (:data:`READER_OPTIONS`) are accepted and ignored here. ``suffixes``: the
+    file name endings a directory, prefix or folder listing takes (default
+    :data:`SHARD_SUFFIXES`; a text corpus passes :data:`TEXT_SUFFIXES`); explicit names and
+    globs are taken whatever they end with.
     """
     if check not in ("first", "all", "none"):
         raise ValueError(f"check must be 'first', 'all' or 'none', not {check!r}")
-    resolver = _Resolver(_s3_options(s3_options, options))
+    resolver = _Resolver(_s3_options(s3_options, options), tuple(suffixes))
     checked_locations: set[str] = set()
     specs: Iterable[Any] = [spec] if isinstance(spec, (str, os.PathLike)) else spec
     out: list[Shard] = []
@@ -517,9 +536,10 @@ class _Resolver:
     call, so that credentials from the environment are read afresh each time but not once per
     shard."""
 
-    def __init__(self, s3: S3Options) -> None:
+    def __init__(self, s3: S3Options, suffixes: tuple[str, ...] = SHARD_SUFFIXES) -> None:
         self.s3 = s3
         self.signer = S3Signer(s3)
+        self.suffixes = suffixes
         self._hub: Any = None
 
     def client(self, where: str) -> Any:
@@ -529,12 +549,13 @@ class _Resolver:
         """(shards, whether they were found by listing a directory, glob or prefix)."""
         scheme = scheme_of(url)
         if scheme in ("local", "file"):
-            return _expand_local(url)
+            return _expand_local(url, self.suffixes)
         if scheme in REMOTE_SCHEMES:
             return [Shard(url)], False
         if scheme == "hf":
             # Every hf:// name is found in its folder's listing: proven without another call.
-            return self._hub_resolver().resolve(url, _is_shard_file, glob_to_regex), True
+            listed = functools.partial(_is_shard_file, suffixes=self.suffixes)
+            return self._hub_resolver().resolve(url, listed, glob_to_regex), True
         return self._expand_s3(url)
 
     def _hub_resolver(self) -> Any:
@@ -555,7 +576,7 @@ class _Resolver:
         bucket, key = parse_s3_url(url)
         client = self.client(url)
         listed = key == "" or key.endswith("/") or bool(_GLOB_CHARS.search(key))
-        objects = _list_s3(client, url, bucket, key) if listed else [(key, None)]
+        objects = _list_s3(client, url, bucket, key, self.suffixes) if listed else [(key, None)]
         shards = [Shard(f"s3://{bucket}/{k}", signer=self.signer, listed=stat) for k, stat in objects]
         return shards, listed
 
@@ -680,7 +701,7 @@ def _s3_call(where: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _list_s3(
-    client: Any, url: str, bucket: str, key_pattern: str
+    client: Any, url: str, bucket: str, key_pattern: str, suffixes: tuple[str, ...] = SHARD_SUFFIXES
 ) -> list[tuple[str, tuple[int, str] | None]]:
     """Keys under a prefix (``key_pattern`` ends with ``/``) or matching a glob, sorted, each with
     the (size, ETag) the listing gave (the content identity an index records, at no extra request)."""
@@ -699,7 +720,7 @@ def _list_s3(
     for page in _s3_call(url, lambda: list(paginator.paginate(**params))):
         for obj in page.get("Contents", []):
             key = obj["Key"]
-            if regex.match(key) if regex else _is_shard_file(key):
+            if regex.match(key) if regex else _is_shard_file(key, suffixes):
                 etag, size = obj.get("ETag"), obj.get("Size")
                 keys.append((key, (int(size), str(etag)) if etag and size is not None else None))
     if not keys:

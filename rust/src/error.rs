@@ -49,10 +49,16 @@ pub enum Reason {
     /// A NaFlex image's patch grid under `max_num_patches` has fewer patches than
     /// `min_num_patches` (an extreme aspect ratio: one side is held at one patch).
     TooFewPatches,
+    /// A JSONL line that is not one JSON object (malformed JSON, an array or a scalar, or more
+    /// after the object), or a text kind's JSON member that does not parse.
+    BadJson,
+    /// A compressed file's stream (a JSONL `.gz` or `.zst`) is truncated or does not decode.
+    CorruptStream,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 19] = [
+    // New reasons go at the end, so that every existing one keeps its position.
+    pub const ALL: [Reason; 21] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -72,6 +78,8 @@ impl Reason {
         Reason::Internal,
         Reason::MissingText,
         Reason::TooFewPatches,
+        Reason::BadJson,
+        Reason::CorruptStream,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -95,6 +103,8 @@ impl Reason {
             Reason::Internal => "internal_error",
             Reason::MissingText => "missing_text",
             Reason::TooFewPatches => "too_few_patches",
+            Reason::BadJson => "bad_json",
+            Reason::CorruptStream => "corrupt_stream",
         }
     }
 }

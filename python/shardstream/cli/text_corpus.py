@@ -1,5 +1,5 @@
 """``shardstream index --tokenizer`` and ``shardstream validate --tokenizer``: a text corpus
-(Parquet string column, tar text members, a JSON field) read and encoded as the packed text kind
+(Parquet string column, JSONL files, tar text members, a JSON field) read and encoded as the packed text kind
 reads it. ``index`` writes its token counts (what :class:`shardstream.TextLoader` plans epochs
 with); ``validate`` reports the documents it cannot use, with typed reasons."""
 
@@ -26,7 +26,8 @@ def add_text_options(p: argparse.ArgumentParser) -> None:
         "--text-key",
         default="text",
         metavar="KEY",
-        help="a Parquet string column or tar member extension (txt, py), or json:FIELD (default: text)",
+        help="a Parquet string column, a JSONL field (.jsonl, .jsonl.gz, .jsonl.zst, .json.gz files) or "
+        "tar member extension (txt, py), or json:FIELD (default: text)",
     )
     g.add_argument("--eos-token", metavar="TOKEN", help="appended to every document (default: the usual EOS)")
     g.add_argument("--bos-token", metavar="TOKEN", help="put before every document (default: none)")
@@ -35,7 +36,7 @@ def add_text_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="skip (and count) larger documents (default: 64 MiB)",
+        help="skip (and count) larger documents, for JSONL longer lines (default: 64 MiB)",
     )
 
 

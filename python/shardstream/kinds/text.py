@@ -1,11 +1,12 @@
-"""Text corpora packed into token rows: FineWeb-, The Stack- or StarCoder-style Parquet files and
-tars of text members, from disk, HTTP, S3 or ``hf://``, tokenized by a Hugging Face
+"""Text corpora packed into token rows: FineWeb-, The Stack- or StarCoder-style Parquet files,
+JSONL files (plain, ``.gz`` or ``.zst``: FineWeb, DCLM, The Stack v2, C4) and tars of text
+members, from disk, HTTP, S3 or ``hf://``, tokenized by a Hugging Face
 ``tokenizer.json`` in Rust threads and packed into ``[B, seq_len]`` rows.
 
 Two steps, as for images (an index, then a loader):
 
 1. :func:`count_tokens` reads every document once and records how many tokens each unit (a
-   Parquet row group, a tar shard) encodes to under the tokenizer: a small JSON file
+   Parquet row group, a JSONL file, a tar shard) encodes to under the tokenizer: a small JSON file
    (:class:`TokenCounts`), O(units), never O(documents).
 2. :class:`TextLoader` cuts the epoch's token stream into equal shares per rank from those
    counts (``plan::packed`` in the Rust core): every rank yields the same number of full rows,
@@ -60,14 +61,15 @@ class TokenCounts:
         tokenizer: Path of the ``tokenizer.json`` the tokens were counted with.
         fingerprint: Identifies that file's bytes with the EOS and BOS; a loader whose tokenizer
             differs refuses the counts.
-        text_key: Where each document's text is: a Parquet string column or a tar member's
-            extension (``text``, ``txt``, ``py``), or ``json:FIELD`` (a field of the JSON member).
+        text_key: Where each document's text is: a Parquet string column, a JSONL field or a tar
+            member's extension (``text``, ``txt``, ``py``), or ``json:FIELD`` (a field of the
+            JSON member, or of a JSONL line).
         eos_token: The token after every document (None: the tokenizer's usual EOS).
         bos_token: The token before every document, or None.
         max_document_bytes: Larger documents were skipped (and are skipped by the loader).
         units: One dict per unit in corpus order: ``url``, ``display``, ``first_row``, ``rows``
-            (None for a tar), ``identity`` (the file's ETag or size when counted), ``documents``,
-            ``tokens``, ``skipped`` (reason to count).
+            (None for a tar or a JSONL file), ``identity`` (the file's ETag or size when
+            counted), ``documents``, ``tokens``, ``skipped`` (reason to count).
         failed: Units that could not be read at all, with their ``error`` (reason, detail):
             they hold no tokens, so no epoch reads them.
     """
@@ -169,16 +171,27 @@ def count_tokens(
     GIL), so the plan's token positions are the loader's tokens.
 
     Args:
-        urls: Parquet files and tar shards: a path, glob, brace pattern, ``http(s)://``,
-            ``s3://`` or ``hf://`` URL, or a list of them (as :class:`~shardstream.ShardLoader`).
+        urls: Parquet files, JSONL files and tar shards: a path, glob, brace pattern,
+            ``http(s)://``, ``s3://`` or ``hf://`` URL, or a list of them (as
+            :class:`~shardstream.ShardLoader`; a directory or prefix listing also takes
+            ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``, ``.ndjson`` and ``.json.gz`` files). A
+            Parquet file's units are its row groups; a JSONL file (one JSON object per line, one
+            document per line, compressed by name or magic bytes) and a tar are one unit each.
         tokenizer: Path of a Hugging Face ``tokenizer.json`` (GPT-2, Llama 3, Qwen, StarCoder2,
             ...). Its ids are the ``tokenizers`` package's ``encode(text,
             add_special_tokens=False)``.
-        text_key: A Parquet string column or tar member extension, or ``json:FIELD``.
+        text_key: A Parquet string column, a JSONL field (``text``; ``json:text`` too) or a
+            tar member extension, or ``json:FIELD`` (a field of a tar sample's JSON member).
+            A JSONL line that cannot be used is skipped and counted with its reason and key
+            ``line N``: ``bad_json`` (not one JSON object), ``missing_text`` (the field absent or
+            null, or a blank line), ``wrong_type`` (not a string), ``bad_utf8``,
+            ``member_too_large`` (see ``max_document_bytes``); a truncated ``.gz``/``.zst``
+            stream fails its file (``corrupt_stream``).
         eos_token: Token appended to every document; None: the first of ``<|endoftext|>``,
             ``</s>``, ``<|end_of_text|>``, ``<eos>``, ``<|im_end|>`` in the vocabulary.
         bos_token: Token put before every document; None: none.
-        max_document_bytes: A larger document is skipped (reason ``member_too_large``).
+        max_document_bytes: A larger document is skipped (reason ``member_too_large``), never
+            held whole; for JSONL the limit is on the line (the JSON object around the text).
         threads: Threads reading and tokenizing (default: this process's share of the cores).
         output: If given, the counts are also saved there (see :meth:`TokenCounts.save`).
         source: How the files are fetched (S3 endpoint, cache, ...).
@@ -191,12 +204,12 @@ def count_tokens(
             no unit holds a single token (every file failed, or every document was skipped): the
             message names the most common reason.
     """
-    from shardstream.urls import expand_urls, source_config
+    from shardstream.urls import TEXT_SUFFIXES, expand_urls, source_config
 
     if max_document_bytes <= 0:
         raise OptionError("max_document_bytes", f"must be positive, not {max_document_bytes}")
     options = (source or SourceOptions()).keywords()
-    shards = expand_urls(urls, **options)
+    shards = expand_urls(urls, suffixes=TEXT_SUFFIXES, **options)
     if not shards:
         raise ValueError(f"no files match {urls!r}")
     config = source_config(shards, options)

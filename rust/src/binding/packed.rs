@@ -101,7 +101,8 @@ pub fn packed_encode(
     .map_err(PyValueError::new_err)
 }
 
-/// The units of one file: its row groups (Parquet) or the whole shard, with its identity.
+/// The units of one file: its row groups (Parquet), or the whole file (a JSONL file, a tar
+/// shard), with its identity.
 fn file_units(
     url: &str,
     opts: &SourceOptions,
@@ -183,9 +184,9 @@ fn count_dict<'py>(
     Ok(d)
 }
 
-/// Counts the tokens of every unit of `urls` (Parquet row groups, tar shards) on `threads`
-/// threads without the GIL: a list of dicts (url, first_row, rows, identity, documents, tokens,
-/// skipped, examples, error), units in file order.
+/// Counts the tokens of every unit of `urls` (Parquet row groups, JSONL files, tar shards) on
+/// `threads` threads without the GIL: a list of dicts (url, first_row, rows, identity,
+/// documents, tokens, skipped, examples, error), units in file order.
 #[pyfunction]
 #[pyo3(signature = (urls, tokenizer, text_key, eos_token = None, bos_token = None, max_document_bytes = 64 << 20, threads = 1, config = None))]
 #[allow(clippy::too_many_arguments)]

@@ -1,22 +1,23 @@
 //! A unit's documents: the text of each sample of a tar shard (a member such as `txt` or `py`,
-//! or a field of its JSON member) or of each row of a Parquet row group (a string column), in
-//! file order, checked (present, valid UTF-8, not over the size limit) but never trimmed: code
+//! or a field of its JSON member), of each row of a Parquet row group (a string column) or of
+//! each line of a JSONL file (a field; see `jsonl`), in file order, checked (present, valid UTF-8, not over the size limit) but never trimmed: code
 //! keeps its indentation. A document that cannot be used is a counted skip with a typed reason,
 //! the same in the token count and in the loader, so both see the same tokens.
 
 use std::sync::Arc;
 
+use super::jsonl::{is_jsonl_name, JsonlDocuments};
 use crate::batch::sample::CaptionSource;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::read::group::{open_shard, RawSample, SampleReader, ShardFault};
 use crate::read::parquet::{is_parquet_name, ColumnKind, ParquetFile};
 use crate::read::source::{redact_url, Expected, SourceOptions, SourceStats};
 
-/// One unit of a text corpus: a tar shard, or one row group of a Parquet file.
+/// One unit of a text corpus: a tar shard, a JSONL file, or one row group of a Parquet file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TextUnit {
     pub url: String,
-    /// The first row of a Parquet row group (0 for a tar).
+    /// The first row of a Parquet row group (0 for a tar or a JSONL file).
     pub first_row: u64,
     /// The rows of a Parquet row group; None: the whole shard.
     pub rows: Option<u64>,
@@ -37,7 +38,8 @@ impl TextUnit {
 /// Where a document's text is and how large it may be.
 #[derive(Clone, Debug)]
 pub struct TextSpec {
-    /// A Parquet column or tar member extension (`text`, `txt`, `py`), or `json:field`.
+    /// A Parquet column, a JSONL field or a tar member extension (`text`, `txt`, `py`), or
+    /// `json:field` (a field of a tar sample's JSON member, or of a JSONL line).
     pub source: CaptionSource,
     /// A larger document is skipped (`member_too_large`), never held whole.
     pub max_document_bytes: u64,
@@ -46,9 +48,17 @@ pub struct TextSpec {
 /// A document, or why it was skipped (its key and reason, counted by the caller).
 pub type Document = Result<String, Fault>;
 
+/// Where a unit's documents come from.
+enum Rows {
+    /// Tar samples or Parquet rows, the text taken out of each by `document_text`.
+    Samples(Box<dyn Iterator<Item = Result<RawSample, ShardFault>> + Send>),
+    /// The lines of a JSONL file, each already its document.
+    Jsonl(Box<JsonlDocuments>),
+}
+
 /// The documents of `unit`, in order; Err when the unit cannot be opened or its reading fails.
 pub struct UnitDocuments {
-    rows: Box<dyn Iterator<Item = Result<RawSample, ShardFault>> + Send>,
+    rows: Rows,
     left: Option<u64>,
     spec: TextSpec,
     display: String,
@@ -70,6 +80,38 @@ impl UnitDocuments {
             detail: f.detail,
             kind: f.kind,
         };
+        if is_jsonl_name(&unit.url) {
+            let field = match &spec.source {
+                CaptionSource::Member(name) => name,
+                CaptionSource::JsonField { member, field } if member == "json" => field,
+                other => {
+                    return Err(Fault {
+                        reason: Reason::MissingColumn,
+                        url: display,
+                        key: String::new(),
+                        detail: format!(
+                        "a JSONL file's text is a field, named FIELD or json:FIELD, not {other:?}"
+                    ),
+                        kind: SourceKind::Other,
+                    })
+                }
+            };
+            let docs = JsonlDocuments::open(
+                &unit.url,
+                field,
+                spec.max_document_bytes,
+                &expected,
+                opts,
+                stats,
+                &display,
+            )?;
+            return Ok(Self {
+                rows: Rows::Jsonl(Box::new(docs)),
+                left: unit.rows,
+                spec: spec.clone(),
+                display,
+            });
+        }
         let rows: Box<dyn Iterator<Item = Result<RawSample, ShardFault>> + Send> =
             if is_parquet_name(&unit.url) {
                 let file = ParquetFile::open(&unit.url, &expected, opts, stats).map_err(fault)?;
@@ -110,7 +152,7 @@ impl UnitDocuments {
                 Box::new(reader)
             };
         Ok(Self {
-            rows,
+            rows: Rows::Samples(rows),
             left: unit.rows,
             spec: spec.clone(),
             display,
@@ -122,7 +164,11 @@ impl UnitDocuments {
         if self.left == Some(0) {
             return None;
         }
-        let row = self.rows.next()?;
+        let rows = match &mut self.rows {
+            Rows::Samples(rows) => rows,
+            Rows::Jsonl(lines) => return lines.next_document(),
+        };
+        let row = rows.next()?;
         if let Some(left) = &mut self.left {
             *left -= 1;
         }
@@ -174,9 +220,11 @@ pub fn document_text(
         }
         CaptionSource::JsonField { member, field } => {
             let bytes = take(&mut raw, member)?;
-            let mut value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            let text = std::str::from_utf8(&bytes)
+                .map_err(|e| (Reason::BadUtf8, format!("{member:?}: {e}")))?;
+            let mut value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
                 (
-                    Reason::BadUtf8,
+                    Reason::BadJson,
                     format!("{member:?} member is not valid JSON: {e}"),
                 )
             })?;

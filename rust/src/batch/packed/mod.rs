@@ -3,8 +3,10 @@
 //! A kind owns what turns raw samples into its slot of a batch, and its batch layout; reading,
 //! sources, fault handling and the plan's arithmetic are shared. This kind's parts, one job
 //! each: `documents` (a unit's documents: a tar member, a JSON field or a Parquet string
-//! column, checked, not trimmed), `encoder` (a `tokenizer.json`, plus BOS/EOS per document; `windows` cuts long documents
-//! where the tokenizer provably splits, so memory does not grow with them),
+//! column, checked, not trimmed), `jsonl` (a JSONL file's lines, plain, gzip or zstd, each held
+//! only up to the document cap), `encoder` (a `tokenizer.json`, plus BOS/EOS per document;
+//! `windows` cuts long documents where the tokenizer provably splits, so memory does not grow
+//! with them),
 //! `count` (each unit's token count, once, what the plan cuts), `stream` (a reader's planned
 //! token positions, read unit by unit), `rows` (a block's rows in its seeded order, with
 //! document boundaries), `pipeline` (the threads and the lent buffers) and `stats`.
@@ -15,6 +17,7 @@
 pub mod count;
 pub mod documents;
 pub mod encoder;
+pub mod jsonl;
 pub mod pipeline;
 mod rows;
 pub mod stats;
