@@ -1,8 +1,8 @@
 """A causal LM trains on the packed text kind through transformers.Trainer (ShardTrainer and
-CausalLMCollator) on 2 CPU ranks under torchrun: a tiny GPT-2 from a config, on token rows of real
-text (standard library sources and the real captions). Its loss falls; stopped at step n with a
-checkpoint, resume_from_checkpoint trains on exactly the uninterrupted run's rows from step n+1;
-resumed on 1 rank, every token left is read once."""
+CausalLMCollator) on 2 CPU ranks under torchrun, each reading through 2 DataLoader workers: a tiny
+GPT-2 from a config, on token rows of real text (standard library sources and the real captions).
+Its loss falls; stopped at step n with a checkpoint, resume_from_checkpoint trains on exactly the
+uninterrupted run's rows from step n+1."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STOP, STEPS = 3, 8
+WORKERS = 2
 
 
 def logged(directory, rank: int) -> list[str]:
@@ -39,6 +40,7 @@ def runs(tmp_path_factory):
         args = [
             "--counts", counts_path, "--vocab", str(vocab), "--output-dir", str(root / name / "out"),
             "--log-dir", str(root / name / "log"), "--max-steps", str(max_steps), "--save-steps", str(STOP),
+            "--workers", str(WORKERS),
         ]  # fmt: skip
         if resume is not None:
             args += ["--resume", str(resume)]
@@ -46,13 +48,13 @@ def runs(tmp_path_factory):
         assert run.returncode == 0, f"{name} failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
         return root / name
 
-    full = [
-        [
-            batch_hash(b.input_ids)
-            for b in TextLoader(counts, batch_size=BATCH, seq_len=SEQ_LEN, rank=r, world_size=2)
-        ]
-        for r in range(2)
-    ]
+    def reference(rank: int) -> list[str]:
+        loader = TextLoader(
+            counts, batch_size=BATCH, seq_len=SEQ_LEN, rank=rank, world_size=2, boundaries=True
+        )
+        return [batch_hash(b.input_ids) for b in loader.dataloader(WORKERS)]
+
+    full = [reference(r) for r in range(2)]
     uninterrupted = train("full", nproc=2, max_steps=STEPS)
     stopped = train("stopped", nproc=2, max_steps=STOP)
     checkpoint = stopped / "out" / f"checkpoint-{STOP}"

@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, required=True)
     p.add_argument("--save-steps", type=int, required=True)
     p.add_argument("--resume", default=None)
+    p.add_argument("--workers", type=int, default=0)
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -63,7 +64,7 @@ def main() -> None:
     config = GPT2Config(vocab_size=a.vocab, n_positions=SEQ_LEN, n_embd=32, n_layer=1, n_head=2)
     trainer = ShardTrainer(
         model=GPT2LMHeadModel(config), args=args, train_loader=loader, collator=collator,
-        callbacks=[LossLog(os.path.join(a.log_dir, "loss.jsonl"))],
+        callbacks=[LossLog(os.path.join(a.log_dir, "loss.jsonl"))], num_workers=a.workers,
     )  # fmt: skip
     trainer.train(resume_from_checkpoint=a.resume)
 

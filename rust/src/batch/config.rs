@@ -72,7 +72,7 @@ pub struct PipelineConfig {
     pub sources: Vec<(u32, SampleSpec)>,
     /// Captions are tokenized into the buffer's `tokens` (`[B, context_length]` int64) by the
     /// decode threads once a batch is complete. `None`: no tokens.
-    pub tokenizer: Option<Arc<crate::batch::text::ClipTokenizer>>,
+    pub tokenizer: Option<Arc<crate::tokenize::ClipTokenizer>>,
 }
 
 impl PipelineConfig {

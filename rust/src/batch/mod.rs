@@ -30,4 +30,3 @@ pub mod sample;
 mod shuffle;
 pub mod span;
 pub mod stats;
-pub mod text;

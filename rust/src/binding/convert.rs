@@ -212,7 +212,7 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
     }
     if let Some(v) = present(config, "tokenizer")? {
         let (kind, path, ctx): (String, String, usize) = v.extract()?;
-        let tok = crate::batch::text::shared(&kind, &path, ctx)
+        let tok = crate::tokenize::shared(&kind, &path, ctx)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         cfg.tokenizer = Some(tok);
     }

@@ -10,14 +10,15 @@ use rayon::prelude::*;
 use super::convert::{json_to_py, source_options};
 use super::errors::fault_to_py;
 use crate::batch::packed::{
-    count_unit, DocumentEncoder, PackedConfig, PackedPipeline, RowsBuffer, StreamInput, TextSpec,
-    TextUnit, UnitCount,
+    count_unit, PackedConfig, PackedPipeline, RowsBuffer, StreamInput, TextSpec, TextUnit,
+    UnitCount,
 };
 use crate::batch::sample::CaptionSource;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::plan::packed::{PackPhase, PackShape, PackedPlan, UnitOrder};
 use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::source::{object_version, Expected, SourceOptions, SourceStats};
+use crate::tokenize::DocumentEncoder;
 
 /// (world_size, workers, batch_size, seq_len, block_rows)
 type ShapeTuple = (u32, u32, u32, u32, u32);

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::batch::text::ClipTokenizer;
+use crate::tokenize::ClipTokenizer;
 
 /// The Rust CLIP tokenizer on its own (tests and benches; the loader tokenizes in its threads).
 #[pyclass(module = "shardstream._core", name = "ClipTokenizer")]
@@ -40,7 +40,7 @@ impl PyClipTokenizer {
     /// The cleaned text the tokenizer splits (for listing differences).
     #[staticmethod]
     fn clean(text: &str) -> String {
-        crate::batch::text::clean(text)
+        crate::tokenize::clean(text)
     }
 
     /// Tokenizes `texts` into `len` int64 at `ptr` (`[len(texts), context_length]`), on this

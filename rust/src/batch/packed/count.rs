@@ -7,9 +7,9 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::documents::{TextSpec, TextUnit, UnitDocuments};
-use super::encoder::DocumentEncoder;
 use crate::error::Fault;
 use crate::read::source::{SourceOptions, SourceStats};
+use crate::tokenize::DocumentEncoder;
 
 /// Documents per tokenizing batch.
 const CHUNK: usize = 256;

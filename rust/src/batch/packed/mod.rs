@@ -4,10 +4,8 @@
 //! sources, fault handling and the plan's arithmetic are shared. This kind's parts, one job
 //! each: `documents` (a unit's documents: a tar member, a JSON field or a Parquet string
 //! column, checked, not trimmed), `jsonl` (a JSONL file's lines, plain, gzip or zstd, each held
-//! only up to the document cap), `encoder` (a `tokenizer.json`, plus BOS/EOS per document;
-//! `windows` cuts long documents where the tokenizer provably splits, so memory does not grow
-//! with them),
-//! `count` (each unit's token count, once, what the plan cuts), `stream` (a reader's planned
+//! only up to the document cap), `count` (each unit's token count under a
+//! `tokenize::DocumentEncoder`, once, what the plan cuts), `stream` (a reader's planned
 //! token positions, read unit by unit), `rows` (a block's rows in its seeded order, with
 //! document boundaries), `pipeline` (the threads and the lent buffers) and `stats`.
 //!
@@ -16,16 +14,13 @@
 
 pub mod count;
 pub mod documents;
-pub mod encoder;
 pub mod jsonl;
 pub mod pipeline;
 mod rows;
 pub mod stats;
 pub mod stream;
-mod windows;
 
 pub use count::{count_unit, UnitCount};
 pub use documents::{TextSpec, TextUnit};
-pub use encoder::DocumentEncoder;
 pub use pipeline::{PackedConfig, PackedPipeline, RowsBuffer, RowsMeta};
 pub use stream::StreamInput;

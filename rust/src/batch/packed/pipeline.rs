@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use super::encoder::DocumentEncoder;
 use super::rows::{segment_lengths, write_ids, write_positions, Block, IdsOut};
 use super::stats::PackedStats;
 use super::stream::{visits, StreamInput, TokenStream};
@@ -24,6 +23,7 @@ use crate::batch::panics::panic_fault;
 use crate::error::Fault;
 use crate::plan::block_order;
 use crate::plan::packed::{slice, PackedReader, UnitOrder};
+use crate::tokenize::DocumentEncoder;
 
 /// How the batches are shaped.
 #[derive(Clone, Debug)]

@@ -14,11 +14,11 @@ use crossbeam_channel::{bounded, Receiver};
 use rayon::prelude::*;
 
 use super::documents::{Document, TextSpec, TextUnit, UnitDocuments};
-use super::encoder::DocumentEncoder;
 use super::stats::PackedStats;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::plan::packed::{Span, UnitOrder};
 use crate::read::source::SourceOptions;
+use crate::tokenize::DocumentEncoder;
 
 /// Documents per chunk, and the text bytes after which a chunk is sent early.
 const CHUNK_DOCS: usize = 256;

@@ -2,6 +2,7 @@
 //! token, and the word caches across threads.
 
 use super::*;
+use crate::tokenize::clean::html_unescape;
 
 fn vocab_path() -> Option<String> {
     std::env::var("SHARDSTREAM_CLIP_BPE").ok()
