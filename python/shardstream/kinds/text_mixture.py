@@ -176,14 +176,15 @@ class TextMixture:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Each source's stats (see :attr:`TextLoader.stats`) under its name, and
-        ``tokens_by_source``: the tokens each gave to this pass's rows."""
+        """Each source's stats (see :attr:`TextLoader.stats`; its pipeline's counters include the
+        batches it filled ahead) under its name, and ``tokens_by_source``: the tokens of each
+        source in the batches this pass yielded."""
         per = {name: loader.stats for name, loader in zip(self.names, self.loaders, strict=True)}
-        return {
-            "sources": per,
-            "tokens_by_source": {name: int(s.get("tokens", 0)) for name, s in per.items()},
-            "exact": True,
+        yielded = {
+            name: self._batches_done * rows * self.seq_len
+            for name, rows in zip(self.names, self.rows, strict=True)
         }
+        return {"sources": per, "tokens_by_source": yielded, "exact": True}
 
     def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
         """Every source's position after the batches yielded (or ``batches``); the same on every
