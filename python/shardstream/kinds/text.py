@@ -695,6 +695,8 @@ class _CountingTextLoader:
         return self.owner.stats
 
     def __iter__(self) -> Iterator[TextBatch]:
+        from shardstream.loader import merge_stats
+
         owner = self.owner
         if owner._pass_completed and owner._resume is not None:
             owner._resume = None
@@ -704,23 +706,9 @@ class _CountingTextLoader:
         for batch, worker, stats in self.inner:
             owner._batches_done += 1
             per_worker[worker] = stats
-            owner._last_stats = _sum_counters(list(per_worker.values()))
+            owner._last_stats = merge_stats(list(per_worker.values()))
             yield batch
         owner._pass_completed = True
-
-
-def _sum_counters(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers add, dicts of numbers add per key."""
-    total: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            if isinstance(value, dict):
-                into = total.setdefault(key, {})
-                for k, v in value.items():
-                    into[k] = into.get(k, 0) + v
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                total[key] = total.get(key, 0) + value
-    return total
 
 
 if torch is not None:

@@ -180,14 +180,21 @@ impl Drop for Pipeline {
         let Some(batcher) = self.batcher.take() else {
             return;
         };
-        let deadline = Instant::now() + DROP_WAIT;
-        while !batcher.is_finished() && Instant::now() < deadline {
-            while self.batches.try_recv().is_ok() {}
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        if batcher.is_finished() {
-            let _ = batcher.join();
-        }
+        finish_batcher(batcher, &self.batches);
+    }
+}
+
+/// Waits for a stopped pipeline's batcher thread, draining its output so it never blocks, for at
+/// most `DROP_WAIT`; after that it is left to finish on its own (it may be inside a network read
+/// with its own timeouts; the buffers it holds stay alive through their owners).
+pub(super) fn finish_batcher<T>(batcher: JoinHandle<()>, output: &Receiver<T>) {
+    let deadline = Instant::now() + DROP_WAIT;
+    while !batcher.is_finished() && Instant::now() < deadline {
+        while output.try_recv().is_ok() {}
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    if batcher.is_finished() {
+        let _ = batcher.join();
     }
 }
 

@@ -12,7 +12,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
@@ -20,6 +19,7 @@ use super::rows::{segment_lengths, write_ids, write_positions, Block, IdsOut};
 use super::stats::PackedStats;
 use super::stream::{visits, StreamInput, TokenStream};
 use crate::batch::panics::panic_fault;
+use crate::batch::pipeline::finish_batcher;
 use crate::error::Fault;
 use crate::plan::block_order;
 use crate::plan::packed::{slice, PackedReader, UnitOrder};
@@ -68,8 +68,6 @@ pub struct PackedPipeline {
     batcher: Option<JoinHandle<()>>,
     pub batches_left: u64,
 }
-
-const DROP_WAIT: Duration = Duration::from_secs(10);
 
 impl PackedPipeline {
     pub fn start(
@@ -158,14 +156,7 @@ impl Drop for PackedPipeline {
         let Some(batcher) = self.batcher.take() else {
             return;
         };
-        let deadline = Instant::now() + DROP_WAIT;
-        while !batcher.is_finished() && Instant::now() < deadline {
-            while self.batches.try_recv().is_ok() {}
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if batcher.is_finished() {
-            let _ = batcher.join();
-        }
+        finish_batcher(batcher, &self.batches);
     }
 }
 
