@@ -5,7 +5,10 @@ a kind owns only what turns a raw sample into its part of a batch, and its batch
 
 - The square image-text kind is :class:`shardstream.ShardLoader` itself.
 - :class:`NaFlex` (``ShardLoader(..., sample=NaFlex(...))``): images at their own aspect ratio
-  as SigLIP 2 patch sequences, with its batch type :class:`NaFlexBatch`.
+  as SigLIP 2 patch sequences, with its batch type :class:`NaFlexBatch`; its token-budget
+  batches (as many images as fit a patch budget, by length bucket) are
+  :class:`~shardstream.kinds.naflex_budget.NaFlexBudgetLoader`, planned by batches per unit
+  (:func:`~shardstream.kinds.naflex_budget.count_patches` counts them once).
 - :mod:`shardstream.kinds.text`: text documents tokenized and packed into token rows
   (:class:`~shardstream.kinds.text.TextLoader`), planned by token positions
   (:func:`~shardstream.kinds.text.count_tokens` counts them once).

@@ -37,6 +37,7 @@ from shardstream import _core
 from shardstream._system import default_loader_threads
 from shardstream.config import SourceOptions
 from shardstream.errors import OptionError, from_core_fault
+from shardstream.kinds.unit_plan import UnitPlanLoader
 
 try:  # torch is optional: without it, batches are numpy arrays.
     import torch
@@ -45,8 +46,6 @@ except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
 
 COUNTS_FORMAT = "shardstream-token-counts"
 COUNTS_VERSION = 1
-STATE_FORMAT = "shardstream-packed-state"
-STATE_VERSION = 1
 #: Documents larger than this many bytes are skipped (``member_too_large``), never loaded whole.
 DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
 
@@ -304,7 +303,7 @@ class TextBatch(NamedTuple):
         return self.input_ids
 
 
-class TextLoader:
+class TextLoader(UnitPlanLoader):
     """Iterable of :class:`TextBatch`: a text corpus packed into rows of ``seq_len`` tokens, with
     exact epochs across ranks.
 
@@ -383,13 +382,7 @@ class TextLoader:
         self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
         self._tokens = [int(u["tokens"]) for u in c.units]
         self._total = sum(self._tokens)  # len() is called often by frameworks: summed once
-        self.epoch = 0
-        self._resume: dict[str, Any] | None = None
-        self._batches_done = 0
-        self._pass_completed = False
-        self._last_stats: dict[str, Any] = {}
-        # DataLoader worker processes reading this rank's share (0: read in this process).
-        self._num_workers = 0
+        self._init_position()
         if len(self) == 0 and self._resume is None:
             need = self.world_size * batch_size * seq_len
             raise ValueError(
@@ -418,58 +411,9 @@ class TextLoader:
         return config
 
     # -- distribution and length ----------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        """This process's rank (see the ``rank`` argument)."""
-        from shardstream.loader import distributed_rank_world
-
-        return distributed_rank_world(self._rank_arg, self._world_arg)[0]
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks (see the ``world_size`` argument)."""
-        from shardstream.loader import distributed_rank_world
-
-        return distributed_rank_world(self._rank_arg, self._world_arg)[1]
 
     def _shape(self) -> tuple[int, int, int, int, int]:
         return (self.world_size, self._num_workers, self.batch_size, self.seq_len, self.block_rows)
-
-    def _phases(self) -> list[tuple[tuple[int, int, int, int, int], int]]:
-        """The resume state's phases (empty for a fresh epoch)."""
-        if self._resume is None:
-            return []
-        return [(tuple(p["shape"]), int(p["batches_done"])) for p in self._resume["phases"]]  # type: ignore[misc]
-
-    def _plan_counts(self) -> tuple[int, int, int]:
-        return _core.packed_plan_counts(self._total, self.seed, self.epoch, self._phases(), self._shape())
-
-    def __len__(self) -> int:
-        """Batches this rank yields in the current pass (after a resume: those left)."""
-        return self._plan_counts()[0]
-
-    @property
-    def batches_per_epoch(self) -> int:
-        """The steps of this epoch as a framework counts them (``len()`` counts what is left
-        after a resume): the batches per rank done before the loaded position, in every phase
-        (at the world sizes they were done at), plus those left."""
-        done = sum(batches for _, batches in self._phases()) if self._resume is not None else 0
-        return done + len(self)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Starts epoch ``epoch`` from its beginning; except right after :meth:`load_state_dict` of
-        a state in that same epoch, whose position is kept (frameworks restore the loader, then
-        set the epoch they resume in).
-
-        Args:
-            epoch: The epoch to read next (it seeds the order of units and rows).
-        """
-        epoch = int(epoch)
-        if self._resume is not None and self._batches_done == 0 and int(self._resume["epoch"]) == epoch:
-            return
-        self.epoch = epoch
-        self._resume = None
-        self._batches_done = 0
 
     # -- iteration ------------------------------------------------------------------------
     def _alloc(self) -> tuple[Any, Any]:
@@ -485,12 +429,6 @@ class TextLoader:
             pos = np.empty(shape, dtype=np.int64) if self.boundaries else None
         return ids, pos
 
-    @staticmethod
-    def _address(buf: Any) -> tuple[int, int]:
-        if torch is not None and isinstance(buf, torch.Tensor):
-            return buf.data_ptr(), buf.numel() * buf.element_size()
-        return buf.ctypes.data, buf.nbytes
-
     def _lend(self, core: Any) -> tuple[Any, Any]:
         ids, pos = self._alloc()
         ptr, nbytes = self._address(ids)
@@ -500,14 +438,6 @@ class TextLoader:
             pos_ptr, pos_bytes = self._address(pos)
             core.submit((ids, pos), ptr, nbytes, pos_ptr, pos_bytes // 8)
         return ids, pos
-
-    def __iter__(self) -> Iterator[TextBatch]:
-        if self._pass_completed and self._resume is not None:
-            # A pass after one that read a resumed epoch to its end reads the epoch whole.
-            self._resume = None
-        self._pass_completed = False
-        self._batches_done = 0
-        return self._iterate()
 
     def _iterate(self) -> Iterator[TextBatch]:
         worker_info = torch.utils.data.get_worker_info() if torch is not None else None
@@ -557,43 +487,6 @@ class TextLoader:
                 pass
             core.close()
 
-    def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
-        """A torch DataLoader in which ``num_workers`` worker processes read this rank's share,
-        each a contiguous part of it (``plan::packed``'s readers), yielded in torch's round-robin
-        order; the iterable it returns keeps the batch count that ``state_dict()`` needs and the
-        workers' stats. Each worker tokenizes on ``threads`` threads of its own.
-
-        Args:
-            num_workers: Worker processes (at least 1).
-            **kwargs: Passed to ``torch.utils.data.DataLoader`` (``pin_memory`` defaults to the
-                loader's); ``batch_size``, ``collate_fn``, ``sampler`` and
-                ``persistent_workers=True`` are refused (workers read the epoch and the resume
-                position when they start).
-
-        Returns:
-            An iterable with ``len()``, ``set_epoch``, ``state_dict`` and ``load_state_dict``.
-
-        Raises:
-            OptionError: ``num_workers`` is below 1.
-            TypeError: a refused keyword.
-        """
-        if torch is None:
-            raise RuntimeError("TextLoader.dataloader needs torch")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise OptionError("num_workers", f"must be at least 1, not {num_workers!r}")
-        for refused in ("batch_size", "collate_fn", "sampler", "batch_sampler"):
-            if refused in kwargs:
-                raise TypeError(f"TextLoader.dataloader() takes no {refused}: the loader makes the batches")
-        if kwargs.get("persistent_workers"):
-            raise TypeError(
-                "TextLoader.dataloader() takes no persistent_workers=True: workers start per pass"
-            )
-        self._num_workers = num_workers
-        kwargs.setdefault("pin_memory", self._pin)
-        view = _TextView(self)
-        inner = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
-        return _CountingTextLoader(self, inner)
-
     @property
     def stats(self) -> dict[str, Any]:
         """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
@@ -604,125 +497,3 @@ class TextLoader:
         stats["remainder_tokens"] = self._plan_counts()[2]
         stats["exact"] = True
         return stats
-
-    # -- resume --------------------------------------------------------------------------
-    def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
-        """The position after the batches yielded so far (or ``batches``): small,
-        JSON-serialisable and the same on every rank (every rank yields the same batches), so
-        rank 0 can save it. ``gather`` is accepted for the framework adapters and does nothing:
-        a packed epoch has no per-rank reserve to collect.
-
-        Args:
-            batches: The batches consumed so far; default: those this loader yielded.
-            gather: Ignored (see above).
-
-        Returns:
-            The state, for :meth:`load_state_dict`.
-        """
-        del gather
-        done = self._batches_done if batches is None else int(batches)
-        phases = [dict(p) for p in self._resume["phases"]] if self._resume is not None else []
-        shape = list(self._shape())
-        if phases and list(phases[-1]["shape"]) == shape:
-            phases[-1]["batches_done"] = int(phases[-1]["batches_done"]) + done
-        else:
-            phases.append({"shape": shape, "batches_done": done})
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "counts": self.counts.identity(),
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "phases": phases,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues the epoch of ``state`` at the exact next token; with another world size,
-        batch size, row length or block size, the rest of the epoch is re-planned so that every
-        token left is read exactly once.
-
-        Args:
-            state: What :meth:`state_dict` returned (on any rank).
-
-        Raises:
-            ValueError: the state is not a text loader's, or was saved over other token counts
-                or another seed.
-        """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError("not a TextLoader state (no format 'shardstream-packed-state')")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"TextLoader state version {state.get('version')}, this package reads 1")
-        if state["counts"] != self.counts.identity():
-            raise ValueError("this state was saved over other token counts (another corpus or tokenizer)")
-        if int(state["seed"]) != self.seed:
-            raise ValueError(f"this state was saved with seed {state['seed']}, the loader has {self.seed}")
-        self.epoch = int(state["epoch"])
-        self._resume = {"epoch": self.epoch, "phases": [dict(p) for p in state["phases"]]}
-        self._batches_done = 0
-        self._pass_completed = False
-        self._plan_counts()  # a state that does not fit the counts fails here, not mid-pass
-
-
-class _CountingTextLoader:
-    """A DataLoader over a TextLoader's worker view: counts the batches it yields for
-    ``state_dict`` and merges the workers' counters (each sends its own with every batch)."""
-
-    def __init__(self, owner: TextLoader, inner: Any) -> None:
-        self.owner, self.inner = owner, inner
-
-    def __len__(self) -> int:
-        return len(self.owner)
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.owner.batches_per_epoch
-
-    @property
-    def epoch(self) -> int:
-        return self.owner.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.owner.set_epoch(epoch)
-
-    def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
-        return self.owner.state_dict(batches, gather=gather)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.owner.load_state_dict(state)
-
-    @property
-    def stats(self) -> dict[str, Any]:
-        return self.owner.stats
-
-    def __iter__(self) -> Iterator[TextBatch]:
-        from shardstream.loader import merge_stats
-
-        owner = self.owner
-        if owner._pass_completed and owner._resume is not None:
-            owner._resume = None
-        owner._pass_completed = False
-        owner._batches_done = 0
-        per_worker: dict[int, dict[str, Any]] = {}
-        for batch, worker, stats in self.inner:
-            owner._batches_done += 1
-            per_worker[worker] = stats
-            owner._last_stats = merge_stats(list(per_worker.values()))
-            yield batch
-        owner._pass_completed = True
-
-
-if torch is not None:
-
-    class _TextView(torch.utils.data.IterableDataset):
-        """What each DataLoader worker iterates: its reader of the rank's share, with its
-        counters (faults left out: they stay bounded in the worker)."""
-
-        def __init__(self, loader: TextLoader) -> None:
-            self.loader = loader
-
-        def __iter__(self) -> Iterator[tuple[TextBatch, int, dict[str, Any]]]:
-            worker = torch.utils.data.get_worker_info()
-            wid = 0 if worker is None else worker.id
-            for batch in self.loader._iterate():
-                counters = {k: v for k, v in self.loader._last_stats.items() if k != "faults"}
-                yield batch, wid, counters

@@ -12,9 +12,11 @@
 //! what turns a raw sample into its slot of a batch: `naflex` (images at their own aspect
 //! ratio as patch sequences, in the square kind's pipeline with another slot layout: see
 //! `config::SampleKind`) and `packed` (text documents packed into token rows, planned by
-//! `plan::packed`).
+//! `plan::packed`); `budget` makes the NaFlex kind's token-budget batches (as many images as fit
+//! a patch budget, by length bucket, planned over the batches each unit holds).
 
 mod assemble;
+pub mod budget;
 pub mod columns;
 pub mod config;
 #[cfg(test)]

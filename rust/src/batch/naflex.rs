@@ -99,22 +99,34 @@ pub fn prepare(
     }
     let bytes = image_bytes(raw, &spec.image_keys)?;
     let text = caption(raw, &spec.caption)?;
-    let grid = prepare_image(bytes, &raw.key, spec, naflex, crop_seed, worker, slot)?;
+    let grid = prepare_image(
+        bytes, &raw.key, spec, naflex, crop_seed, false, worker, slot,
+    )?;
     Ok((text, grid))
 }
 
 /// Decodes one encoded image into `slot` as NaFlex patches (random crops seeded by `crop_seed`
-/// and `crop_key`, as the square kind's); returns its grid (rows, columns).
+/// and `crop_key`, as the square kind's); returns its grid (rows, columns). `slot` holds whole
+/// patches, at least as many as the grid (`max_num_patches` of them, or a token-budget
+/// bucket's length). With `whole_image_grid` the grid is the whole image's even when a random
+/// crop is taken (the crop is resized to it): token-budget batches plan every image's patch
+/// count from its header, before any crop is drawn.
+#[allow(clippy::too_many_arguments)]
 pub fn prepare_image(
     bytes: &[u8],
     crop_key: &str,
     spec: &SampleSpec,
     naflex: &NaFlexSpec,
     crop_seed: u64,
+    whole_image_grid: bool,
     worker: &mut Worker,
     slot: &mut [u8],
 ) -> Result<(u32, u32), Rejection> {
-    assert_eq!(slot.len(), naflex.slot_len(), "a NaFlex slot");
+    assert_eq!(
+        slot.len() % naflex.patch_len(),
+        0,
+        "a NaFlex slot holds whole patches"
+    );
     let Worker {
         decoder,
         transformer,
@@ -147,8 +159,12 @@ pub fn prepare_image(
     };
     let p = naflex.patch_size;
     // Crop sides are whole pixels (the whole image, or jittered_crop's rounded sides).
-    let (rows, cols) =
-        grid_for_max_patches(region.h as u32, region.w as u32, p, naflex.max_num_patches);
+    let (basis_h, basis_w) = if whole_image_grid {
+        (height, width)
+    } else {
+        (region.h as u32, region.w as u32)
+    };
+    let (rows, cols) = grid_for_max_patches(basis_h, basis_w, p, naflex.max_num_patches);
     let patches = rows as u64 * cols as u64;
     if patches < naflex.min_num_patches as u64 {
         return Err((
@@ -159,13 +175,15 @@ pub fn prepare_image(
             ),
         ));
     }
-    // validate() keeps the budget at least one patch, so the grid fits the slot; checked
-    // anyway, since a grid past the slot would write past the batch.
-    if patches > naflex.max_num_patches as u64 {
+    // validate() keeps the budget at least one patch, and a token-budget bucket is at least
+    // its images' grids, so the grid fits the slot; checked anyway, since a grid past the slot
+    // would write past the batch.
+    let slot_patches = (slot.len() / naflex.patch_len()) as u64;
+    if patches > naflex.max_num_patches as u64 || patches > slot_patches {
         return Err((
             Reason::Internal,
             format!(
-                "grid {rows}x{cols} exceeds max_num_patches={}",
+                "grid {rows}x{cols} exceeds max_num_patches={} or its slot of {slot_patches} patches",
                 naflex.max_num_patches
             ),
         ));
@@ -220,6 +238,7 @@ mod tests {
             &SampleSpec::default(),
             naflex,
             seed,
+            false,
             &mut Worker::default(),
             &mut slot,
         )?;

@@ -75,7 +75,7 @@ pub(super) fn crop_mode(crop: &str, scale: (f64, f64), ratio: (f64, f64)) -> PyR
     }
 }
 
-fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
+pub(super) fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
     let mut spec = SampleSpec::default();
     if let Some(v) = config.get_item("image_size")? {
         spec.image_size = v.extract()?;
@@ -199,16 +199,7 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
         cfg.sources = cfg.source_specs(v.extract()?);
     }
     if let Some(v) = present(config, "naflex")? {
-        // (patch_size, max_num_patches, min_num_patches, random crop (scale, ratio) or None)
-        type NaFlexTuple = (u32, u32, u32, Option<((f64, f64), (f64, f64))>);
-        let (patch_size, max_num_patches, min_num_patches, random_crop): NaFlexTuple =
-            v.extract()?;
-        cfg.kind = SampleKind::NaFlex(NaFlexSpec {
-            patch_size,
-            max_num_patches,
-            min_num_patches,
-            random_crop,
-        });
+        cfg.kind = SampleKind::NaFlex(naflex_spec(&v)?);
     }
     if let Some(v) = present(config, "tokenizer")? {
         let (kind, path, ctx): (String, String, usize) = v.extract()?;
@@ -219,8 +210,27 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
     Ok(cfg)
 }
 
+/// The NaFlex kind's spec from its tuple (`kinds.naflex.NaFlex.core_config`): (patch_size,
+/// max_num_patches, min_num_patches, random crop (scale, ratio) or None).
+pub(super) fn naflex_spec(value: &Bound<'_, PyAny>) -> PyResult<NaFlexSpec> {
+    type NaFlexTuple = (u32, u32, u32, Option<((f64, f64), (f64, f64))>);
+    let (patch_size, max_num_patches, min_num_patches, random_crop): NaFlexTuple =
+        value.extract()?;
+    let spec = NaFlexSpec {
+        patch_size,
+        max_num_patches,
+        min_num_patches,
+        random_crop,
+    };
+    spec.validate().map_err(PyValueError::new_err)?;
+    Ok(spec)
+}
+
 /// `config[key]`, or `None` when the key is absent or its value is None.
-fn present<'py>(config: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+pub(super) fn present<'py>(
+    config: &Bound<'py, PyDict>,
+    key: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     Ok(config.get_item(key)?.filter(|v| !v.is_none()))
 }
 

@@ -2,11 +2,12 @@
 //! turn faults into Python exceptions. No logic lives here. One file a Python-facing area:
 //! `loader` (the running pipeline), `plan` (plans, mixtures, the spans a reader reads),
 //! `index` (indexes and their subsets), `scan` (raw samples, shard validation, one image on its
-//! own), `text` (the tokenizer), `packed` (the packed text kind), `errors` (the exception and the errors it carries) and
+//! own), `text` (the tokenizer), `packed` (the packed text kind), `budget` (the NaFlex kind's token-budget batches), `errors` (the exception and the errors it carries) and
 //! `convert` (config dicts and JSON to and from Rust types).
 
 use pyo3::prelude::*;
 
+mod budget;
 mod convert;
 mod errors;
 mod index;
@@ -16,6 +17,7 @@ mod plan;
 mod scan;
 mod text;
 
+use budget::BudgetLoader;
 use convert::defaults_dict;
 use errors::CoreFault;
 use index::DatasetIndex;
@@ -39,6 +41,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PlannedSpans>()?;
     m.add_class::<PyClipTokenizer>()?;
     m.add_class::<PackedLoader>()?;
+    m.add_class::<BudgetLoader>()?;
+    m.add_function(wrap_pyfunction!(budget::count_patches, m)?)?;
     m.add_function(wrap_pyfunction!(packed::count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_plan_counts, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_encoder, m)?)?;

@@ -21,11 +21,11 @@ use crate::read::source::{object_version, Expected, SourceOptions, SourceStats};
 use crate::tokenize::DocumentEncoder;
 
 /// (world_size, workers, batch_size, seq_len, block_rows)
-type ShapeTuple = (u32, u32, u32, u32, u32);
+pub(super) type ShapeTuple = (u32, u32, u32, u32, u32);
 /// (url, first_row, rows or None, identity or None)
-type UnitTuple = (String, u64, Option<u64>, Option<String>);
+pub(super) type UnitTuple = (String, u64, Option<u64>, Option<String>);
 
-fn shape(t: ShapeTuple) -> PackShape {
+pub(super) fn shape(t: ShapeTuple) -> PackShape {
     PackShape {
         world_size: t.0,
         workers: t.1,
@@ -35,7 +35,7 @@ fn shape(t: ShapeTuple) -> PackShape {
     }
 }
 
-fn plan(
+pub(super) fn plan(
     total: u64,
     seed: u64,
     epoch: u64,
@@ -104,7 +104,7 @@ pub fn packed_encode(
 
 /// The units of one file: its row groups (Parquet), or the whole file (a JSONL file, a tar
 /// shard), with its identity.
-fn file_units(
+pub(super) fn file_units(
     url: &str,
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,

@@ -31,10 +31,12 @@
 //! phase sequence), `layout` (cutting it into ranks, readers, batches and reserve), `shuffle` (the
 //! block shuffle), `epoch` (the plan of an epoch and its phases), `state` (the resume state
 //! and what a phase consumed), `reader` (one reader's plan), `streaming` (no index); `packed`
-//! plans a packed kind's token stream (text rows) the same way, by token positions.
+//! plans a packed kind's token stream (text rows) the same way, by token positions; `budget`
+//! groups a unit's images into token-budget batches (planned by `packed`, a batch a position).
 
 use serde::{Deserialize, Serialize};
 
+pub mod budget;
 mod config;
 mod epoch;
 mod input;

@@ -1,0 +1,471 @@
+"""Token-budget batches of the NaFlex kind: each batch holds as many images as fit a budget of
+patches (``max_patches_per_batch``), grouped by length bucket so that padding stays low, with
+exact epochs across ranks and workers.
+
+Two steps, as for text corpora (a count, then a loader):
+
+1. :func:`count_patches` reads every unit (a tar shard, a Parquet row group) once, decoding only
+   image headers, and records how many batches its images make under the budget: a small JSON
+   file (:class:`PatchCounts`), O(units).
+2. :class:`NaFlexBudgetLoader` cuts the epoch's stream of batches (units in a seeded order) into
+   equal shares per rank and DataLoader worker (``plan::packed`` in the Rust core, a batch a
+   position): every rank yields the same number of batches, every usable image is in exactly
+   one batch per epoch (except the batches of the remainder, fewer than the world size, reported
+   in ``stats``), and ``state_dict`` / ``load_state_dict`` continue at the exact next batch, also
+   onto another world size or worker count.
+
+How a unit's batches are made (``plan::budget``): images in file order go to length buckets
+(upper bounds of patches per image, ``bucket_patches`` apart, the last ``max_num_patches``); a
+batch of bucket k is ``[floor(budget / L_k), L_k]`` patches; a bucket that fills gives a batch,
+and at the unit's end every non-empty bucket gives one shorter batch. Padding per image is under
+one bucket width. Within a unit, images are grouped in file order (shards written in a random
+order, as img2dataset writes them, mix well); the order of units is shuffled every epoch.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardstream import _core
+from shardstream._system import default_loader_threads
+from shardstream.config import SourceOptions
+from shardstream.errors import OptionError, from_core_fault
+from shardstream.kinds.naflex import NaFlex, NaFlexBatch
+from shardstream.kinds.unit_plan import UnitPlanLoader
+
+try:  # torch is optional: without it, batches are numpy arrays.
+    import torch
+except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
+    torch = None  # type: ignore[assignment]
+
+COUNTS_FORMAT = "shardstream-patch-counts"
+COUNTS_VERSION = 1
+
+
+def default_buckets(max_num_patches: int, bucket_patches: int | None) -> list[int]:
+    """The length buckets: ascending bounds ``bucket_patches`` apart, the last
+    ``max_num_patches``; default width: a sixteenth of the budget per image (at least 1).
+
+    Args:
+        max_num_patches: The image budget.
+        bucket_patches: The width, or None.
+
+    Returns:
+        The bounds.
+    """
+    step = bucket_patches if bucket_patches is not None else max(1, max_num_patches // 16)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise OptionError("bucket_patches", f"must be a positive integer, not {bucket_patches!r}")
+    bounds = list(range(step, max_num_patches, step))
+    return [*bounds, max_num_patches]
+
+
+@dataclass
+class PatchCounts:
+    """How many token-budget batches every unit of an image dataset makes: what
+    :class:`NaFlexBudgetLoader` plans an epoch with. Made by :func:`count_patches`; saved and
+    loaded as JSON (gzip when the path ends in ``.gz``).
+
+    Attributes:
+        naflex: ``(patch_size, max_num_patches, min_num_patches)`` the grids were computed with.
+        max_patches_per_batch: The budget of patches per batch.
+        buckets: The length buckets' upper bounds.
+        sample: The sample keys read: ``image_keys``, ``caption_key``, ``max_pixels``,
+            ``max_member_bytes``.
+        units: One dict per unit in dataset order: ``url``, ``display``, ``first_row``, ``rows``
+            (None for a tar), ``identity``, ``samples``, ``batches``, ``patches`` (of the usable
+            images' grids), ``slots`` (patch slots of their batches), ``fixed_slots`` (the same
+            images padded to ``max_num_patches``), ``skipped`` (reason to count).
+        failed: Units that could not be read, with their ``error``: no epoch reads them.
+    """
+
+    naflex: tuple[int, int, int]
+    max_patches_per_batch: int
+    buckets: list[int]
+    sample: dict[str, Any]
+    units: list[dict[str, Any]]
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def total_batches(self) -> int:
+        """Batches of the whole dataset under the budget."""
+        return sum(int(u["batches"]) for u in self.units)
+
+    @property
+    def images(self) -> int:
+        """Usable images (skipped ones not counted)."""
+        return self.samples - sum(self.skipped.values())
+
+    @property
+    def samples(self) -> int:
+        """Samples read."""
+        return sum(int(u["samples"]) for u in self.units)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Samples that cannot be used, by reason (``corrupt_image``, ``too_few_patches``, ...)."""
+        total: Counter[str] = Counter()
+        for u in self.units:
+            total.update(u.get("skipped", {}))
+        return dict(total)
+
+    @property
+    def padding(self) -> float:
+        """The fraction of patch slots that are padding in these batches."""
+        slots = sum(int(u["slots"]) for u in self.units)
+        return 1 - sum(int(u["patches"]) for u in self.units) / slots if slots else 0.0
+
+    @property
+    def fixed_count_padding(self) -> float:
+        """The same fraction for fixed-count batches padded to ``max_num_patches`` (what
+        ``ShardLoader(sample=NaFlex(...))`` yields)."""
+        slots = sum(int(u["fixed_slots"]) for u in self.units)
+        return 1 - sum(int(u["patches"]) for u in self.units) / slots if slots else 0.0
+
+    def identity(self) -> str:
+        """A short hash of the counts and their budget: a resume state made over other counts is
+        refused."""
+        digest = hashlib.sha256(
+            json.dumps([self.naflex, self.max_patches_per_batch, self.buckets, self.sample]).encode()
+        )
+        for u in self.units:
+            digest.update(f"{u['url']}|{u['first_row']}|{u['batches']}\n".encode())
+        return digest.hexdigest()[:16]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the counts as JSON, atomically.
+
+        Args:
+            path: Where; gzip-compressed when it ends in ``.gz``.
+        """
+        data = json.dumps({"format": COUNTS_FORMAT, "version": COUNTS_VERSION, **self.__dict__}).encode()
+        path = os.fspath(path)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(gzip.compress(data) if path.endswith(".gz") else data)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> PatchCounts:
+        """Reads counts written by :meth:`save`.
+
+        Args:
+            path: A file :meth:`save` wrote (plain or gzip JSON).
+
+        Returns:
+            The counts.
+
+        Raises:
+            ValueError: the file is not a patch counts file of a version this package reads.
+        """
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("format") != COUNTS_FORMAT:
+            raise ValueError(f"{os.fspath(path)!r} is not a patch counts file (format {COUNTS_FORMAT!r})")
+        if data.get("version") != COUNTS_VERSION:
+            raise ValueError(f"{os.fspath(path)!r}: patch counts version {data.get('version')}, this reads 1")
+        del data["format"], data["version"]
+        data["naflex"] = tuple(data["naflex"])
+        return cls(**data)
+
+
+def _core_config(
+    naflex: tuple[int, int, int], budget: int, buckets: list[int], sample: dict[str, Any]
+) -> dict[str, Any]:
+    patch_size, max_num_patches, min_num_patches = naflex
+    return {
+        **sample,
+        "naflex": (patch_size, max_num_patches, min_num_patches, None),
+        "max_patches_per_batch": budget,
+        "buckets": buckets,
+    }
+
+
+def count_patches(
+    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    naflex: NaFlex,
+    max_patches_per_batch: int,
+    bucket_patches: int | None = None,
+    image_keys: Sequence[str] | None = None,
+    caption_key: str = "txt",
+    max_pixels: int | None = None,
+    threads: int | None = None,
+    output: str | os.PathLike[str] | None = None,
+    source: SourceOptions | None = None,
+) -> PatchCounts:
+    """Counts the token-budget batches of every unit of an image-text dataset, once, for
+    :class:`NaFlexBudgetLoader`.
+
+    Every sample is read and judged exactly as the loader will (image present, caption present,
+    header parses, pixels under ``max_pixels``, at least ``min_num_patches`` patches); only the
+    image headers are decoded.
+
+    Args:
+        urls: Tar shards or Parquet files (as :class:`~shardstream.ShardLoader` takes them).
+        naflex: The kind's spec: its ``patch_size``, ``max_num_patches`` and
+            ``min_num_patches`` set every image's grid (its crop settings are the loader's).
+        max_patches_per_batch: Patches a batch may hold, padding included: at least
+            ``max_num_patches``.
+        bucket_patches: Width of the length buckets in patches (default: ``max_num_patches //
+            16``): smaller gives less padding and more open buckets (memory: up to one batch of
+            samples per bucket is held while reading).
+        image_keys: Image member extensions or Parquet columns, tried in order (default: the
+            loader's).
+        caption_key: The caption member or column (``json:FIELD`` for a JSON field; ``""``: no
+            caption).
+        max_pixels: Larger images are skipped (``too_many_pixels``); default: the loader's.
+        threads: Threads reading (default: this process's share of the cores).
+        output: If given, the counts are also saved there.
+        source: How the files are fetched (S3 endpoint, cache, ...).
+
+    Returns:
+        The counts.
+
+    Raises:
+        OptionError: a budget under one image of ``max_num_patches``, or bad buckets.
+        ValueError: no file matches, or no image of any unit can be used (the message names the
+            most common reason).
+    """
+    from shardstream.config import DEFAULTS
+    from shardstream.urls import expand_urls, source_config
+
+    if not isinstance(naflex, NaFlex):
+        raise OptionError("naflex", f"must be a shardstream.NaFlex, not {type(naflex).__name__}")
+    if (
+        isinstance(max_patches_per_batch, bool)
+        or not isinstance(max_patches_per_batch, int)
+        or max_patches_per_batch < naflex.max_num_patches
+    ):
+        raise OptionError(
+            "max_patches_per_batch",
+            f"must be an integer of at least max_num_patches={naflex.max_num_patches} (one image), "
+            f"not {max_patches_per_batch!r}",
+        )
+    buckets = default_buckets(naflex.max_num_patches, bucket_patches)
+    options = (source or SourceOptions()).keywords()
+    shards = expand_urls(urls, **options)
+    if not shards:
+        raise ValueError(f"no files match {urls!r}")
+    sample = {
+        "image_keys": list(image_keys) if image_keys is not None else list(DEFAULTS.image_keys),
+        "caption_key": caption_key,
+        "max_pixels": int(max_pixels) if max_pixels is not None else int(DEFAULTS.max_pixels),
+        "max_member_bytes": int(DEFAULTS.max_member_bytes),
+    }
+    spec = (naflex.patch_size, naflex.max_num_patches, naflex.min_num_patches or 0)
+    config = {**source_config(shards, options), **_core_config(spec, max_patches_per_batch, buckets, sample)}
+    results = _core.count_patches([s.url for s in shards], config, threads or default_loader_threads())
+    display = {s.url: s.display for s in shards}
+    units: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for r in results:
+        r["display"] = display.get(r["url"], r["url"])
+        error = r.pop("error")
+        if error is not None:
+            failed.append({"url": r["url"], "display": r["display"], "error": error})
+        else:
+            r["examples"] = r["examples"][:3]
+            units.append(r)
+    counts = PatchCounts(spec, max_patches_per_batch, buckets, sample, units, failed)
+    if counts.total_batches == 0:
+        raise ValueError(f"no image of {urls!r} can be used: {_top_reason(counts)}")
+    if output is not None:
+        counts.save(output)
+    return counts
+
+
+def _top_reason(counts: PatchCounts) -> str:
+    """The most common reason no image could be used, for a one-line error."""
+    if counts.failed:
+        f = counts.failed[0]
+        error = f["error"]
+        return f"{error['reason']} in {len(counts.failed)} files (e.g. {f['display']}: {error['detail']})"
+    skipped = Counter(counts.skipped)
+    if not skipped:
+        return "the files hold no samples"
+    reason, n = skipped.most_common(1)[0]
+    example = next(
+        (f"{u['display']} {e[0]}: {e[2]}" for u in counts.units for e in u["examples"] if e[1] == reason),
+        None,
+    )
+    return f"{n} samples {reason}" + (f" (e.g. {example})" if example else "")
+
+
+class NaFlexBudgetLoader(UnitPlanLoader):
+    """Iterable of :class:`~shardstream.NaFlexBatch` of varying size: token-budget batches, exact
+    across ranks and DataLoader workers.
+
+    A batch is ``[b, L, 3 * p * p]`` patches with ``b * L <= max_patches_per_batch``: ``L`` is
+    its length bucket and ``b`` the images that fit (fewer in a unit's last batch of a bucket,
+    or when an image whose header parsed fails to decode: it is dropped from its batch and
+    counted in ``stats["skipped"]``).
+
+    Args:
+        counts: The dataset's :class:`PatchCounts` (or the path of a saved one), from
+            :func:`count_patches`: its grids, budget, buckets and sample keys are the loader's.
+        seed: Seeds the order of units in an epoch and the random crops.
+        random_crop: As :class:`~shardstream.NaFlex`'s, except that the crop is resized to the
+            whole image's grid (its patch count was planned from the header), so the aspect
+            jitter becomes a stretch, as in RandomResizedCrop.
+        random_crop_scale: With ``random_crop``: the crop's area fraction.
+        random_crop_ratio: With ``random_crop``: the crop's aspect as a factor of the image's.
+        rank: This process's rank; default: ``torch.distributed`` when initialised, else the
+            ``RANK`` environment variable, else 0.
+        world_size: Ranks; default as ``rank``.
+        threads: Threads decoding (default: this process's share of the cores).
+        prefetch: Batches filled ahead of the one being used.
+        pin_memory: Batches in pinned memory; default: when CUDA is available.
+        source: How files are fetched (S3 endpoint, cache, ...).
+
+    Raises:
+        ValueError: the dataset holds fewer batches than ranks.
+    """
+
+    def __init__(
+        self,
+        counts: PatchCounts | str | os.PathLike[str],
+        *,
+        seed: int = 0,
+        random_crop: bool = False,
+        random_crop_scale: tuple[float, float] = (0.8, 1.0),
+        random_crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        rank: int | None = None,
+        world_size: int | None = None,
+        threads: int | None = None,
+        prefetch: int = 2,
+        pin_memory: bool | None = None,
+        source: SourceOptions | None = None,
+    ) -> None:
+        from shardstream.urls import expand_urls, source_config
+
+        self.counts = counts if isinstance(counts, PatchCounts) else PatchCounts.load(counts)
+        c = self.counts
+        patch_size, max_num_patches, min_num_patches = c.naflex
+        # Validates the crop settings as the fixed-count kind does.
+        self.naflex = NaFlex(
+            patch_size=patch_size,
+            max_num_patches=max_num_patches,
+            min_num_patches=min_num_patches or None,
+            random_crop=random_crop,
+            random_crop_scale=random_crop_scale,
+            random_crop_ratio=random_crop_ratio,
+        )
+        self.seed = seed
+        self.threads = threads or default_loader_threads()
+        self.prefetch = max(1, prefetch)
+        self._rank_arg, self._world_arg = rank, world_size
+        self._pin = (
+            pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
+        )
+        options = (source or SourceOptions()).keywords()
+        signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
+        shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
+        self._config = {
+            **source_config(shards, options),
+            **_core_config(c.naflex, c.max_patches_per_batch, c.buckets, c.sample),
+            "naflex": self.naflex.core_config()["naflex"],
+        }
+        self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
+        self._weights = [int(u["batches"]) for u in c.units]
+        self._total = sum(self._weights)
+        self._batch_bytes = c.max_patches_per_batch * self.naflex.patch_len
+        self._init_position()
+        if len(self) == 0 and self._resume is None:
+            raise ValueError(
+                f"the dataset makes {self._total} batches under max_patches_per_batch="
+                f"{c.max_patches_per_batch}, fewer than the {self.world_size} ranks"
+            )
+
+    def _shape(self) -> tuple[int, int, int, int, int]:
+        return (self.world_size, self._num_workers, 1, 1, 1)
+
+    def _lend(self, core: Any) -> Any:
+        if torch is not None:
+            pin = self._pin and torch.utils.data.get_worker_info() is None
+            buf = torch.empty(self._batch_bytes, dtype=torch.uint8, pin_memory=pin)
+        else:
+            buf = np.empty(self._batch_bytes, dtype=np.uint8)
+        ptr, nbytes = self._address(buf)
+        core.submit(buf, ptr, nbytes)
+        return buf
+
+    def _iterate(self) -> Iterator[NaFlexBatch]:
+        worker_info = torch.utils.data.get_worker_info() if torch is not None else None
+        worker = 0 if worker_info is None else worker_info.id
+        from shardstream.loader import _seed
+
+        config = dict(self._config, threads=self.threads, crop_seed=_seed(self.seed, self.epoch))
+        core = _core.BudgetLoader(
+            self._units,
+            self._weights,
+            self.seed,
+            self.epoch,
+            self._phases(),
+            self._shape(),
+            self.rank,
+            worker,
+            config,
+        )
+        lent: deque[Any] = deque()
+        try:
+            for _ in range(self.prefetch):
+                lent.append(self._lend(core))
+            while True:
+                try:
+                    result = core.next_batch()
+                except _core.CoreFault as fault:
+                    raise from_core_fault(fault) from None
+                if result is None:
+                    self._pass_completed = True
+                    break
+                images, length, grids, texts, keys, urls = result
+                buf = lent.popleft()
+                self._batches_done += 1
+                if worker_info is not None:  # the main process reads a worker's stats per batch
+                    self._last_stats = core.stats()
+                shape = (images, length, self.naflex.patch_len)
+                pixels = buf[: images * length * self.naflex.patch_len].reshape(shape)
+                yield _make_batch(pixels, length, grids, texts, keys, urls)
+                lent.append(self._lend(core))
+        finally:
+            try:
+                self._last_stats = core.stats()
+            except ImportError:  # the interpreter is shutting down with this iterator open
+                pass
+            core.close()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last (or current) pass of this rank: ``batches``, ``images``,
+        ``patches`` (of the images' grids), ``slots`` (patch slots of the batches: ``1 -
+        patches / slots`` is the padding), ``skipped`` (images dropped at decode, by reason),
+        ``bytes``, ``retries``, ``decode_seconds``; and for the epoch: ``remainder_batches``
+        (read by no rank) and ``exact`` (True)."""
+        stats = dict(self._last_stats)
+        stats["remainder_batches"] = self._plan_counts()[2]
+        stats["exact"] = True
+        return stats
+
+
+def _make_batch(
+    pixels: Any, length: int, grids: list[tuple[int, int]], texts: list[str], keys: list[str], urls: list[str]
+) -> NaFlexBatch:
+    shapes = np.asarray(grids, dtype=np.int64).reshape(-1, 2)
+    counts = shapes[:, 0] * shapes[:, 1]
+    mask = (np.arange(length)[None, :] < counts[:, None]).astype(np.int32)
+    if torch is not None and isinstance(pixels, torch.Tensor):
+        return NaFlexBatch(pixels, torch.from_numpy(mask), torch.from_numpy(shapes), texts, keys, urls)
+    return NaFlexBatch(pixels, mask, shapes, texts, keys, urls)

@@ -1,0 +1,452 @@
+//! The token-budget pipeline of one reader: the batches its plan gives it, in stream order.
+//!
+//! ```text
+//! read thread (visited units, file order): header of every sample -> its bucket; a completed
+//!   batch the plan gives this reader ──▶ batcher: decode its images on the pool into the lent
+//!   buffer as [images, bucket length, 3 p p] patches ──▶ (images, length, grids, captions)
+//! ```
+//!
+//! The read thread holds only the samples of open buckets (`plan::budget`), and two planned
+//! batches wait between the threads: memory is bounded by the buckets and the budget.
+//! A unit read to its end must make the batches it was counted with; anything else (a file
+//! changed since the count) fails the pass naming it. An image that fails to decode although
+//! its header parsed is dropped from its batch, counted by reason: the batch is one image
+//! shorter, and every rank still yields the same number of batches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use rayon::prelude::*;
+
+use super::samples::{open_samples, patches_of, BudgetSpec};
+use crate::batch::naflex::prepare_image;
+use crate::batch::packed::TextUnit;
+use crate::batch::panics::panic_fault;
+use crate::batch::pipeline::finish_batcher;
+use crate::batch::sample::{caption, image_bytes, Rejection, Worker};
+use crate::error::{Fault, Reason, SourceKind};
+use crate::image::decode::Decoder;
+use crate::plan::budget::{Bucketer, PlannedBatch};
+use crate::plan::packed::{slice, PackedReader, Span, UnitOrder};
+use crate::read::group::RawSample;
+use crate::read::source::{SourceOptions, SourceStats};
+
+thread_local! {
+    static WORKER: std::cell::RefCell<Worker> = std::cell::RefCell::new(Worker::default());
+}
+
+/// Planned batches waiting between the read thread and the batcher.
+const BATCHES_AHEAD: usize = 2;
+
+/// What the reader is given: every unit, its batches as counted, and how they are made.
+pub struct BudgetInput {
+    pub units: Arc<Vec<TextUnit>>,
+    pub unit_batches: Arc<Vec<u64>>,
+    pub spec: BudgetSpec,
+    pub source: SourceOptions,
+    /// Seeds random crops per (epoch, key), as the fixed-count kinds' `crop_seed`.
+    pub crop_seed: u64,
+}
+
+/// A caller-provided batch buffer of `max_patches_per_batch * 3 p p` bytes; the caller keeps it
+/// alive and untouched until the batch filled into it comes back.
+pub struct BudgetBuffer {
+    pub ptr: *mut u8,
+    pub bytes: usize,
+    pub owner: Option<Box<dyn std::any::Any + Send>>,
+}
+
+// SAFETY: as `pipeline::OutBuffer`: one batch writes a buffer at a time, `owner` keeps it alive.
+unsafe impl Send for BudgetBuffer {}
+
+/// One finished batch: its first `images * length * 3 p p` bytes hold `[images, length, 3 p p]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetBatchMeta {
+    pub images: usize,
+    pub length: u32,
+    pub grids: Vec<(u32, u32)>,
+    pub texts: Vec<String>,
+    pub keys: Vec<String>,
+    pub urls: Vec<String>,
+}
+
+pub type BudgetResult = Result<BudgetBatchMeta, Fault>;
+
+/// The reader's counters.
+#[derive(Default)]
+pub struct BudgetStats {
+    pub batches: AtomicU64,
+    pub images: AtomicU64,
+    pub patches: AtomicU64,
+    pub slots: AtomicU64,
+    pub decode_us: AtomicU64,
+    pub source: Arc<SourceStats>,
+    /// Images dropped from their batch at decode, by reason.
+    pub skipped: Mutex<BTreeMap<String, u64>>,
+}
+
+impl BudgetStats {
+    pub fn to_json(&self) -> serde_json::Value {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "batches": load(&self.batches),
+            "images": load(&self.images),
+            "patches": load(&self.patches),
+            "slots": load(&self.slots),
+            "decode_seconds": load(&self.decode_us) as f64 / 1e6,
+            "bytes": self.source.bytes.load(Ordering::Relaxed),
+            "retries": self.source.retries.load(Ordering::Relaxed),
+            "skipped": *self.skipped.lock().expect("stats lock"),
+        })
+    }
+}
+
+/// A planned batch of this reader, its samples read.
+struct ReadBatch {
+    bucket: u32,
+    samples: Vec<RawSample>,
+    display: Arc<str>,
+}
+
+/// One unit's part of a reader: unit-local batch ranges, ascending.
+struct Visit {
+    unit: u32,
+    spans: Vec<(u64, u64)>,
+}
+
+fn visits(order: &UnitOrder, ranges: &[Span]) -> Vec<Visit> {
+    let mut out: Vec<Visit> = Vec::new();
+    for r in ranges {
+        let mut at = r.start;
+        while at < r.end {
+            let pos = order.locate(at);
+            let (lo, hi) = (order.starts[pos], order.starts[pos + 1]);
+            let end = r.end.min(hi);
+            let unit = order.order[pos];
+            let span = (at - lo, end - lo);
+            match out.last_mut() {
+                Some(v) if v.unit == unit => v.spans.push(span),
+                _ => out.push(Visit {
+                    unit,
+                    spans: vec![span],
+                }),
+            }
+            at = end;
+        }
+    }
+    out
+}
+
+pub struct BudgetPipeline {
+    buffers: Option<Sender<BudgetBuffer>>,
+    batches: Receiver<BudgetResult>,
+    stop: Arc<AtomicBool>,
+    pub stats: Arc<BudgetStats>,
+    batcher: Option<JoinHandle<()>>,
+    pub batches_left: u64,
+}
+
+impl BudgetPipeline {
+    /// The pipeline of `reader` (a packed plan over batches: one position per batch).
+    pub fn start(
+        input: Arc<BudgetInput>,
+        order: &UnitOrder,
+        reader: PackedReader,
+        threads: usize,
+    ) -> Self {
+        let stats = Arc::new(BudgetStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let ranges = slice(&reader.ranges, reader.skip_rows, reader.rows);
+        let planned = visits(order, &ranges);
+        let batches_left = reader.rows - reader.skip_rows;
+        let (buf_tx, buf_rx) = bounded::<BudgetBuffer>(64);
+        let (out_tx, out_rx) = bounded::<BudgetResult>(64);
+        let (read_tx, read_rx) = bounded::<Result<ReadBatch, Fault>>(BATCHES_AHEAD);
+        {
+            let (input, stats, stop) = (input.clone(), stats.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("shardstream-budget-read".into())
+                .spawn(move || read_visits(&planned, &input, &stats, &stop, &read_tx))
+                .expect("a read thread");
+        }
+        let batcher = {
+            let (stats, stop) = (stats.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads.max(1))
+                    .thread_name(|i| format!("shardstream-decode-{i}"))
+                    .build()
+                    .expect("decode thread pool");
+                let faults = out_tx.clone();
+                let run = std::panic::AssertUnwindSafe(|| {
+                    pool.install(|| {
+                        run_batcher(batches_left, &input, &stats, &stop, buf_rx, read_rx, out_tx)
+                    })
+                });
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    let _ = faults.send(Err(panic_fault("budget batching", panic.as_ref())));
+                }
+            })
+        };
+        Self {
+            buffers: Some(buf_tx),
+            batches: out_rx,
+            stop,
+            stats,
+            batcher: Some(batcher),
+            batches_left,
+        }
+    }
+
+    pub fn submit(&self, buffer: BudgetBuffer) -> bool {
+        self.buffers
+            .as_ref()
+            .is_some_and(|b| b.send(buffer).is_ok())
+    }
+
+    /// The next batch; None at the end of the reader's share.
+    pub fn next_batch(&self) -> Option<BudgetResult> {
+        self.batches.recv().ok()
+    }
+}
+
+impl Drop for BudgetPipeline {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.buffers.take();
+        let Some(batcher) = self.batcher.take() else {
+            return;
+        };
+        finish_batcher(batcher, &self.batches);
+    }
+}
+
+/// Reads every visit's unit in file order and sends the planned batches of this reader.
+fn read_visits(
+    visits: &[Visit],
+    input: &BudgetInput,
+    stats: &BudgetStats,
+    stop: &AtomicBool,
+    out: &Sender<Result<ReadBatch, Fault>>,
+) {
+    for visit in visits {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let unit = &input.units[visit.unit as usize];
+        let counted = input.unit_batches[visit.unit as usize];
+        if let Err(fault) = read_visit(visit, unit, counted, input, stats, stop, out) {
+            let _ = out.send(Err(fault));
+            return;
+        }
+    }
+}
+
+/// Sends the planned batches of one visit; Err ends the pass.
+fn read_visit(
+    visit: &Visit,
+    unit: &TextUnit,
+    counted: u64,
+    input: &BudgetInput,
+    stats: &BudgetStats,
+    stop: &AtomicBool,
+    out: &Sender<Result<ReadBatch, Fault>>,
+) -> Result<(), Fault> {
+    let display: Arc<str> = unit.display().into();
+    let fault = |reason: Reason, detail: String, kind: SourceKind| Fault {
+        reason,
+        url: display.to_string(),
+        key: String::new(),
+        detail,
+        kind,
+    };
+    let last = visit.spans.last().map_or(0, |s| s.1);
+    let wanted = |j: u64| visit.spans.iter().any(|&(a, b)| a <= j && j < b);
+    let samples = open_samples(unit, &input.spec, &input.source, &stats.source)?;
+    let mut decoder = Decoder::default();
+    let mut bucketer = Bucketer::new(&input.spec.shape);
+    let mut held: HashMap<u32, RawSample> = HashMap::new();
+    let mut next = 0u64;
+    // Sends (or drops) batch `next`; false when the receiver is gone.
+    let emit = |batch: PlannedBatch, held: &mut HashMap<u32, RawSample>, next: &mut u64| {
+        let members: Vec<RawSample> = batch
+            .members
+            .iter()
+            .filter_map(|m| held.remove(m))
+            .collect();
+        let keep = wanted(*next);
+        *next += 1;
+        !keep
+            || out
+                .send(Ok(ReadBatch {
+                    bucket: batch.bucket,
+                    samples: members,
+                    display: display.clone(),
+                }))
+                .is_ok()
+    };
+    for (position, item) in samples.enumerate() {
+        if next >= last || stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let raw = item.map_err(|f| fault(f.reason, f.detail, f.kind))?;
+        let Ok(n) = patches_of(&raw, &input.spec, &mut decoder) else {
+            continue; // counted by the count pass, as it was there
+        };
+        held.insert(position as u32, raw);
+        if let Some(batch) = bucketer.push(position as u32, n) {
+            if !emit(batch, &mut held, &mut next) {
+                return Ok(());
+            }
+        }
+    }
+    for batch in bucketer.finish() {
+        if next >= last {
+            return Ok(());
+        }
+        if !emit(batch, &mut held, &mut next) {
+            return Ok(());
+        }
+    }
+    if next != counted || next < last {
+        return Err(fault(
+            Reason::Unreadable,
+            format!(
+                "makes {next} batches under this budget, but was counted with {counted}: the file changed since the count (count again)"
+            ),
+            SourceKind::Other,
+        ));
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_batcher(
+    batches: u64,
+    input: &BudgetInput,
+    stats: &BudgetStats,
+    stop: &AtomicBool,
+    buffers: Receiver<BudgetBuffer>,
+    read: Receiver<Result<ReadBatch, Fault>>,
+    out: Sender<BudgetResult>,
+) {
+    for _ in 0..batches {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(buffer) = buffers.recv() else { return };
+        let result = match read.recv() {
+            Ok(Ok(batch)) => fill(&buffer, batch, input, stats),
+            Ok(Err(fault)) => Err(fault),
+            Err(_) => Err(Fault {
+                reason: Reason::Internal,
+                url: String::new(),
+                key: String::new(),
+                detail: "the read thread ended before the planned batches".into(),
+                kind: SourceKind::Other,
+            }),
+        };
+        let failed = result.is_err();
+        if out.send(result).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// Decodes `batch` into `buffer`; an image that fails is dropped and the rest moved up.
+fn fill(
+    buffer: &BudgetBuffer,
+    batch: ReadBatch,
+    input: &BudgetInput,
+    stats: &BudgetStats,
+) -> BudgetResult {
+    let spec = &input.spec;
+    let length = spec.shape.length(batch.bucket as usize);
+    let slot = length as usize * spec.naflex.patch_len();
+    let need = slot * batch.samples.len();
+    if need > buffer.bytes {
+        return Err(Fault {
+            reason: Reason::Internal,
+            url: batch.display.to_string(),
+            key: String::new(),
+            detail: format!(
+                "a batch of {need} bytes does not fit the lent buffer of {}",
+                buffer.bytes
+            ),
+            kind: SourceKind::Other,
+        });
+    }
+    // SAFETY: the caller lent `bytes` writable bytes, untouched until this batch comes back.
+    let out = unsafe { std::slice::from_raw_parts_mut(buffer.ptr, need) };
+    let started = Instant::now();
+    let results: Vec<Result<(String, (u32, u32)), Rejection>> = out
+        .par_chunks_mut(slot.max(1))
+        .zip(batch.samples.par_iter())
+        .map(|(dst, raw)| {
+            WORKER.with(|w| {
+                let worker = &mut w.borrow_mut();
+                let text = caption(raw, &spec.sample.caption)?;
+                let bytes = image_bytes(raw, &spec.sample.image_keys)?;
+                let grid = prepare_image(
+                    bytes,
+                    &raw.key,
+                    &spec.sample,
+                    &spec.naflex,
+                    input.crop_seed,
+                    true,
+                    worker,
+                    dst,
+                )?;
+                Ok((text, grid))
+            })
+        })
+        .collect();
+    stats
+        .decode_us
+        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    let mut meta = BudgetBatchMeta {
+        images: 0,
+        length,
+        grids: Vec::new(),
+        texts: Vec::new(),
+        keys: Vec::new(),
+        urls: Vec::new(),
+    };
+    for (i, (result, raw)) in results.into_iter().zip(&batch.samples).enumerate() {
+        match result {
+            Ok((text, grid)) => {
+                if meta.images != i {
+                    out.copy_within(i * slot..(i + 1) * slot, meta.images * slot);
+                }
+                meta.images += 1;
+                stats
+                    .patches
+                    .fetch_add((grid.0 * grid.1) as u64, Ordering::Relaxed);
+                meta.grids.push(grid);
+                meta.texts.push(text);
+                meta.keys.push(raw.key.clone());
+                meta.urls.push(batch.display.to_string());
+            }
+            Err((reason, _)) => {
+                *stats
+                    .skipped
+                    .lock()
+                    .expect("stats lock")
+                    .entry(reason.as_str().to_string())
+                    .or_default() += 1;
+            }
+        }
+    }
+    stats.batches.fetch_add(1, Ordering::Relaxed);
+    stats
+        .images
+        .fetch_add(meta.images as u64, Ordering::Relaxed);
+    stats
+        .slots
+        .fetch_add(meta.images as u64 * length as u64, Ordering::Relaxed);
+    Ok(meta)
+}
