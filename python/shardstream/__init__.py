@@ -16,7 +16,11 @@ Text corpora (the packed text kind, :mod:`shardstream.kinds.text`)
 
 Sample kinds
     :class:`NaFlex` (``ShardLoader(..., sample=NaFlex(...))``: images at their own aspect ratio as
-    SigLIP 2 patch sequences) and its batch, :class:`NaFlexBatch` (from ``shardstream.kinds``).
+    SigLIP 2 patch sequences) and its batch, :class:`NaFlexBatch` (from ``shardstream.kinds``);
+    its token-budget batches (:mod:`shardstream.kinds.naflex_budget`): :func:`count_patches`
+    (each unit's batches under a patch budget, once), :class:`PatchCounts` and
+    :class:`NaFlexBudgetLoader` (as many images per batch as fit the budget, exact across
+    ranks).
 
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
@@ -53,6 +57,7 @@ from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
 
 if TYPE_CHECKING:
+    from shardstream.kinds.naflex_budget import NaFlexBudgetLoader, PatchCounts, count_patches
     from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts, count_tokens
     from shardstream.kinds.text_mixture import TextMixture, TextSource
     from shardstream.loader import Batch, ShardLoader
@@ -75,6 +80,9 @@ __all__ = [
     # sample kinds
     "NaFlex",
     "NaFlexBatch",
+    "count_patches",
+    "PatchCounts",
+    "NaFlexBudgetLoader",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",
@@ -103,6 +111,10 @@ def __getattr__(name: str) -> Any:
         from shardstream.kinds import text
 
         return getattr(text, name)
+    if name in ("count_patches", "PatchCounts", "NaFlexBudgetLoader"):
+        from shardstream.kinds import naflex_budget
+
+        return getattr(naflex_budget, name)
     if name in ("TextMixture", "TextSource"):
         from shardstream.kinds import text_mixture
 

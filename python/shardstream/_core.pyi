@@ -421,3 +421,44 @@ class PackedLoader:
         tokenize_seconds, skipped (by reason), skipped_total, faults."""
     def close(self) -> None:
         """Stops every thread; afterwards no lent buffer is written any more."""
+
+def count_patches(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
+    """Per unit (tar shard or Parquet row group), in file order, under the NaFlex grid rule and a
+    patch budget (``config``: naflex, max_patches_per_batch, buckets, image_keys, caption_key,
+    max_pixels, max_member_bytes and the source options): url, first_row, rows, identity,
+    samples, batches, patches, slots, fixed_slots, skipped (by reason), examples, error."""
+
+@final
+class BudgetLoader:
+    """The running token-budget pipeline of one reader (rank, worker): a packed plan over batches
+    per unit (batch_size, seq_len and block_rows 1). ``config``: the count's keys, threads,
+    crop_seed and the source options."""
+
+    def __new__(
+        cls,
+        units: Sequence[tuple[str, int, int | None, str | None]],
+        counts: Sequence[int],
+        seed: int,
+        epoch: int,
+        phases: Sequence[tuple[PackShape, int]],
+        current: PackShape,
+        rank: int,
+        worker: int,
+        config: dict[str, Any],
+    ) -> BudgetLoader: ...
+    @property
+    def batches_left(self) -> int:
+        """Batches this reader yields from its position on."""
+    @property
+    def batch_bytes(self) -> int:
+        """Bytes a lent buffer must hold: max_patches_per_batch x 3 p p."""
+    def submit(self, owner: object, ptr: int, nbytes: int) -> bool:
+        """Lends a uint8 buffer of ``nbytes`` at ``ptr`` inside ``owner``."""
+    def next_batch(self) -> tuple[int, int, list[tuple[int, int]], list[str], list[str], list[str]] | None:
+        """(images, length, grids, texts, keys, urls) of the next batch, or None at the end of the
+        share. Raises ``CoreFault`` naming the unit when it cannot be read or no longer makes its
+        counted batches."""
+    def stats(self) -> dict[str, Any]:
+        """batches, images, patches, slots, decode_seconds, bytes, retries, skipped (by reason)."""
+    def close(self) -> None:
+        """Stops every thread; afterwards no lent buffer is written any more."""
