@@ -4,13 +4,22 @@
   webdataset + Siglip2ImageProcessorPil     PIL decode, transformers' PIL ("slow") processor
   webdataset + Siglip2ImageProcessor        PIL decode, transformers' torchvision ("fast") one
   shardstream, 1 thread                      sample=NaFlex(...), pinned to one core
+  shardstream token-budget, 1 thread         NaFlexBudgetLoader(count_patches(...)) with
+                                             max_patches_per_batch = --batch x --max-patches (the
+                                             fixed-count batches' memory); the count pass is
+                                             timed apart
+
+Before the speed table, the padding (the fraction of patch slots that are padding) of
+token-budget batches against fixed-count ones on the same photos, per budget in --budgets (from
+the count pass: header-only, exact for the batches the loader yields).
 
 Every contender runs pinned to one core in its own process, yields uint8-scale patches (the
 processors with ``do_rescale=False, do_normalize=False``: normalisation belongs on the device
 for all three) in batches of ``--batch`` images, and keeps its best of ``--repeat`` rounds taken
 in turn (benches/_harness.py). torch is limited to one thread in the processor workers.
 
-    python benches/bench_naflex.py [--samples 2000] [--repeat 3] [--patch-size 16] [--max-patches 256]
+    python benches/bench_naflex.py [--samples 2000] [--repeat 3] [--patch-size 16] [--max-patches 256] \\
+        [--budgets 1024,4096,16384]
 """
 
 from __future__ import annotations
@@ -85,6 +94,41 @@ def run_shardstream(paths: list[str], batch: int, patch: int, budget: int) -> in
     return n
 
 
+def run_budget(paths: list[str], batch: int, patch: int, budget: int) -> tuple[int, float]:
+    """(images, seconds of the count pass) of one token-budget epoch."""
+    from shardstream.kinds import NaFlex
+    from shardstream.kinds.naflex_budget import NaFlexBudgetLoader, count_patches
+
+    start = time.perf_counter()
+    spec = NaFlex(patch_size=patch, max_num_patches=budget)
+    counts = count_patches(paths, naflex=spec, max_patches_per_batch=batch * budget, threads=1)
+    count_seconds = time.perf_counter() - start
+    n = 0
+    for b in NaFlexBudgetLoader(counts, threads=1):
+        images, length, _ = b.pixel_values.shape
+        assert images * length <= batch * budget
+        n += images
+    return n, count_seconds
+
+
+def padding_table(paths: list[str], patch: int, budget: int, budgets: list[int]) -> None:
+    from shardstream.kinds import NaFlex
+    from shardstream.kinds.naflex_budget import count_patches
+
+    print("padding (patch slots that are padding), token-budget vs fixed-count batches:")
+    for per_batch in budgets:
+        c = count_patches(
+            paths, naflex=NaFlex(patch_size=patch, max_num_patches=budget), max_patches_per_batch=per_batch
+        )
+        print(
+            f"  max_patches_per_batch {per_batch:6d}: {100 * c.padding:5.2f}% vs fixed-count "
+            f"{100 * c.fixed_count_padding:5.2f}%  (ratio {c.padding / c.fixed_count_padding:.2f}; "
+            f"{c.total_batches} batches, {c.images / c.total_batches:.1f} images each; buckets of "
+            f"{c.buckets[0]} patches)"
+        )
+    print()
+
+
 def worker(args) -> None:
     paths = json.loads(args.paths)
     pin(args.cpus)
@@ -93,10 +137,16 @@ def worker(args) -> None:
 
     batch, patch, budget = int(args.batch), int(args.patch_size), int(args.max_patches)
     proc = None
-    if args.worker != "shardstream":
+    if args.worker not in ("shardstream", "budget"):
         import webdataset  # noqa: F401
 
         proc = make_processor(args.worker, patch, budget)
+    if args.worker == "budget":
+        start = time.perf_counter()
+        n, count_seconds = run_budget(paths, batch, patch, budget)
+        seconds = time.perf_counter() - start - count_seconds
+        print_result({"samples": n, "seconds": seconds, "count_seconds": count_seconds})
+        return
     start = time.perf_counter()
     if proc is None:
         n = run_shardstream(paths, batch, patch, budget)
@@ -112,6 +162,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--patch-size", type=int, default=16)
     ap.add_argument("--max-patches", type=int, default=256)
+    ap.add_argument("--budgets", default="1024,4096,16384", help="max_patches_per_batch of the padding table")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardstream-bench-naflex"))
     ap.add_argument("--worker")
     ap.add_argument("--paths")
@@ -130,10 +181,12 @@ def main() -> None:
         f"{len(paths)} shards x {per_shard} real-photo JPEGs (256-512 px), NaFlex patch "
         f"{args.patch_size}, max_num_patches {args.max_patches}, batches of {args.batch}; 1 core"
     )
+    padding_table(paths, args.patch_size, args.max_patches, [int(b) for b in args.budgets.split(",")])
     runs = {
         "webdataset + Siglip2ImageProcessorPil": "pil",
         "webdataset + Siglip2ImageProcessor (torchvision)": "torchvision",
         "shardstream, 1 thread": "shardstream",
+        "shardstream token-budget, 1 thread": "budget",
     }
     options = {
         "paths": paths,
@@ -143,23 +196,31 @@ def main() -> None:
         "max-patches": args.max_patches,
     }
     rounds: dict[str, list[float]] = {label: [] for label in runs}
+    count_seconds: list[float] = []
     for _ in range(max(1, args.repeat)):
         for label, name in runs.items():
             r = try_worker(__file__, name, options)
             if r:
                 rounds[label].append(r["samples"] / r["seconds"])
+                if "count_seconds" in r:
+                    count_seconds.append(r["count_seconds"])
     best = {label: max(rates) for label, rates in rounds.items() if rates}
     for label, rates in rounds.items():
         if rates:
             spread = ", ".join(f"{r:.0f}" for r in rates)
             print(f"  {label:50s} {best[label]:8.1f} samples/s   (rounds: {spread})")
+    if count_seconds:
+        print(f"  (token-budget count pass, apart: {min(count_seconds):.2f} s, header-only, 1 thread)")
     ours = best.get("shardstream, 1 thread")
     if ours is None:
         return
     print("\nratios (samples/s per core):")
     for label, rate in best.items():
-        if label != "shardstream, 1 thread":
+        if not label.startswith("shardstream"):
             print(f"  shardstream / {label:50s} {ours / rate:5.2f}x")
+    budget_rate = best.get("shardstream token-budget, 1 thread")
+    if budget_rate is not None:
+        print(f"  shardstream token-budget / shardstream fixed-count {budget_rate / ours:5.2f}x")
 
 
 if __name__ == "__main__":

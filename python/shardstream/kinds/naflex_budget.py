@@ -53,7 +53,8 @@ COUNTS_VERSION = 1
 
 def default_buckets(max_num_patches: int, bucket_patches: int | None) -> list[int]:
     """The length buckets: ascending bounds ``bucket_patches`` apart, the last
-    ``max_num_patches``; default width: a sixteenth of the budget per image (at least 1).
+    ``max_num_patches``; default width: a sixty-fourth of the budget per image (at least 1): 4
+    patches for 256, since the grid rule fills most images to within a few patches of the budget.
 
     Args:
         max_num_patches: The image budget.
@@ -62,7 +63,7 @@ def default_buckets(max_num_patches: int, bucket_patches: int | None) -> list[in
     Returns:
         The bounds.
     """
-    step = bucket_patches if bucket_patches is not None else max(1, max_num_patches // 16)
+    step = bucket_patches if bucket_patches is not None else max(1, max_num_patches // 64)
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise OptionError("bucket_patches", f"must be a positive integer, not {bucket_patches!r}")
     bounds = list(range(step, max_num_patches, step))
@@ -220,7 +221,7 @@ def count_patches(
         max_patches_per_batch: Patches a batch may hold, padding included: at least
             ``max_num_patches``.
         bucket_patches: Width of the length buckets in patches (default: ``max_num_patches //
-            16``): smaller gives less padding and more open buckets (memory: up to one batch of
+            64``, 4 for 256): smaller gives less padding and more open buckets (memory: up to one batch of
             samples per bucket is held while reading).
         image_keys: Image member extensions or Parquet columns, tried in order (default: the
             loader's).
