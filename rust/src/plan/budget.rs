@@ -181,7 +181,7 @@ mod tests {
         let patches: Vec<Option<u32>> = (0..500)
             .map(|_| {
                 let n = 1 + (rng.next_u64() % 256) as u32;
-                (n % 17 != 0).then_some(n)
+                (!n.is_multiple_of(17)).then_some(n)
             })
             .collect();
         let batches = unit_batches(&s, &patches);

@@ -76,6 +76,9 @@ pub struct BudgetBatchMeta {
 
 pub type BudgetResult = Result<BudgetBatchMeta, Fault>;
 
+/// A decoded image's caption and grid (rows, columns).
+type Decoded = (String, (u32, u32));
+
 /// The reader's counters.
 #[derive(Default)]
 pub struct BudgetStats {
@@ -383,7 +386,7 @@ fn fill(
     // SAFETY: the caller lent `bytes` writable bytes, untouched until this batch comes back.
     let out = unsafe { std::slice::from_raw_parts_mut(buffer.ptr, need) };
     let started = Instant::now();
-    let results: Vec<Result<(String, (u32, u32)), Rejection>> = out
+    let results: Vec<Result<Decoded, Rejection>> = out
         .par_chunks_mut(slot.max(1))
         .zip(batch.samples.par_iter())
         .map(|(dst, raw)| {
