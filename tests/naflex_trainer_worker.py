@@ -1,8 +1,9 @@
 """One rank of transformers.Trainer on NaFlex batches (run by test_naflex_trainer.py under
 torchrun): a tiny Siglip2Model from a config (nothing downloaded) trains on real-photo shards
 through ShardTrainer and Siglip2Collator, checkpointing every --save-steps up to --max-steps,
-optionally resuming. Each batch's keys are logged as the collator hands it over; rank 0 logs each
-step's loss and the model's logit_bias."""
+optionally resuming; with --budget-counts, on token-budget batches (NaFlexBudgetLoader). Each
+batch's keys are logged as the collator hands it over; rank 0 logs each step's loss and the
+model's logit_bias."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 
 import torch
 from integration_support import SEED, KeyLog
-from shardstream import NaFlex, ShardLoader
+from shardstream import NaFlex, NaFlexBudgetLoader, ShardLoader, count_patches
 from shardstream.integrations.hf import ShardTrainer, Siglip2Collator
 from transformers import Siglip2Config, Siglip2Model, TrainerCallback, TrainingArguments
 
@@ -39,6 +40,24 @@ def naflex_loader(shards: str, index: str, rank: int | None = None, world: int |
     )  # fmt: skip
 
 
+def budget_loader(
+    shards: str, counts_path: str, rank: int | None = None, world: int | None = None
+) -> NaFlexBudgetLoader:
+    """The token-budget loader the --budget runs train with (up to 4 images of 16 patches a
+    batch); the test makes the same one for the reference keys. The counts are made once, by
+    the test, before torchrun starts."""
+    return NaFlexBudgetLoader(
+        counts_path, seed=SEED, threads=1, rank=rank, world_size=world, tokenizer=TOKENIZER, context_length=16
+    )
+
+
+def count_budget(shards: str, counts_path: str) -> None:
+    """The counts the --budget runs share (written once, before any rank starts)."""
+    count_patches(
+        shards, naflex=NaFlex(patch_size=16, max_num_patches=16), max_patches_per_batch=64, output=counts_path
+    )
+
+
 class Log(TrainerCallback):
     def __init__(self, path: str, model: Siglip2Model) -> None:
         self.path, self.model = path, model
@@ -61,6 +80,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, required=True)
     p.add_argument("--save-steps", type=int, required=True)
     p.add_argument("--resume", default=None)
+    p.add_argument("--budget-counts", default=None, help="train on token-budget batches of these counts")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -69,7 +89,7 @@ def main() -> None:
         per_device_train_batch_size=4, learning_rate=1e-2, use_cpu=True, ddp_backend="gloo", report_to=[],
         logging_steps=1, disable_tqdm=True, seed=0, dataloader_num_workers=0,
     )  # fmt: skip
-    loader = naflex_loader(a.shards, a.index)
+    loader = budget_loader(a.shards, a.budget_counts) if a.budget_counts else naflex_loader(a.shards, a.index)
     log, collate = KeyLog(a.keys_dir), Siglip2Collator()
 
     def collator(batch):

@@ -20,6 +20,8 @@ from shardstream.kinds import NaFlex  # noqa: E402
 from shardstream.kinds.naflex_budget import NaFlexBudgetLoader, PatchCounts, count_patches  # noqa: E402
 
 SPEC = NaFlex(patch_size=16, max_num_patches=256)
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKENIZER = os.path.join(HERE, "data", "tokenizers", "captions-bpe.json")
 BUDGET = 1024
 
 
@@ -59,14 +61,19 @@ def test_batches_fit_the_budget_hold_the_fixed_count_kinds_pixels_and_half_its_p
     assert counts.skipped == {"unsupported_format": 2}, counts.skipped
     usable = counts.images
     fixed = {}
-    for b in ShardLoader(shards, batch_size=8, sample=SPEC, shuffle_buffer=1, threads=1):
+    square = ShardLoader(
+        shards, batch_size=8, sample=SPEC, shuffle_buffer=1, threads=1, tokenizer=TOKENIZER, context_length=16
+    )
+    for b in square:
         for i, key in enumerate(b.keys):
-            fixed[key] = (b.pixel_values[i].numpy(), tuple(b.spatial_shapes[i].tolist()))
+            grid = tuple(b.spatial_shapes[i].tolist())
+            fixed[key] = (b.pixel_values[i].numpy(), grid, b.tokens[i].tolist())
     assert len(fixed) == usable
     seen, patches, slots = collections.Counter(), 0, 0
-    loader = NaFlexBudgetLoader(counts, threads=2)
+    loader = NaFlexBudgetLoader(counts, threads=2, tokenizer=TOKENIZER, context_length=16)
     for b in loader:
         n, length, patch_len = b.pixel_values.shape
+        assert b.tokens.shape == (n, 16)
         assert n * length <= BUDGET and length in counts.buckets and patch_len == 3 * 16 * 16
         assert b.pixel_attention_mask.shape == (n, length) and len(b.keys) == n
         for i, key in enumerate(b.keys):
@@ -74,6 +81,7 @@ def test_batches_fit_the_budget_hold_the_fixed_count_kinds_pixels_and_half_its_p
             grid = tuple(b.spatial_shapes[i].tolist())
             count = grid[0] * grid[1]
             assert grid == fixed[key][1], key
+            assert b.tokens[i].tolist() == fixed[key][2], "the same caption tokens"
             below = counts.buckets.index(length)
             lower = counts.buckets[below - 1] if below else 0
             assert lower < count <= length, f"{key}: {count} patches in the bucket of length {length}"

@@ -432,7 +432,7 @@ def count_patches(urls: list[str], config: dict[str, Any], threads: int = 1) -> 
 class BudgetLoader:
     """The running token-budget pipeline of one reader (rank, worker): a packed plan over batches
     per unit (batch_size, seq_len and block_rows 1). ``config``: the count's keys, threads,
-    crop_seed and the source options."""
+    crop_seed, tokenizer (kind, path, context_length) or None, and the source options."""
 
     def __new__(
         cls,
@@ -452,8 +452,12 @@ class BudgetLoader:
     @property
     def batch_bytes(self) -> int:
         """Bytes a lent buffer must hold: max_patches_per_batch x 3 p p."""
-    def submit(self, owner: object, ptr: int, nbytes: int) -> bool:
-        """Lends a uint8 buffer of ``nbytes`` at ``ptr`` inside ``owner``."""
+    @property
+    def token_len(self) -> int:
+        """int64 elements a lent token buffer must hold (0 without a tokenizer)."""
+    def submit(self, owner: object, ptr: int, nbytes: int, tokens_ptr: int = 0, tokens_len: int = 0) -> bool:
+        """Lends a uint8 buffer of ``nbytes`` at ``ptr`` (and the token buffer, with a tokenizer)
+        inside ``owner``."""
     def next_batch(self) -> tuple[int, int, list[tuple[int, int]], list[str], list[str], list[str]] | None:
         """(images, length, grids, texts, keys, urls) of the next batch, or None at the end of the
         share. Raises ``CoreFault`` naming the unit when it cannot be read or no longer makes its

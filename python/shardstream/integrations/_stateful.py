@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from shardstream.loader import Batch, ShardLoader
 
 if TYPE_CHECKING:
-    from shardstream.kinds.text import TextLoader
+    from shardstream.kinds.unit_plan import UnitPlanLoader
 
 
 class FrameworkLoader:
@@ -31,7 +31,7 @@ class FrameworkLoader:
 
     def __init__(
         self,
-        loader: ShardLoader | TextLoader,
+        loader: ShardLoader | UnitPlanLoader,
         *,
         num_workers: int = 0,
         convert: Callable[[Batch], Any] | None = None,
@@ -39,10 +39,13 @@ class FrameworkLoader:
         epoch_of: Callable[[], int] | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
-        from shardstream.kinds.text import TextLoader
+        from shardstream.kinds.unit_plan import UnitPlanLoader
 
-        if not isinstance(loader, (ShardLoader, TextLoader)):
-            raise TypeError(f"expected a shardstream.ShardLoader or TextLoader, got {type(loader).__name__}")
+        if not isinstance(loader, (ShardLoader, UnitPlanLoader)):
+            raise TypeError(
+                "expected a shardstream.ShardLoader, TextLoader or NaFlexBudgetLoader, "
+                f"got {type(loader).__name__}"
+            )
         self.loader = loader
         self.num_workers = int(num_workers)
         self._batches: Any = loader
@@ -76,7 +79,7 @@ class FrameworkLoader:
             yield batch if self.convert is None else self.convert(batch)
 
 
-def check_rank(loader: ShardLoader | TextLoader, rank: int, world_size: int, framework: str) -> None:
+def check_rank(loader: ShardLoader | UnitPlanLoader, rank: int, world_size: int, framework: str) -> None:
     """The loader must read this process's share: one clear error where it would read another's."""
     if (loader.rank, loader.world_size) != (rank, world_size):
         raise ValueError(

@@ -19,6 +19,7 @@ from typing import Any
 
 from shardstream.integrations import require
 from shardstream.integrations._stateful import FrameworkLoader, check_rank
+from shardstream.kinds.naflex_budget import NaFlexBudgetLoader
 from shardstream.kinds.text import TextBatch, TextLoader
 from shardstream.loader import Batch, ShardLoader
 
@@ -80,7 +81,10 @@ class Siglip2Collator:
 
     def __call__(self, batch: Any) -> dict[str, Any]:
         if batch.tokens is None:
-            raise ValueError("Siglip2Collator needs tokenized captions: make the ShardLoader with tokenizer=")
+            raise ValueError(
+                "Siglip2Collator needs tokenized captions: make the loader (ShardLoader or "
+                "NaFlexBudgetLoader) with tokenizer="
+            )
         return {
             "pixel_values": torch.as_tensor(batch.pixel_values).float() / 127.5 - 1.0,
             "pixel_attention_mask": torch.as_tensor(batch.pixel_attention_mask),
@@ -121,8 +125,9 @@ class ShardTrainer(transformers.Trainer):
 
     Args:
         *args: ``transformers.Trainer``'s positional arguments (``model``, ``args``, ...).
-        train_loader: This rank's :class:`~shardstream.ShardLoader` or
-            :class:`~shardstream.TextLoader` (required; instead of ``train_dataset``).
+        train_loader: This rank's :class:`~shardstream.ShardLoader`,
+            :class:`~shardstream.TextLoader` or :class:`~shardstream.NaFlexBudgetLoader`
+            (required; instead of ``train_dataset``).
         collator: ``fn(batch)`` into the model's inputs (:class:`CLIPCollator` for
             ``CLIPModel``, :class:`CausalLMCollator` for a causal LM on a TextLoader). None
             (default): the batch itself.
@@ -137,7 +142,7 @@ class ShardTrainer(transformers.Trainer):
     def __init__(
         self,
         *args: Any,
-        train_loader: ShardLoader | TextLoader,
+        train_loader: ShardLoader | TextLoader | NaFlexBudgetLoader,
         collator: Callable[[Any], Any] | None = None,
         num_workers: int | None = None,
         **kwargs: Any,

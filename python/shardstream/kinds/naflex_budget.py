@@ -323,6 +323,11 @@ class NaFlexBudgetLoader(UnitPlanLoader):
             jitter becomes a stretch, as in RandomResizedCrop.
         random_crop_scale: With ``random_crop``: the crop's area fraction.
         random_crop_ratio: With ``random_crop``: the crop's aspect as a factor of the image's.
+        tokenizer: Tokenize the captions in the Rust threads into ``NaFlexBatch.tokens``
+            (``[b, context_length]`` int64), as :class:`~shardstream.LoaderConfig`'s
+            ``tokenizer`` (an open_clip model name, a BPE file, or a ``tokenizer.json`` such as
+            SigLIP 2's Gemma one). None: ``tokens`` is None.
+        context_length: Tokens per caption (see :class:`~shardstream.LoaderConfig`).
         rank: This process's rank; default: ``torch.distributed`` when initialised, else the
             ``RANK`` environment variable, else 0.
         world_size: Ranks; default as ``rank``.
@@ -343,6 +348,8 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         random_crop: bool = False,
         random_crop_scale: tuple[float, float] = (0.8, 1.0),
         random_crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        tokenizer: str | None = None,
+        context_length: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         threads: int | None = None,
@@ -350,6 +357,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         pin_memory: bool | None = None,
         source: SourceOptions | None = None,
     ) -> None:
+        from shardstream.text import resolve_tokenizer
         from shardstream.urls import expand_urls, source_config
 
         self.counts = counts if isinstance(counts, PatchCounts) else PatchCounts.load(counts)
@@ -379,6 +387,11 @@ class NaFlexBudgetLoader(UnitPlanLoader):
             **_core_config(c.naflex, c.max_patches_per_batch, c.buckets, c.sample),
             "naflex": self.naflex.core_config()["naflex"],
         }
+        # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
+        self._tokenizer = resolve_tokenizer(tokenizer, context_length) if tokenizer is not None else None
+        self._config["tokenizer"] = self._tokenizer
+        # A full batch of the shortest bucket holds the most images (and token rows).
+        self._max_images = max(1, c.max_patches_per_batch // c.buckets[0])
         self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
         self._weights = [int(u["batches"]) for u in c.units]
         self._total = sum(self._weights)
@@ -393,15 +406,21 @@ class NaFlexBudgetLoader(UnitPlanLoader):
     def _shape(self) -> tuple[int, int, int, int, int]:
         return (self.world_size, self._num_workers, 1, 1, 1)
 
-    def _lend(self, core: Any) -> Any:
+    def _lend(self, core: Any) -> tuple[Any, Any]:
+        pin = self._pin and torch is not None and torch.utils.data.get_worker_info() is None
+        rows = (self._max_images, self._tokenizer[2]) if self._tokenizer is not None else None
         if torch is not None:
-            pin = self._pin and torch.utils.data.get_worker_info() is None
             buf = torch.empty(self._batch_bytes, dtype=torch.uint8, pin_memory=pin)
+            toks = torch.empty(rows, dtype=torch.int64, pin_memory=pin) if rows else None
         else:
             buf = np.empty(self._batch_bytes, dtype=np.uint8)
+            toks = np.empty(rows, dtype=np.int64) if rows else None
         ptr, nbytes = self._address(buf)
-        core.submit(buf, ptr, nbytes)
-        return buf
+        if toks is None:
+            core.submit(buf, ptr, nbytes)
+        else:
+            core.submit((buf, toks), ptr, nbytes, self._address(toks)[0], toks.shape[0] * toks.shape[1])
+        return buf, toks
 
     def _iterate(self) -> Iterator[NaFlexBatch]:
         worker_info = torch.utils.data.get_worker_info() if torch is not None else None
@@ -420,7 +439,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
             worker,
             config,
         )
-        lent: deque[Any] = deque()
+        lent: deque[tuple[Any, Any]] = deque()
         try:
             for _ in range(self.prefetch):
                 lent.append(self._lend(core))
@@ -433,13 +452,14 @@ class NaFlexBudgetLoader(UnitPlanLoader):
                     self._pass_completed = True
                     break
                 images, length, grids, texts, keys, urls = result
-                buf = lent.popleft()
+                buf, toks = lent.popleft()
                 self._batches_done += 1
                 if worker_info is not None:  # the main process reads a worker's stats per batch
                     self._last_stats = core.stats()
                 shape = (images, length, self.naflex.patch_len)
                 pixels = buf[: images * length * self.naflex.patch_len].reshape(shape)
-                yield _make_batch(pixels, length, grids, texts, keys, urls)
+                tokens = toks[:images] if toks is not None else None
+                yield _make_batch(pixels, length, grids, texts, keys, urls, tokens)
                 lent.append(self._lend(core))
         finally:
             try:
@@ -462,11 +482,17 @@ class NaFlexBudgetLoader(UnitPlanLoader):
 
 
 def _make_batch(
-    pixels: Any, length: int, grids: list[tuple[int, int]], texts: list[str], keys: list[str], urls: list[str]
+    pixels: Any,
+    length: int,
+    grids: list[tuple[int, int]],
+    texts: list[str],
+    keys: list[str],
+    urls: list[str],
+    tokens: Any,
 ) -> NaFlexBatch:
     shapes = np.asarray(grids, dtype=np.int64).reshape(-1, 2)
     counts = shapes[:, 0] * shapes[:, 1]
     mask = (np.arange(length)[None, :] < counts[:, None]).astype(np.int32)
     if torch is not None and isinstance(pixels, torch.Tensor):
-        return NaFlexBatch(pixels, torch.from_numpy(mask), torch.from_numpy(shapes), texts, keys, urls)
-    return NaFlexBatch(pixels, mask, shapes, texts, keys, urls)
+        mask, shapes = torch.from_numpy(mask), torch.from_numpy(shapes)
+    return NaFlexBatch(pixels, mask, shapes, texts, keys, urls, tokens)

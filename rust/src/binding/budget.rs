@@ -140,6 +140,8 @@ type BatchTuple = (
 pub struct BudgetLoader {
     pipeline: Option<BudgetPipeline>,
     batch_bytes: usize,
+    /// int64 elements of a batch's token buffer (0 without a tokenizer).
+    token_len: usize,
 }
 
 #[pymethods]
@@ -172,6 +174,16 @@ impl BudgetLoader {
         let spec = budget_spec(config)?;
         let threads: usize = present(config, "threads")?.map_or(Ok(1), |v| v.extract())?;
         let crop_seed: u64 = present(config, "crop_seed")?.map_or(Ok(0), |v| v.extract())?;
+        let tokenizer = match present(config, "tokenizer")? {
+            Some(v) => {
+                let (kind, path, ctx): (String, String, usize) = v.extract()?;
+                Some(
+                    crate::tokenize::shared(&kind, &path, ctx)
+                        .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
         let total: u64 = counts.iter().sum();
         let p = plan(total, seed, epoch, phases, current)?;
         let reader = p
@@ -195,10 +207,16 @@ impl BudgetLoader {
             spec,
             source: source_options(Some(config))?,
             crop_seed,
+            tokenizer,
         });
+        let token_len = input
+            .tokenizer
+            .as_ref()
+            .map_or(0, |t| input.max_images() * t.context_length.max(1));
         Ok(Self {
             pipeline: Some(BudgetPipeline::start(input, &order, reader, threads)),
             batch_bytes,
+            token_len,
         })
     }
 
@@ -214,13 +232,33 @@ impl BudgetLoader {
         self.batch_bytes
     }
 
-    /// Lends a buffer of `nbytes` at `ptr`, inside `owner`, which the pipeline keeps alive
-    /// while it may write there.
-    fn submit(&self, owner: Py<PyAny>, ptr: usize, nbytes: usize) -> PyResult<bool> {
+    /// int64 elements a lent token buffer must hold (0 without a tokenizer).
+    #[getter]
+    fn token_len(&self) -> usize {
+        self.token_len
+    }
+
+    /// Lends a buffer of `nbytes` at `ptr` (and, with a tokenizer, `tokens_len` int64 at
+    /// `tokens_ptr`), inside `owner`, which the pipeline keeps alive while it may write there.
+    #[pyo3(signature = (owner, ptr, nbytes, tokens_ptr = 0, tokens_len = 0))]
+    fn submit(
+        &self,
+        owner: Py<PyAny>,
+        ptr: usize,
+        nbytes: usize,
+        tokens_ptr: usize,
+        tokens_len: usize,
+    ) -> PyResult<bool> {
         if ptr == 0 || nbytes < self.batch_bytes {
             return Err(PyValueError::new_err(format!(
                 "buffer of {nbytes} bytes; a batch needs {}",
                 self.batch_bytes
+            )));
+        }
+        if self.token_len > 0 && (tokens_ptr == 0 || tokens_len < self.token_len) {
+            return Err(PyValueError::new_err(format!(
+                "token buffer of {tokens_len} int64; a batch needs {}",
+                self.token_len
             )));
         }
         let Some(p) = &self.pipeline else {
@@ -229,6 +267,7 @@ impl BudgetLoader {
         Ok(p.submit(BudgetBuffer {
             ptr: ptr as *mut u8,
             bytes: nbytes,
+            tokens: (self.token_len > 0).then_some((tokens_ptr as *mut i64, tokens_len)),
             owner: Some(Box::new(owner)),
         }))
     }

@@ -34,6 +34,7 @@ use crate::plan::budget::{Bucketer, PlannedBatch};
 use crate::plan::packed::{slice, PackedReader, Span, UnitOrder};
 use crate::read::group::RawSample;
 use crate::read::source::{SourceOptions, SourceStats};
+use crate::tokenize::ClipTokenizer;
 
 thread_local! {
     static WORKER: std::cell::RefCell<Worker> = std::cell::RefCell::new(Worker::default());
@@ -50,6 +51,15 @@ pub struct BudgetInput {
     pub source: SourceOptions,
     /// Seeds random crops per (epoch, key), as the fixed-count kinds' `crop_seed`.
     pub crop_seed: u64,
+    /// Tokenizes the captions into the lent token buffer (`[images, context_length]` int64).
+    pub tokenizer: Option<Arc<ClipTokenizer>>,
+}
+
+impl BudgetInput {
+    /// The most images a batch can hold: a full batch of the shortest bucket.
+    pub fn max_images(&self) -> usize {
+        self.spec.shape.capacity(0)
+    }
 }
 
 /// A caller-provided batch buffer of `max_patches_per_batch * 3 p p` bytes; the caller keeps it
@@ -57,6 +67,8 @@ pub struct BudgetInput {
 pub struct BudgetBuffer {
     pub ptr: *mut u8,
     pub bytes: usize,
+    /// With a tokenizer: `max_images * context_length` int64 for the captions' tokens.
+    pub tokens: Option<(*mut i64, usize)>,
     pub owner: Option<Box<dyn std::any::Any + Send>>,
 }
 
@@ -443,6 +455,25 @@ fn fill(
                     .or_default() += 1;
             }
         }
+    }
+    if let (Some(tok), Some((ptr, len))) = (&input.tokenizer, buffer.tokens) {
+        let ctx = tok.context_length.max(1);
+        let need = meta.images * ctx;
+        if len < need {
+            return Err(Fault {
+                reason: Reason::Internal,
+                url: batch.display.to_string(),
+                key: String::new(),
+                detail: format!("a token buffer of {len} int64; the batch needs {need}"),
+                kind: SourceKind::Other,
+            });
+        }
+        // SAFETY: as for the pixels: lent, untouched until this batch comes back.
+        let tokens = unsafe { std::slice::from_raw_parts_mut(ptr, need) };
+        tokens
+            .par_chunks_mut(ctx)
+            .zip(meta.texts.par_iter())
+            .for_each(|(row, text)| tok.tokenize_into(text, row));
     }
     stats.batches.fetch_add(1, Ordering::Relaxed);
     stats
