@@ -362,6 +362,12 @@ def packed_encoder(
     """(fingerprint, eos id, bos id or None) of a tokenizer.json under these settings; raises
     ``ValueError`` naming the file when it does not load or lacks the token."""
 
+def packed_fast_path(
+    tokenizer: str, eos_token: str | None = None, bos_token: str | None = None
+) -> tuple[bool, str]:
+    """(True, "") when the loader encodes with its fast byte-level BPE path, else (False, the
+    reason the file is outside it: the tokenizers library encodes)."""
+
 def packed_encode(
     tokenizer: str, texts: list[str], eos_token: str | None = None, bos_token: str | None = None
 ) -> list[list[int]]:

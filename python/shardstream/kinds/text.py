@@ -369,6 +369,9 @@ class TextLoader(UnitPlanLoader):
                 f"the tokenizer file {c.tokenizer!r} changed since the tokens were counted "
                 f"(fingerprint {fingerprint}, counted with {c.fingerprint}): count again"
             )
+        #: True when documents are encoded by the fast byte-level BPE path (same ids as the
+        #: tokenizers library); False: by the library, for the reason in ``fast_path_reason``.
+        self.fast_path, self.fast_path_reason = _core.packed_fast_path(c.tokenizer, c.eos_token, c.bos_token)
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.block_rows, self.boundaries, self.dtype = block_rows, boundaries, dtype
         self.threads = threads or default_loader_threads()
@@ -492,8 +495,10 @@ class TextLoader(UnitPlanLoader):
         """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
         ``tokens`` (written into rows), ``documents`` (begun in rows), ``skipped`` documents by
         reason, ``bytes``, ``retries``, ``tokenize_seconds``; and for the epoch:
-        ``remainder_tokens`` (read by no rank) and ``exact`` (True)."""
+        ``remainder_tokens`` (read by no rank), ``exact`` (True) and ``encoder`` (``"fast_bpe"``
+        or ``"tokenizers"``, see :attr:`fast_path`)."""
         stats = dict(self._last_stats)
+        stats["encoder"] = "fast_bpe" if self.fast_path else "tokenizers"
         stats["remainder_tokens"] = self._plan_counts()[2]
         stats["exact"] = True
         return stats

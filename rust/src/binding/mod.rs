@@ -46,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packed::count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_plan_counts, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_encoder, m)?)?;
+    m.add_function(wrap_pyfunction!(packed::packed_fast_path, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_encode, m)?)?;
     m.add_function(wrap_pyfunction!(scan::scan_shard, m)?)?;
     m.add_function(wrap_pyfunction!(scan::probe_image, m)?)?;

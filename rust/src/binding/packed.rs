@@ -82,6 +82,22 @@ pub fn packed_encoder(
     Ok((e.fingerprint.clone(), e.eos, e.bos))
 }
 
+/// Which encoder the loader runs for this tokenizer file: (true, "") the fast byte-level BPE
+/// path, or (false, why not) the tokenizers library.
+#[pyfunction]
+#[pyo3(signature = (tokenizer, eos_token = None, bos_token = None))]
+pub fn packed_fast_path(
+    tokenizer: &str,
+    eos_token: Option<&str>,
+    bos_token: Option<&str>,
+) -> PyResult<(bool, String)> {
+    let e = encoder(tokenizer, eos_token, bos_token)?;
+    Ok(match e.fast_path() {
+        Ok(()) => (true, String::new()),
+        Err(why) => (false, why.to_string()),
+    })
+}
+
 /// Token ids of `texts` as the loader encodes documents (BOS, ids, EOS), for tests and tools.
 #[pyfunction]
 #[pyo3(signature = (tokenizer, texts, eos_token = None, bos_token = None))]

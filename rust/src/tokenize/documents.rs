@@ -1,7 +1,12 @@
 //! Documents to token ids: a Hugging Face `tokenizer.json` run by the `tokenizers` library (the
 //! crate behind the Python package, so the ids are its `encode(text, add_special_tokens=False)`),
 //! with an optional BOS before and the EOS (or a named separator) after every document.
+//!
+//! Byte-level BPE files within what `bpe::FastBpe` encodes exactly (GPT-2-, Llama-3- and
+//! Qwen2-style) take that fast path instead, decided once at load; a text holding an added
+//! token still goes to the library.
 
+use super::bpe::FastBpe;
 use super::windows::{cut_rule, pieces, CutRule};
 use crate::rng::hash_bytes;
 
@@ -37,6 +42,8 @@ pub struct DocumentEncoder {
     pub fingerprint: String,
     /// Where long documents are cut into pieces (`windows`); None: encoded whole.
     cut: Option<CutRule>,
+    /// The fast byte-level BPE path, or why this file does not take it.
+    fast: Result<FastBpe, String>,
 }
 
 impl DocumentEncoder {
@@ -101,6 +108,7 @@ impl DocumentEncoder {
             bos: bos_id,
             fingerprint,
             cut: cut_rule(&json),
+            fast: FastBpe::from_json(&json),
         })
     }
 
@@ -114,6 +122,11 @@ impl DocumentEncoder {
             None => vec![(0, text.len())],
         };
         for (start, end) in parts {
+            if let Ok(fast) = &self.fast {
+                if fast.encode(&text[start..end], &mut out) {
+                    continue;
+                }
+            }
             let encoding = self
                 .tokenizer
                 .encode_fast(&text[start..end], false)
@@ -122,6 +135,12 @@ impl DocumentEncoder {
         }
         out.push(self.eos);
         Ok(out)
+    }
+
+    /// Which encoder runs: `Ok(())` the fast byte-level BPE path (`bpe`), or `Err(reason)` the
+    /// tokenizers library, with why the file is outside the fast path.
+    pub fn fast_path(&self) -> Result<(), &str> {
+        self.fast.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     /// Whether long documents are encoded in pieces (see `windows`).

@@ -7,6 +7,7 @@
 //! packing) and `windows` (where a long document may be cut so that encoding it in pieces gives
 //! the same ids).
 
+pub mod bpe;
 pub mod clean;
 pub mod clip;
 pub mod documents;

@@ -7,6 +7,9 @@
   space, `<s> $A </s>`), vocabulary 1,000, trained on the real captions.
 * captions-wordpiece.json: a WordPiece (BERT style: BertNormalizer lowercasing, BertPreTokenizer,
   `[CLS] $A [SEP]`), vocabulary 1,000, trained on the same captions.
+* llama3-style-bpe.json (made apart, not by this script): a byte-level BPE with Llama 3's split
+  pattern (the Rust fast-BPE tests' fixture), vocabulary 4,000, written by
+  ``tests/text_corpus.llama3_style_tokenizer(path, text_corpus.documents(), vocab=4000)``.
 * reference.npz: for each, `tokenizers`' encoding of every caption as the loader yields it
   (``batch.texts``: stripped of surrounding whitespace), with ``enable_truncation(77)``, then
   padded with 0 to 77 (what ``ShardLoader(tokenizer=path)`` promises), int32 [1000, 77]; plus the
