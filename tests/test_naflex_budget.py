@@ -151,6 +151,11 @@ def test_a_resume_onto_three_ranks_reads_the_rest_of_the_epoch_once(counts, work
 def test_bad_budgets_inputs_and_changed_files_are_refused_by_name(shards, counts, tmp_path):
     with pytest.raises(OptionError, match="max_patches_per_batch"):
         count_patches(shards, naflex=SPEC, max_patches_per_batch=255)
+    with pytest.raises(OptionError, match="max_images_per_batch"):
+        count_patches(shards, naflex=SPEC, max_patches_per_batch=BUDGET, max_images_per_batch=0)
+    capped = count_patches(shards[:2], naflex=SPEC, max_patches_per_batch=BUDGET, max_images_per_batch=2)
+    sizes = [len(b.keys) for b in NaFlexBudgetLoader(capped)]
+    assert max(sizes) == 2 and sum(sizes) == capped.images
     with pytest.raises(OptionError, match="bucket_patches"):
         count_patches(shards, naflex=SPEC, max_patches_per_batch=BUDGET, bucket_patches=0)
     broken = shard_of(str(tmp_path / "broken.tar"), [], broken=3)

@@ -80,6 +80,7 @@ class PatchCounts:
         naflex: ``(patch_size, max_num_patches, min_num_patches)`` the grids were computed with.
         max_patches_per_batch: The budget of patches per batch.
         buckets: The length buckets' upper bounds.
+        max_images_per_batch: The most images a batch holds.
         sample: The sample keys read: ``image_keys``, ``caption_key``, ``max_pixels``,
             ``max_member_bytes``.
         units: One dict per unit in dataset order: ``url``, ``display``, ``first_row``, ``rows``
@@ -92,6 +93,7 @@ class PatchCounts:
     naflex: tuple[int, int, int]
     max_patches_per_batch: int
     buckets: list[int]
+    max_images_per_batch: int
     sample: dict[str, Any]
     units: list[dict[str, Any]]
     failed: list[dict[str, Any]] = field(default_factory=list)
@@ -135,9 +137,8 @@ class PatchCounts:
     def identity(self) -> str:
         """A short hash of the counts and their budget: a resume state made over other counts is
         refused."""
-        digest = hashlib.sha256(
-            json.dumps([self.naflex, self.max_patches_per_batch, self.buckets, self.sample]).encode()
-        )
+        shape = [self.naflex, self.max_patches_per_batch, self.buckets, self.max_images_per_batch]
+        digest = hashlib.sha256(json.dumps([*shape, self.sample]).encode())
         for u in self.units:
             digest.update(f"{u['url']}|{u['first_row']}|{u['batches']}\n".encode())
         return digest.hexdigest()[:16]
@@ -182,15 +183,14 @@ class PatchCounts:
         return cls(**data)
 
 
-def _core_config(
-    naflex: tuple[int, int, int], budget: int, buckets: list[int], sample: dict[str, Any]
-) -> dict[str, Any]:
-    patch_size, max_num_patches, min_num_patches = naflex
+def _core_config(counts: PatchCounts) -> dict[str, Any]:
+    patch_size, max_num_patches, min_num_patches = counts.naflex
     return {
-        **sample,
+        **counts.sample,
         "naflex": (patch_size, max_num_patches, min_num_patches, None),
-        "max_patches_per_batch": budget,
-        "buckets": buckets,
+        "max_patches_per_batch": counts.max_patches_per_batch,
+        "buckets": counts.buckets,
+        "max_images_per_batch": counts.max_images_per_batch,
     }
 
 
@@ -200,6 +200,7 @@ def count_patches(
     naflex: NaFlex,
     max_patches_per_batch: int,
     bucket_patches: int | None = None,
+    max_images_per_batch: int | None = None,
     image_keys: Sequence[str] | None = None,
     caption_key: str = "txt",
     max_pixels: int | None = None,
@@ -223,6 +224,10 @@ def count_patches(
         bucket_patches: Width of the length buckets in patches (default: ``max_num_patches //
             64``, 4 for 256): smaller gives less padding and more open buckets (memory: up to one batch of
             samples per bucket is held while reading).
+        max_images_per_batch: The most images a batch holds (default: 4 x
+            ``max_patches_per_batch // max_num_patches``, four times a batch of full-length
+            images): without it a bucket of tiny images would make batches of thousands, and a
+            reader holds up to one batch per bucket.
         image_keys: Image member extensions or Parquet columns, tried in order (default: the
             loader's).
         caption_key: The caption member or column (``json:FIELD`` for a JSON field; ``""``: no
@@ -256,6 +261,11 @@ def count_patches(
             f"not {max_patches_per_batch!r}",
         )
     buckets = default_buckets(naflex.max_num_patches, bucket_patches)
+    if max_images_per_batch is None:
+        max_images_per_batch = 4 * (max_patches_per_batch // naflex.max_num_patches)
+    most = max_images_per_batch
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise OptionError("max_images_per_batch", f"must be a positive integer, not {max_images_per_batch!r}")
     options = (source or SourceOptions()).keywords()
     shards = expand_urls(urls, **options)
     if not shards:
@@ -267,7 +277,8 @@ def count_patches(
         "max_member_bytes": int(DEFAULTS.max_member_bytes),
     }
     spec = (naflex.patch_size, naflex.max_num_patches, naflex.min_num_patches or 0)
-    config = {**source_config(shards, options), **_core_config(spec, max_patches_per_batch, buckets, sample)}
+    plan = PatchCounts(spec, max_patches_per_batch, buckets, max_images_per_batch, sample, [])
+    config = {**source_config(shards, options), **_core_config(plan)}
     results = _core.count_patches([s.url for s in shards], config, threads or default_loader_threads())
     display = {s.url: s.display for s in shards}
     units: list[dict[str, Any]] = []
@@ -280,7 +291,7 @@ def count_patches(
         else:
             r["examples"] = r["examples"][:3]
             units.append(r)
-    counts = PatchCounts(spec, max_patches_per_batch, buckets, sample, units, failed)
+    counts = PatchCounts(spec, max_patches_per_batch, buckets, max_images_per_batch, sample, units, failed)
     if counts.total_batches == 0:
         raise ValueError(f"no image of {urls!r} can be used: {_top_reason(counts)}")
     if output is not None:
@@ -384,14 +395,14 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
         self._config = {
             **source_config(shards, options),
-            **_core_config(c.naflex, c.max_patches_per_batch, c.buckets, c.sample),
+            **_core_config(c),
             "naflex": self.naflex.core_config()["naflex"],
         }
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
         self._tokenizer = resolve_tokenizer(tokenizer, context_length) if tokenizer is not None else None
         self._config["tokenizer"] = self._tokenizer
         # A full batch of the shortest bucket holds the most images (and token rows).
-        self._max_images = max(1, c.max_patches_per_batch // c.buckets[0])
+        self._max_images = max(1, min(c.max_patches_per_batch // c.buckets[0], c.max_images_per_batch))
         self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
         self._weights = [int(u["batches"]) for u in c.units]
         self._total = sum(self._weights)

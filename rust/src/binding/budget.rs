@@ -21,7 +21,7 @@ use crate::plan::packed::UnitOrder;
 use crate::read::source::SourceStats;
 
 /// The spec of `config`: its sample keys, `naflex` tuple, `max_patches_per_batch`, `buckets`
-/// (ascending patch bounds) and `max_member_bytes`.
+/// (ascending patch bounds), `max_images_per_batch` (0: no cap) and `max_member_bytes`.
 fn budget_spec(config: &Bound<'_, PyDict>) -> PyResult<BudgetSpec> {
     let naflex = naflex_spec(
         &present(config, "naflex")?.ok_or_else(|| PyValueError::new_err("config needs naflex"))?,
@@ -32,9 +32,12 @@ fn budget_spec(config: &Bound<'_, PyDict>) -> PyResult<BudgetSpec> {
     let buckets: Vec<u32> = present(config, "buckets")?
         .ok_or_else(|| PyValueError::new_err("config needs buckets"))?
         .extract()?;
+    let max_images_per_batch: u32 =
+        present(config, "max_images_per_batch")?.map_or(Ok(0), |v| v.extract())?;
     let shape = BudgetShape {
         max_patches_per_batch,
         buckets,
+        max_images_per_batch,
     };
     shape.validate().map_err(PyValueError::new_err)?;
     if shape.buckets.last() != Some(&naflex.max_num_patches) {

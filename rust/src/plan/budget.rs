@@ -21,6 +21,9 @@ pub struct BudgetShape {
     pub max_patches_per_batch: u32,
     /// Ascending upper bounds of patches per image; the last is the image budget.
     pub buckets: Vec<u32>,
+    /// Images a batch may hold (0: as many as the budget allows). Short buckets would otherwise
+    /// make batches of thousands of tiny images, and a reader holds up to a batch per bucket.
+    pub max_images_per_batch: u32,
 }
 
 /// One batch: its bucket and the unit-local positions of its samples (file order).
@@ -42,6 +45,7 @@ impl BudgetShape {
         Self {
             max_patches_per_batch,
             buckets,
+            max_images_per_batch: 0,
         }
     }
 
@@ -73,9 +77,20 @@ impl BudgetShape {
             .min(self.buckets.len() - 1)
     }
 
-    /// Images per full batch of bucket `k`.
+    /// Images per full batch of bucket `k`: what the budget allows, at most
+    /// `max_images_per_batch`.
     pub fn capacity(&self, k: usize) -> usize {
-        (self.max_patches_per_batch / self.buckets[k]).max(1) as usize
+        let fit = (self.max_patches_per_batch / self.buckets[k]).max(1);
+        match self.max_images_per_batch {
+            0 => fit as usize,
+            most => fit.min(most) as usize,
+        }
+    }
+
+    /// The most samples a reader holds while batching one unit: a batch short of full in
+    /// every bucket.
+    pub fn most_held(&self) -> usize {
+        (0..self.buckets.len()).map(|k| self.capacity(k) - 1).sum()
     }
 
     /// The padded length of bucket `k`'s batches.
@@ -149,6 +164,7 @@ mod tests {
         BudgetShape {
             max_patches_per_batch: 1000,
             buckets: vec![100, 200, 256],
+            max_images_per_batch: 0,
         }
     }
 
@@ -172,6 +188,12 @@ mod tests {
             vec![64, 128, 192, 256]
         );
         assert_eq!(BudgetShape::even(4096, 250, 64).buckets.last(), Some(&250));
+        let capped = BudgetShape {
+            max_images_per_batch: 4,
+            ..s.clone()
+        };
+        assert_eq!((capped.capacity(0), capped.capacity(2)), (4, 3));
+        assert_eq!(capped.most_held(), 3 + 3 + 2);
     }
 
     #[test]
@@ -214,7 +236,7 @@ mod tests {
     fn a_reader_holds_at_most_the_open_buckets() {
         let s = shape();
         let mut b = Bucketer::new(&s);
-        let most: usize = (0..3).map(|k| s.capacity(k) - 1).sum();
+        let most = s.most_held();
         for i in 0..10_000u32 {
             b.push(i, 1 + (i * 37) % 256);
             assert!(b.held() <= most);
