@@ -18,30 +18,38 @@ tenth as many units; for each, in --repeat fresh processes (medians), one rank o
   state_dict     ``loader.state_dict()`` (hashes every unit for the counts' identity)
   RSS added      peak RSS (VmHWM) over the process's RSS after its imports, and per unit
 
-Part b, a rank's memory bounded by configuration: one ``TextLoader`` pass (B=8, L=2048, threads=2,
-default prefetch and block_rows, one rank) over a 10 MB Parquet text file and over a --big-mb
-(default 2048) file with row groups of --row-group-mb of text, each holding one --long-doc-mb
-(default 50) MB document, all counted with max_document_bytes=64 MiB; each pass (and each
-``count_tokens``) in a fresh process, its peak RSS over its RSS after the imports. The files are
-real text (tests/text_corpus.documents(), repeated) with the GPT-2-style tokenizer fixture, written
-once into --dir and reused.
+Part b, a rank's memory bounded by configuration (the same peak RSS for a 10 MB and a 2 GB file):
+one ``TextLoader`` pass (B=8, L=2048, threads=2, default prefetch and block_rows, one rank,
+max_document_bytes=64 MiB) and the ``count_tokens`` before it, each in a fresh process, its peak
+RSS over its RSS after the imports, for each format:
+
+  parquet  a 10 MB and a --big-mb (default 2048) MB file, both in row groups of --row-group-mb
+           (default 2) MB of text, so that only the file's size differs; --long-doc-mb puts one
+           document that long at the start of each of the big file's row groups (the reader holds
+           a row group's column chunk and a document whole: both are the data's, bounded by
+           max_document_bytes for a document)
+  jsonl    a 10 MB and a --big-mb MB file (one unit each, read line by line), and the 10 MB file
+           with one line of --long-line-mb (default --big-mb) MB in its middle: over the cap, it
+           must be skipped (member_too_large), held only up to the cap
+
+The files are real text (tests/text_corpus.documents(), repeated) with the GPT-2-style tokenizer
+fixture, written once into --dir and reused (delete it after: the defaults write about 5 GB).
 
     python benches/bench_packed_scale.py [--units 100000] [--world 64] [--repeat 3] \\
-        [--big-mb 2048] [--row-group-mb 256] [--long-doc-mb 50] [--part a|b|all] \\
-        [--dir /tmp/shardstream-bench-packed-scale]
+        [--big-mb 2048] [--row-group-mb 2] [--long-doc-mb 0] [--long-line-mb 0] \\
+        [--formats parquet,jsonl] [--part a|b|all] [--dir /tmp/shardstream-bench-packed-scale]
 
-Smoke run (a minute): ``--units 10000 --repeat 1 --big-mb 40 --row-group-mb 16 --long-doc-mb 4``.
-Part b at the defaults tokenizes 2 GB twice (count and pass) on two threads: expect tens of
-minutes on a 2-core machine. Memory: encoding one document took about 170 MB of peak RSS per MB
-of text here (4 MB: 677 MB, 8.4 s; 1 MB: 190 MB, 1.2 s; ``_core.packed_encode`` alone), so 50 MB
-documents on two threads may need well over 10 GB; ``--long-doc-mb 0`` separates the row groups'
-share from the long documents'.
+Smoke run (two minutes): ``--units 10000 --repeat 1 --big-mb 40 --long-line-mb 100``. Part b at
+the defaults tokenizes 2 GB four times (count and pass, Parquet and JSONL): over an hour on a
+2-core machine. Long documents are encoded in windows of about 64 KB (``tokenize::windows``), so
+their share of the peak is their text, not the ``tokenizers`` library's ~170 bytes per byte.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -244,7 +252,21 @@ def fmt_s(s: float) -> str:
 # -- part b: a rank's memory on a small and a huge file ----------------------------------------------
 
 
-def write_text_file(path: str, mb: float, row_group_mb: float, long_doc_mb: float) -> None:
+def _filler(mb: float) -> list[str]:
+    """Real text documents (tests/text_corpus.documents()) repeated to ``mb`` MB: a generator
+    would be shorter, but a file's whole text is what the reader is made to hold or not."""
+    import text_corpus
+
+    docs = text_corpus.documents(400)
+    out, size, d = [], 0, 0
+    while size < mb * 1e6:
+        out.append(docs[d % len(docs)])
+        size += len(out[-1].encode())
+        d += 1
+    return out
+
+
+def write_parquet_file(path: str, mb: float, row_group_mb: float, long_doc_mb: float) -> None:
     """A Parquet file (``id``, ``text``) of ``mb`` MB of real text in row groups of about
     ``row_group_mb`` MB, each starting with one document of ``long_doc_mb`` MB (none when 0)."""
     if os.path.exists(path):
@@ -255,14 +277,7 @@ def write_text_file(path: str, mb: float, row_group_mb: float, long_doc_mb: floa
 
     start = time.perf_counter()
     docs = text_corpus.documents(400)
-    long_doc = ""
-    if long_doc_mb:
-        parts, size, i = [], 0, 0
-        while size < long_doc_mb * 1e6:
-            parts.append(docs[i % len(docs)])
-            size += len(parts[-1].encode())
-            i += 1
-        long_doc = "\n".join(parts)
+    long_doc = "\n".join(_filler(long_doc_mb)) if long_doc_mb else ""
     schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
     tmp = path + ".tmp"
     written, next_id, d = 0, 0, 0
@@ -281,6 +296,44 @@ def write_text_file(path: str, mb: float, row_group_mb: float, long_doc_mb: floa
     os.replace(tmp, path)
     print(
         f"  wrote {path}: {written / 1e6:.0f} MB of text, {next_id} documents, "
+        f"{os.path.getsize(path) / 1e6:.0f} MB on disk ({time.perf_counter() - start:.0f} s)"
+    )
+
+
+def write_jsonl_file(path: str, mb: float, long_line_mb: float) -> None:
+    """A JSONL file (``{"id": i, "text": ...}`` per line) of ``mb`` MB of real text; with
+    ``long_line_mb``, one more line of that many MB in its middle (over max_document_bytes: the
+    reader must skip it as ``member_too_large`` without holding it)."""
+    if os.path.exists(path):
+        return
+    import text_corpus
+
+    start = time.perf_counter()
+    docs = text_corpus.documents(400)
+    tmp = path + ".tmp"
+    written, lines, d = 0, 0, 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        while written < mb * 1e6:
+            f.write(json.dumps({"id": d, "text": docs[d % len(docs)]}, ensure_ascii=False) + "\n")
+            written += len(docs[d % len(docs)].encode())
+            d += 1
+            lines += 1
+            if long_line_mb and written >= mb * 1e6 / 2:
+                # whole escaped documents (never half an escape), about 1 MB per write
+                block = ""
+                for doc in docs:
+                    block += json.dumps(doc, ensure_ascii=False)[1:-1]
+                    if len(block) >= 1 << 20:
+                        break
+                f.write('{"id": -1, "text": "')
+                for _ in range(math.ceil(long_line_mb * 1e6 / len(block.encode()))):
+                    f.write(block)
+                f.write('"}\n')
+                lines += 1
+                long_line_mb = 0
+    os.replace(tmp, path)
+    print(
+        f"  wrote {path}: {written / 1e6:.0f} MB of text in {lines} lines, "
         f"{os.path.getsize(path) / 1e6:.0f} MB on disk ({time.perf_counter() - start:.0f} s)"
     )
 
@@ -323,40 +376,75 @@ def worker_pass(o: dict) -> dict:
 
 
 def part_b(args: argparse.Namespace) -> None:
-    cases = [
-        (f"{SMALL_MB} MB", os.path.join(args.dir, f"text-{SMALL_MB}mb-{GEN}.parquet"), SMALL_MB, 2, 0),
-        (
-            f"{args.big_mb:g} MB",
-            os.path.join(
-                args.dir,
-                f"text-{args.big_mb:g}mb-{args.row_group_mb:g}rg-{args.long_doc_mb:g}long-{GEN}.parquet",
+    big, rg, long_doc = f"{args.big_mb:g}", f"{args.row_group_mb:g}", f"{args.long_doc_mb:g}"
+    line = f"{args.long_line_mb or args.big_mb:g}"
+    # (format, label, file, writer): each big file is compared with the small one of its format,
+    # written the same way (the same row groups), so only the file's size differs.
+    cases = {
+        "parquet": [
+            (
+                f"{SMALL_MB} MB",
+                os.path.join(args.dir, f"text-{SMALL_MB}mb-{rg}rg-{GEN}.parquet"),
+                lambda p: write_parquet_file(p, SMALL_MB, args.row_group_mb, 0),
             ),
-            args.big_mb,
-            args.row_group_mb,
-            args.long_doc_mb,
-        ),
-    ]
+            (
+                f"{big} MB",
+                os.path.join(args.dir, f"text-{big}mb-{rg}rg-{long_doc}long-{GEN}.parquet"),
+                lambda p: write_parquet_file(p, args.big_mb, args.row_group_mb, args.long_doc_mb),
+            ),
+        ],
+        "jsonl": [
+            (
+                f"{SMALL_MB} MB",
+                os.path.join(args.dir, f"text-{SMALL_MB}mb-{GEN}.jsonl"),
+                lambda p: write_jsonl_file(p, SMALL_MB, 0),
+            ),
+            (
+                f"{line} MB line",
+                os.path.join(args.dir, f"text-{SMALL_MB}mb-{line}mbline-{GEN}.jsonl"),
+                lambda p: write_jsonl_file(p, SMALL_MB, float(line)),
+            ),
+            (
+                f"{big} MB",
+                os.path.join(args.dir, f"text-{big}mb-{GEN}.jsonl"),
+                lambda p: write_jsonl_file(p, args.big_mb, 0),
+            ),
+        ],
+    }
     print(
-        "part b: one TextLoader pass (B=8, L=2048, threads=2, one rank), each step in a fresh process; "
-        "peak RSS over the process's RSS after its imports"
+        "part b: one TextLoader pass (B=8, L=2048, threads=2, one rank, max_document_bytes=64 MiB), "
+        "each step in a fresh process; peak RSS over the process's RSS after its imports"
     )
+    if "parquet" in args.formats:
+        print(
+            f"  Parquet: row groups of {rg} MB of text in both files"
+            + (f", each of the big file's with one {long_doc} MB document" if args.long_doc_mb else "")
+        )
     print(
-        f"  {'file':10} {'row groups':>10} {'tokens':>14} {'count s':>9} {'count MB':>9} "
+        f"  {'format':8} {'file':16} {'units':>6} {'tokens':>14} {'count s':>9} {'count MB':>9} "
         f"{'pass s':>9} {'pass MB':>9}"
     )
-    peaks = []
-    for name, path, mb, rg, long_mb in cases:
-        write_text_file(path, mb, rg, long_mb)
-        counts = path + ".tokens.json"
-        c = run_worker(__file__, "count", {"file": path, "counts": counts}, timeout=TIMEOUT)
-        p = run_worker(__file__, "pass", {"counts": counts}, timeout=TIMEOUT)
-        peaks.append(p["peak_mb"])
-        print(
-            f"  {name:10} {c['units']:>10} {c['tokens']:>14,} {c['seconds']:>9.1f} {c['peak_mb']:>9.0f} "
-            f"{p['seconds']:>9.1f} {p['peak_mb']:>9.0f}"
-            + (f"  skipped {c['skipped']}" if c["skipped"] else "")
-        )
-    print(f"  pass peak RSS, big / small: {peaks[1] / max(peaks[0], 1e-9):.2f}x")
+    for fmt in args.formats.split(","):
+        peaks = []
+        for name, path, write in cases[fmt]:
+            write(path)
+            counts = path + ".tokens.json"
+            c = run_worker(__file__, "count", {"file": path, "counts": counts}, timeout=TIMEOUT)
+            p = run_worker(__file__, "pass", {"counts": counts}, timeout=TIMEOUT)
+            peaks.append((name, p["peak_mb"], c["peak_mb"]))
+            print(
+                f"  {fmt:8} {name:16} {c['units']:>6} {c['tokens']:>14,} {c['seconds']:>9.1f} "
+                f"{c['peak_mb']:>9.0f} {p['seconds']:>9.1f} {p['peak_mb']:>9.0f}"
+                + (f"  skipped {c['skipped']}" if c["skipped"] else ""),
+                flush=True,
+            )
+        (small, small_pass, small_count), *others = peaks
+        for name, pass_mb, count_mb in others:
+            print(
+                f"  {fmt} {name} / {small}: pass peak RSS {pass_mb / max(small_pass, 1e-9):.2f}x, "
+                f"count peak RSS {count_mb / max(small_count, 1e-9):.2f}x",
+                flush=True,
+            )
 
 
 def main() -> int:
@@ -370,8 +458,19 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=64, help="ranks in part a")
     ap.add_argument("--repeat", type=int, default=3, help="fresh processes per part a case")
     ap.add_argument("--big-mb", type=float, default=2048, help="text in part b's big file, MB")
-    ap.add_argument("--row-group-mb", type=float, default=256, help="text per row group of the big file, MB")
-    ap.add_argument("--long-doc-mb", type=float, default=50, help="one document this long per big row group")
+    ap.add_argument(
+        "--row-group-mb", type=float, default=2, help="text per Parquet row group, MB (both files)"
+    )
+    ap.add_argument(
+        "--long-doc-mb", type=float, default=0, help="one document this long per row group of the big Parquet"
+    )
+    ap.add_argument(
+        "--long-line-mb",
+        type=float,
+        default=0,
+        help="the JSONL line over max_document_bytes, MB; 0: --big-mb",
+    )
+    ap.add_argument("--formats", default="parquet,jsonl", help="part b's formats: parquet, jsonl or both")
     ap.add_argument("--part", choices=("a", "b", "all"), default="all")
     ap.add_argument("--dir", default="/tmp/shardstream-bench-packed-scale", help="cache of generated files")
     args = ap.parse_args()

@@ -435,3 +435,67 @@ def test_a_two_source_mixture_keeps_each_sources_share_of_every_batch_and_resume
     rest = [b.input_ids.numpy().copy() for b in resumed]
     assert len(rest) == len(whole[1]) - 4
     assert all(np.array_equal(a, b) for a, b in zip(rest, whole[1][4:], strict=True))
+
+
+def test_a_mixture_through_two_dataloader_workers_keeps_its_shares_and_order_and_resumes_exactly(
+    small_corpus, tmp_path
+):
+    """TextMixture.dataloader(2): batch j holds every source's batch j as that source's own loader
+    yields it through 2 workers (its share of rows, torch's round-robin order), no row of a
+    source twice and the source that bounds the epoch read whole; stopped mid-round and resumed
+    through the DataLoader, exactly the rows that would have followed; the pass after a resumed
+    epoch's end reads the next epoch whole."""
+    from shardstream import TextMixture, TextSource
+
+    code = write_code_tars(str(tmp_path / "code"), [(n, t.encode()) for n, t in stdlib_sources(30)], shards=2)
+    code_counts = count_tokens(code, tokenizer=GPT2_STYLE, text_key="py")
+    sources = [TextSource(small_corpus[1], 0.7, "captions"), TextSource(code_counts, 0.3, "code")]
+    kw = dict(batch_size=10, seq_len=48, block_rows=4, seed=4, world_size=2)
+    cut = [(0, 7), (7, 10)]  # each source's rows of a batch
+
+    def source_loader(i: int, rank: int) -> TextLoader:
+        rows = cut[i][1] - cut[i][0]
+        c = sources[i].counts
+        return TextLoader(
+            c, batch_size=rows, seq_len=48, block_rows=4, seed=4 * 1_000_003 + i, rank=rank, world_size=2
+        )
+
+    whole: dict[int, list[np.ndarray]] = {}
+    got: list[Counter] = [Counter(), Counter()]
+    epoch: list[Counter] = [Counter(), Counter()]
+    for rank in range(2):
+        batches = TextMixture(sources, rank=rank, **kw).dataloader(2)
+        whole[rank] = [b.input_ids.numpy().copy() for b in batches]
+        n = len(whole[rank])
+        assert n == len(batches) > 6
+        for i, (lo, hi) in enumerate(cut):
+            alone = [b.input_ids.numpy().copy() for b in source_loader(i, rank).dataloader(2)]
+            assert all(np.array_equal(b[lo:hi], alone[j]) for j, b in enumerate(whole[rank])), (rank, i)
+            got[i].update(tuple(r) for b in whole[rank] for r in b[lo:hi])
+            epoch[i].update(tuple(r) for r in rows_of(source_loader(i, rank)))  # no workers
+        stats = batches.stats
+        assert stats["tokens_by_source"] == {"captions": n * 7 * 48, "code": n * 3 * 48}
+        for name in ("captions", "code"):  # both workers' counters merged (and batches filled ahead)
+            assert stats["sources"][name]["tokens"] >= stats["tokens_by_source"][name]
+    bounding = [len(source_loader(i, 0)) == len(whole[0]) for i in range(2)]
+    assert any(bounding)
+    for i in range(2):
+        assert not got[i] - epoch[i], f"source {i}: a row that is not its epoch's, or one read twice"
+        assert (got[i] == epoch[i]) == bounding[i], f"source {i}"
+    # Stopped after 5 batches (worker 0 gave 3, worker 1 two), resumed through the DataLoader.
+    first = TextMixture(sources, rank=1, **kw)
+    batches = first.dataloader(2)
+    it = iter(batches)
+    for _ in range(5):
+        next(it)
+    state = batches.state_dict()
+    del it
+    resumed = TextMixture(sources, rank=1, **kw)
+    resumed.load_state_dict(state)
+    again = resumed.dataloader(2)
+    rest = [b.input_ids.numpy().copy() for b in again]
+    assert len(rest) == len(whole[1]) - 5
+    assert all(np.array_equal(a, b) for a, b in zip(rest, whole[1][5:], strict=True))
+    following = [b.input_ids.numpy().copy() for b in again]
+    assert all(np.array_equal(a, b) for a, b in zip(following, whole[1], strict=True))
+    assert len(following) == len(whole[1])

@@ -68,6 +68,32 @@ def test_a_placeholder_left_in_the_config_is_one_line_per_key(tmp_path):
     assert shown.returncode == 0 and "<SET ME: your shards" in shown.stdout
 
 
+@pytest.mark.parametrize("how", ["override", "yaml"])
+def test_a_naflex_sample_kind_is_refused_in_one_line_before_any_work(how, tmp_path):
+    """Issue 30: the trainer's open_clip models take square images only, so ``data.sample
+    naflex`` is refused up front, one line naming what is missing and where that kind trains;
+    no demo data is generated and no run folder is made."""
+    from importlib.metadata import version
+
+    cmd = [sys.executable, str(ROOT / "train_clip.py")]
+    if how == "override":
+        cmd += ["--data.sample", "naflex"]
+    else:
+        (tmp_path / "naflex.yaml").write_text("data:\n  sample: naflex\n")
+        cmd += ["--config", "naflex.yaml"]
+    run = run_bounded(cmd, timeout=60, cwd=tmp_path)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stderr.splitlines() == [
+        "train_clip.py: config error: data.sample: naflex needs a model that takes patch sequences, "
+        f"and this trainer's models (open_clip {version('open_clip_torch')}) take square images only; "
+        "train SigLIP 2 NaFlex through transformers' Siglip2Model with "
+        "shardstream.integrations.hf.ShardTrainer and Siglip2Collator"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["naflex.yaml"] if how == "yaml" else [])
+    # the square kind, named explicitly, is the default and still accepted
+    assert load_config(None, ["--data.sample", "square"]).data.sample == "square" == load_config().data.sample
+
+
 def test_python_m_shardstream_train_with_the_demo_config_by_name(tmp_path):
     """A tiny real run: the demo config by name, on a small generated dataset, two steps, one
     process (what each rank of ``torchrun -m shardstream.train`` runs)."""

@@ -19,6 +19,7 @@ from typing import Any
 from shardstream.config import SourceOptions
 from shardstream.errors import OptionError
 from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts
+from shardstream.kinds.unit_plan import workers_dataloader
 
 STATE_FORMAT = "shardstream-text-mixture-state"
 
@@ -150,16 +151,25 @@ class TextMixture:
             loader.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[TextBatch]:
+        self._begin_pass()
+        return self._counted()
+
+    def _counted(self) -> Iterator[TextBatch]:
+        for batch in self._iterate(len(self)):
+            self._batches_done += 1
+            yield batch
+        self._end_pass()
+
+    def _iterate(self, count: int) -> Iterator[TextBatch]:
+        """``count`` batches, each joining the next batch of every source's reader (this
+        process's, or in a DataLoader worker that worker's)."""
         import torch
 
-        n = len(self)
-        self._batches_done = 0
-        iterators = [iter(loader) for loader in self.loaders]
+        iterators = [loader._iterate() for loader in self.loaders]
         try:
-            for _ in range(n):
+            for _ in range(count):
                 parts = [next(it) for it in iterators]
                 ids = torch.cat([torch.as_tensor(p.input_ids) for p in parts])
-                self._batches_done += 1
                 if not self.boundaries:
                     yield TextBatch(ids)
                     continue
@@ -173,6 +183,68 @@ class TextMixture:
         finally:
             for it in iterators:
                 it.close()  # type: ignore[attr-defined]
+
+    # -- DataLoader workers (the machinery is TextLoader's: kinds.unit_plan.workers_dataloader) ----
+    def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
+        """A torch DataLoader in which ``num_workers`` worker processes read this rank's share
+        of every source: worker ``w`` reads reader ``w`` of each source (each a contiguous part
+        of that source's share, as for :meth:`TextLoader.dataloader`) and joins their batches,
+        so batch ``j`` in torch's round-robin order holds every source's batch ``j`` and its
+        share of rows. ``state_dict``, ``load_state_dict`` and ``stats`` work through it: a
+        state saved through it and loaded into a mixture read with as many workers gives
+        exactly the batches that would have followed (with another count, each source
+        re-plans its rest as :meth:`TextLoader.load_state_dict` does).
+
+        Args:
+            num_workers: Worker processes (at least 1).
+            **kwargs: Passed to ``torch.utils.data.DataLoader``; ``batch_size``,
+                ``collate_fn``, ``sampler`` and ``persistent_workers=True`` are refused.
+
+        Returns:
+            An iterable with ``len()``, ``set_epoch``, ``state_dict`` and ``load_state_dict``.
+
+        Raises:
+            OptionError: ``num_workers`` is below 1.
+            TypeError: a refused keyword.
+        """
+        return workers_dataloader(self, num_workers, kwargs, pin=self.loaders[0]._pin)
+
+    def _begin_pass(self) -> None:
+        self._batches_done = 0
+        for loader in self.loaders:
+            loader._begin_pass()
+
+    def _end_pass(self) -> None:
+        # The sources' readers were closed at the mixture's end, not at their own: mark their
+        # pass complete, so that a pass after a resumed epoch's end reads the next one whole.
+        for loader in self.loaders:
+            loader._end_pass()
+
+    def _set_workers(self, num_workers: int) -> None:
+        for loader in self.loaders:
+            loader._set_workers(num_workers)
+
+    def _worker_batches(self) -> Iterator[tuple[TextBatch, list[dict[str, Any]]]]:
+        """In DataLoader worker ``w`` of ``K``: the mixture's batches ``w, w + K, ...`` below
+        ``len(self)`` (torch takes them round-robin), each with every source's counters. Every
+        source's reader ``w`` holds at least that many batches: each source's share is split
+        among the workers the same balanced way, and no source has fewer batches than the
+        mixture."""
+        import torch
+
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        n = len(self)
+        count = n // workers + (1 if worker < n % workers else 0)
+        for batch in self._iterate(count):
+            counters = [
+                {k: v for k, v in loader._last_stats.items() if k != "faults"} for loader in self.loaders
+            ]
+            yield batch, counters
+
+    def _merge_worker_stats(self, per_worker: list[list[dict[str, Any]]]) -> None:
+        for i, loader in enumerate(self.loaders):
+            loader._merge_worker_stats([counters[i] for counters in per_worker])
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -118,12 +118,34 @@ class UnitPlanLoader:
         return buf.ctypes.data, buf.nbytes
 
     def __iter__(self) -> Iterator[Any]:
+        self._begin_pass()
+        return self._iterate()
+
+    # What a pass through DataLoader workers (_CountingLoader, _WorkerView) calls; TextMixture
+    # has the same five, so every kind planned over units shares that machinery.
+    def _begin_pass(self) -> None:
         if self._pass_completed and self._resume is not None:
             # A pass after one that read a resumed epoch to its end reads the epoch whole.
             self._resume = None
         self._pass_completed = False
         self._batches_done = 0
-        return self._iterate()
+
+    def _end_pass(self) -> None:
+        self._pass_completed = True
+
+    def _set_workers(self, num_workers: int) -> None:
+        self._num_workers = num_workers
+
+    def _worker_batches(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """In a DataLoader worker: its reader's batches, each with its counters (faults left
+        out: they stay bounded in the worker)."""
+        for batch in self._iterate():
+            yield batch, {k: v for k, v in self._last_stats.items() if k != "faults"}
+
+    def _merge_worker_stats(self, per_worker: list[dict[str, Any]]) -> None:
+        from shardstream.loader import merge_stats
+
+        self._last_stats = merge_stats(per_worker)
 
     def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
         """A torch DataLoader in which ``num_workers`` worker processes read this rank's share,
@@ -145,21 +167,7 @@ class UnitPlanLoader:
             OptionError: ``num_workers`` is below 1.
             TypeError: a refused keyword.
         """
-        name = type(self).__name__
-        if torch is None:
-            raise RuntimeError(f"{name}.dataloader needs torch")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise OptionError("num_workers", f"must be at least 1, not {num_workers!r}")
-        for refused in ("batch_size", "collate_fn", "sampler", "batch_sampler"):
-            if refused in kwargs:
-                raise TypeError(f"{name}.dataloader() takes no {refused}: the loader makes the batches")
-        if kwargs.get("persistent_workers"):
-            raise TypeError(f"{name}.dataloader() takes no persistent_workers=True: workers start per pass")
-        self._num_workers = num_workers
-        kwargs.setdefault("pin_memory", self._pin)
-        view = _WorkerView(self)
-        inner = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
-        return _CountingLoader(self, inner)
+        return workers_dataloader(self, num_workers, kwargs, pin=self._pin)
 
     # -- resume --------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
@@ -224,11 +232,32 @@ class UnitPlanLoader:
         self._plan_counts()  # a state that does not fit the counts fails here, not mid-pass
 
 
-class _CountingLoader:
-    """A DataLoader over a unit-planned loader's worker view: counts the batches it yields for
-    ``state_dict`` and merges the workers' counters (each sends its own with every batch)."""
+def workers_dataloader(owner: Any, num_workers: int, kwargs: dict[str, Any], *, pin: bool) -> Any:
+    """``owner.dataloader(num_workers, **kwargs)`` of a kind planned over units (TextLoader,
+    NaFlexBudgetLoader, TextMixture): checks the arguments, lays the owner's plan out for the
+    workers (its five pass hooks) and wraps the DataLoader."""
+    name = type(owner).__name__
+    if torch is None:
+        raise RuntimeError(f"{name}.dataloader needs torch")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise OptionError("num_workers", f"must be at least 1, not {num_workers!r}")
+    for refused in ("batch_size", "collate_fn", "sampler", "batch_sampler"):
+        if refused in kwargs:
+            raise TypeError(f"{name}.dataloader() takes no {refused}: the loader makes the batches")
+    if kwargs.get("persistent_workers"):
+        raise TypeError(f"{name}.dataloader() takes no persistent_workers=True: workers start per pass")
+    owner._set_workers(num_workers)
+    kwargs.setdefault("pin_memory", pin)
+    view = _WorkerView(owner)
+    inner = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
+    return _CountingLoader(owner, inner)
 
-    def __init__(self, owner: UnitPlanLoader, inner: Any) -> None:
+
+class _CountingLoader:
+    """A DataLoader over a kind's worker view: counts the batches it yields for ``state_dict``
+    and merges the workers' counters (each sends its own with every batch)."""
+
+    def __init__(self, owner: Any, inner: Any) -> None:
         self.owner, self.inner = owner, inner
 
     def __len__(self) -> int:
@@ -256,34 +285,28 @@ class _CountingLoader:
         return self.owner.stats
 
     def __iter__(self) -> Iterator[Any]:
-        from shardstream.loader import merge_stats
-
         owner = self.owner
-        if owner._pass_completed and owner._resume is not None:
-            owner._resume = None
-        owner._pass_completed = False
-        owner._batches_done = 0
-        per_worker: dict[int, dict[str, Any]] = {}
+        owner._begin_pass()
+        per_worker: dict[int, Any] = {}
         for batch, worker, stats in self.inner:
             owner._batches_done += 1
             per_worker[worker] = stats
-            owner._last_stats = merge_stats(list(per_worker.values()))
+            owner._merge_worker_stats(list(per_worker.values()))
             yield batch
-        owner._pass_completed = True
+        owner._end_pass()
 
 
 if torch is not None:
 
     class _WorkerView(torch.utils.data.IterableDataset):
-        """What each DataLoader worker iterates: its reader of the rank's share, with its
-        counters (faults left out: they stay bounded in the worker)."""
+        """What each DataLoader worker iterates: the owner's batches for that worker, each with
+        the worker's id and counters."""
 
-        def __init__(self, loader: UnitPlanLoader) -> None:
-            self.loader = loader
+        def __init__(self, owner: Any) -> None:
+            self.owner = owner
 
-        def __iter__(self) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+        def __iter__(self) -> Iterator[tuple[Any, int, Any]]:
             worker = torch.utils.data.get_worker_info()
             wid = 0 if worker is None else worker.id
-            for batch in self.loader._iterate():
-                counters = {k: v for k, v in self.loader._last_stats.items() if k != "faults"}
+            for batch, counters in self.owner._worker_batches():
                 yield batch, wid, counters

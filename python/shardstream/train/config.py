@@ -129,6 +129,13 @@ class DataConfig:
         list(DEFAULTS.random_crop_ratio),
         "with crop random: the range of the crop's aspect ratio, width / height (torchvision's)",
     )
+    sample: Literal["square", "naflex"] = _f(
+        "square",
+        "the sample kind: square: each image resized and cropped to data.image_size (what open_clip's "
+        "models take); naflex: each image at its own aspect ratio as a sequence of patches "
+        "(shardstream.NaFlex), refused at start, since no released open_clip model takes it (SigLIP 2 "
+        "NaFlex trains through transformers' Siglip2Model: the native-resolution guide)",
+    )
     shuffle_buffer: int = _f(2048, "samples held by each rank's shuffle buffer (memory vs randomness)")
     threads: int = _f(0, "decode threads per rank; 0: the loader's default")
     caption_key: str = _f(DEFAULTS.caption_key, "the sample member holding the caption")
@@ -546,6 +553,8 @@ def validate(cfg: Config) -> Config:
         "eval.zeroshot_split",
         "must name one split folder",
     )
+    if cfg.data.sample == "naflex":
+        raise ConfigError(_naflex_refusal())
     for i, source in enumerate(cfg.data.sources):
         if not source.index:
             raise ConfigError(f"data.sources[{i}].index: every source of a mixture needs its index")
@@ -564,6 +573,25 @@ def validate(cfg: Config) -> Config:
             "batches; give data.train_index (shardstream index) or data.samples_per_epoch"
         )
     return cfg
+
+
+def _naflex_refusal() -> str:
+    """The one line that refuses ``data.sample naflex``: what is missing (a model of this trainer's
+    that takes patch sequences) and where that kind does train."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        open_clip = f"open_clip {version('open_clip_torch')}"
+    except PackageNotFoundError:
+        open_clip = "open_clip (not installed)"
+    # The trainer builds open_clip models only, and every released open_clip model takes square
+    # [B, 3, S, S] images: NaFlex needs one that takes pixel_values [B, N, 3*p*p] with its mask
+    # and spatial_shapes.
+    return (
+        f"data.sample: naflex needs a model that takes patch sequences, and this trainer's models "
+        f"({open_clip}) take square images only; train SigLIP 2 NaFlex through transformers' "
+        "Siglip2Model with shardstream.integrations.hf.ShardTrainer and Siglip2Collator"
+    )
 
 
 # -- loading --------------------------------------------------------------------------------------
