@@ -151,16 +151,19 @@ class NaFlex:
         keys: list[str],
         urls: list[str],
         tokens: Any,
+        length: int | None = None,
     ) -> NaFlexBatch:
         """The batch of a filled buffer: the mask and ``spatial_shapes`` from the grids.
 
         Args:
-            pixels: The filled ``[n, N, patch_len]`` uint8 buffer (torch or numpy).
+            pixels: The filled ``[n, L, patch_len]`` uint8 buffer (torch or numpy).
             grids: Each sample's (rows, columns), ``n`` of them.
             texts: The captions.
             keys: The sample keys.
             urls: The shard URLs.
             tokens: The token tensor, or None.
+            length: ``L``, the patches of each sample's slot: ``max_num_patches`` (None), or a
+                token-budget batch's bucket length.
 
         Returns:
             The :class:`NaFlexBatch`.
@@ -169,7 +172,8 @@ class NaFlex:
 
         shapes = np.asarray(grids, dtype=np.int64).reshape(-1, 2)
         counts = shapes[:, 0] * shapes[:, 1]
-        mask = (np.arange(self.max_num_patches)[None, :] < counts[:, None]).astype(np.int32)
+        slot = self.max_num_patches if length is None else length
+        mask = (np.arange(slot)[None, :] < counts[:, None]).astype(np.int32)
         if not isinstance(pixels, np.ndarray):  # torch: the same types as the pixels
             import torch
 

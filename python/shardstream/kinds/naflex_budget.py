@@ -24,7 +24,6 @@ order, as img2dataset writes them, mix well); the order of units is shuffled eve
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -39,6 +38,7 @@ from shardstream import _core
 from shardstream._system import default_loader_threads
 from shardstream.config import SourceOptions
 from shardstream.errors import OptionError, from_core_fault
+from shardstream.kinds import counts_file
 from shardstream.kinds.naflex import NaFlex, NaFlexBatch
 from shardstream.kinds.unit_plan import UnitPlanLoader
 
@@ -149,12 +149,7 @@ class PatchCounts:
         Args:
             path: Where; gzip-compressed when it ends in ``.gz``.
         """
-        data = json.dumps({"format": COUNTS_FORMAT, "version": COUNTS_VERSION, **self.__dict__}).encode()
-        path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(gzip.compress(data) if path.endswith(".gz") else data)
-        os.replace(tmp, path)
+        counts_file.save(path, COUNTS_FORMAT, COUNTS_VERSION, self.__dict__)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> PatchCounts:
@@ -169,16 +164,7 @@ class PatchCounts:
         Raises:
             ValueError: the file is not a patch counts file of a version this package reads.
         """
-        with open(path, "rb") as f:
-            raw = f.read()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        data = json.loads(raw)
-        if not isinstance(data, dict) or data.get("format") != COUNTS_FORMAT:
-            raise ValueError(f"{os.fspath(path)!r} is not a patch counts file (format {COUNTS_FORMAT!r})")
-        if data.get("version") != COUNTS_VERSION:
-            raise ValueError(f"{os.fspath(path)!r}: patch counts version {data.get('version')}, this reads 1")
-        del data["format"], data["version"]
+        data = counts_file.load(path, COUNTS_FORMAT, COUNTS_VERSION, "patch counts")
         data["naflex"] = tuple(data["naflex"])
         return cls(**data)
 
@@ -470,7 +456,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
                 shape = (images, length, self.naflex.patch_len)
                 pixels = buf[: images * length * self.naflex.patch_len].reshape(shape)
                 tokens = toks[:images] if toks is not None else None
-                yield _make_batch(pixels, length, grids, texts, keys, urls, tokens)
+                yield self.naflex.make_batch(pixels, grids, texts, keys, urls, tokens, length=length)
                 lent.append(self._lend(core))
         finally:
             try:
@@ -490,20 +476,3 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         stats["remainder_batches"] = self._plan_counts()[2]
         stats["exact"] = True
         return stats
-
-
-def _make_batch(
-    pixels: Any,
-    length: int,
-    grids: list[tuple[int, int]],
-    texts: list[str],
-    keys: list[str],
-    urls: list[str],
-    tokens: Any,
-) -> NaFlexBatch:
-    shapes = np.asarray(grids, dtype=np.int64).reshape(-1, 2)
-    counts = shapes[:, 0] * shapes[:, 1]
-    mask = (np.arange(length)[None, :] < counts[:, None]).astype(np.int32)
-    if torch is not None and isinstance(pixels, torch.Tensor):
-        mask, shapes = torch.from_numpy(mask), torch.from_numpy(shapes)
-    return NaFlexBatch(pixels, mask, shapes, texts, keys, urls, tokens)

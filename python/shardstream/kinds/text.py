@@ -22,9 +22,7 @@ into rows, as Megatron and LitData pack; a document longer than a row spans rows
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import os
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
@@ -37,6 +35,7 @@ from shardstream import _core
 from shardstream._system import default_loader_threads
 from shardstream.config import SourceOptions
 from shardstream.errors import OptionError, from_core_fault
+from shardstream.kinds import counts_file
 from shardstream.kinds.unit_plan import UnitPlanLoader
 
 try:  # torch is optional: without it, batches are numpy arrays.
@@ -114,12 +113,7 @@ class TokenCounts:
         Args:
             path: Where; gzip-compressed when it ends in ``.gz``.
         """
-        data = json.dumps({"format": COUNTS_FORMAT, "version": COUNTS_VERSION, **self.__dict__}).encode()
-        path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(gzip.compress(data) if path.endswith(".gz") else data)
-        os.replace(tmp, path)
+        counts_file.save(path, COUNTS_FORMAT, COUNTS_VERSION, self.__dict__)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TokenCounts:
@@ -134,21 +128,7 @@ class TokenCounts:
         Raises:
             ValueError: the file is not a token counts file of a version this package reads.
         """
-        path = os.fspath(path)
-        with open(path, "rb") as f:
-            raw = f.read()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        try:
-            data = json.loads(raw)
-        except ValueError as e:
-            raise ValueError(f"{path}: not a token counts file ({e})") from None
-        if not isinstance(data, dict) or data.get("format") != COUNTS_FORMAT:
-            raise ValueError(f"{path}: not a token counts file (no format {COUNTS_FORMAT!r})")
-        if data.get("version") != COUNTS_VERSION:
-            raise ValueError(f"{path}: token counts version {data.get('version')}, this package reads 1")
-        data.pop("format")
-        data.pop("version")
+        data = counts_file.load(path, COUNTS_FORMAT, COUNTS_VERSION, "token counts")
         return cls(**data)
 
 

@@ -24,6 +24,7 @@ use rayon::prelude::*;
 
 use super::samples::{open_samples, patches_of, BudgetSpec};
 use crate::batch::naflex::prepare_image;
+use crate::batch::packed::stream::{visits, Visit};
 use crate::batch::packed::TextUnit;
 use crate::batch::panics::panic_fault;
 use crate::batch::pipeline::finish_batcher;
@@ -31,7 +32,7 @@ use crate::batch::sample::{caption, image_bytes, Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::decode::Decoder;
 use crate::plan::budget::{Bucketer, PlannedBatch};
-use crate::plan::packed::{slice, PackedReader, Span, UnitOrder};
+use crate::plan::packed::{slice, PackedReader, UnitOrder};
 use crate::read::group::RawSample;
 use crate::read::source::{SourceOptions, SourceStats};
 use crate::tokenize::ClipTokenizer;
@@ -125,35 +126,6 @@ struct ReadBatch {
     bucket: u32,
     samples: Vec<RawSample>,
     display: Arc<str>,
-}
-
-/// One unit's part of a reader: unit-local batch ranges, ascending.
-struct Visit {
-    unit: u32,
-    spans: Vec<(u64, u64)>,
-}
-
-fn visits(order: &UnitOrder, ranges: &[Span]) -> Vec<Visit> {
-    let mut out: Vec<Visit> = Vec::new();
-    for r in ranges {
-        let mut at = r.start;
-        while at < r.end {
-            let pos = order.locate(at);
-            let (lo, hi) = (order.starts[pos], order.starts[pos + 1]);
-            let end = r.end.min(hi);
-            let unit = order.order[pos];
-            let span = (at - lo, end - lo);
-            match out.last_mut() {
-                Some(v) if v.unit == unit => v.spans.push(span),
-                _ => out.push(Visit {
-                    unit,
-                    spans: vec![span],
-                }),
-            }
-            at = end;
-        }
-    }
-    out
 }
 
 pub struct BudgetPipeline {

@@ -26,15 +26,16 @@ const CHUNK_BYTES: usize = 1 << 20;
 /// Chunks the document thread reads ahead.
 const CHUNKS_AHEAD: usize = 4;
 
-/// One unit's part of a reader: unit-local token ranges, ascending.
+/// One unit's part of a reader: unit-local ranges of positions (tokens, or the budget kind's
+/// batches), ascending.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Visit {
+pub(crate) struct Visit {
     pub unit: u32,
     pub spans: Vec<(u64, u64)>,
 }
 
 /// The visits that read `ranges` of the stream `order` lays out.
-pub(super) fn visits(order: &UnitOrder, ranges: &[Span]) -> Vec<Visit> {
+pub(crate) fn visits(order: &UnitOrder, ranges: &[Span]) -> Vec<Visit> {
     let mut out: Vec<Visit> = Vec::new();
     let mut last_pos = usize::MAX;
     for r in ranges {
