@@ -19,8 +19,8 @@
 //! - `html_unescape` knows the numeric references and the common named entities (with and
 //!   without `;`), not the full HTML5 table of 2231 names Python has.
 
+use super::fxhash::FxMap;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Read;
 
 use regex::Regex;
@@ -42,57 +42,6 @@ const CACHED_TOKENIZERS: usize = 8;
 const MAX_SPARE_CACHES: usize = 256;
 
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// rustc's FxHash, for the merge table: it is looked up several times per new word, where SipHash
-/// (the std default, made to resist hash flooding) cost more than the BPE itself. Its keys come
-/// from the vocabulary file, not from the captions, so a caption cannot flood it.
-#[derive(Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut last = [0u8; 8];
-            last[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(last));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// Keyed by the words of the captions, which a shard may choose: std's keyed SipHash, so that no
 /// caption can make its lookups collide (FxHash is for the fixed merge table only).

@@ -11,6 +11,7 @@ pub mod bpe;
 pub mod clean;
 pub mod clip;
 pub mod documents;
+mod fxhash;
 mod windows;
 
 pub use clean::{clean, ftfy_lite, html_unescape};

@@ -27,7 +27,8 @@ use aho_corasick::AhoCorasick;
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
-use merges::{FxMap, Merges};
+use crate::tokenize::fxhash::FxMap;
+use merges::Merges;
 use pretokenize::{next_piece, Pattern};
 
 /// Distinct ids for the per-thread word caches of each encoder.
