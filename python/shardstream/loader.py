@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardstream import _core
+from shardstream._buffers import BufferPool
 from shardstream._system import default_loader_threads, torchrun_rank_world
 from shardstream.config import Crop, LoaderConfig, OnError, SourceOptions, resolve_source_options
 from shardstream.errors import MissingDependencyError, OptionError, SampleError, ShardError, from_core_fault
@@ -245,6 +246,8 @@ class ShardLoader:
         self.drop_last = drop_last
         self.samples_per_epoch = samples_per_epoch
         self.prefetch = max(1, prefetch)
+        # The batches in flight, the one in use and the one just let go.
+        self._buffers = BufferPool(keep=self.prefetch + 2)
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         # Set when a pass reads its epoch (or the rest of a resumed one) to the end.
@@ -447,24 +450,21 @@ class ShardLoader:
         config["crop_seed"] = _seed(self.seed, self.epoch)
         return _core.Loader(spans, config, display), phase_reader
 
+    def _pinning(self) -> bool:
+        # Inside a DataLoader worker (a forked process) CUDA must not be touched: the
+        # DataLoader pins batches in the main process instead (dataloader() asks it to).
+        return self._pin and torch is not None and torch.utils.data.get_worker_info() is None
+
     def _alloc(self) -> Any:
         shape: tuple[int, ...] = (self.batch_size, 3, self.image_size, self.image_size)
         if self.sample is not None:
             shape = self.sample.buffer_shape(self.batch_size)
-        if torch is not None:
-            # Inside a DataLoader worker (a forked process) CUDA must not be touched: the
-            # DataLoader pins batches in the main process instead (dataloader() asks it to).
-            pin = self._pin and torch.utils.data.get_worker_info() is None
-            return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
-        return np.empty(shape, dtype=np.uint8)
+        return self._buffers.empty(shape, np.uint8, pin=self._pinning())
 
     def _alloc_tokens(self) -> Any:
         assert self._tokenizer is not None
         shape = (self.batch_size, self._tokenizer[2])
-        if torch is not None:
-            pin = self._pin and torch.utils.data.get_worker_info() is None
-            return torch.empty(shape, dtype=torch.int64, pin_memory=pin)
-        return np.empty(shape, dtype=np.int64)
+        return self._buffers.empty(shape, np.int64, pin=self._pinning())
 
     def _lend(self, core: Any) -> tuple[Any, Any]:
         """Lends the pipeline a fresh image buffer (and token buffer, with a tokenizer)."""
@@ -500,8 +500,9 @@ class ShardLoader:
         lent: deque[Any] = deque()
         yielded = 0
         try:
-            # Each yielded batch owns fresh memory, so a caller may keep it; the pipeline never
-            # writes to a buffer after handing it back.
+            # A caller may keep a yielded batch: its buffer is lent again only once nothing
+            # refers to it (_buffers.BufferPool), and the pipeline never writes to a buffer
+            # after handing it back.
             for _ in range(self.prefetch):
                 lent.append(self._lend(core))
             while True:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from shardstream import _core
+from shardstream._buffers import BufferPool
 from shardstream._system import default_loader_threads
 from shardstream.config import SourceOptions
 from shardstream.errors import OptionError, from_core_fault
@@ -372,6 +373,8 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         self.seed = seed
         self.threads = threads or default_loader_threads()
         self.prefetch = max(1, prefetch)
+        # The batches in flight, the one in use and the one just let go (_buffers).
+        self._buffers = BufferPool(keep=self.prefetch + 2)
         self._rank_arg, self._world_arg = rank, world_size
         self._pin = (
             pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
@@ -406,12 +409,8 @@ class NaFlexBudgetLoader(UnitPlanLoader):
     def _lend(self, core: Any) -> tuple[Any, Any]:
         pin = self._pin and torch is not None and torch.utils.data.get_worker_info() is None
         rows = (self._max_images, self._tokenizer[2]) if self._tokenizer is not None else None
-        if torch is not None:
-            buf = torch.empty(self._batch_bytes, dtype=torch.uint8, pin_memory=pin)
-            toks = torch.empty(rows, dtype=torch.int64, pin_memory=pin) if rows else None
-        else:
-            buf = np.empty(self._batch_bytes, dtype=np.uint8)
-            toks = np.empty(rows, dtype=np.int64) if rows else None
+        buf = self._buffers.empty(self._batch_bytes, np.uint8, pin=pin)
+        toks = self._buffers.empty(rows, np.int64, pin=pin) if rows else None
         ptr, nbytes = self._address(buf)
         if toks is None:
             core.submit(buf, ptr, nbytes)

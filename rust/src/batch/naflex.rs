@@ -12,7 +12,7 @@
 use crate::batch::sample::{caption, image_bytes, Rejection, SampleSpec, Worker};
 use crate::error::Reason;
 use crate::image::convolve::Kernel;
-use crate::image::patches::{grid_for_max_patches, jittered_crop, planar_to_patches};
+use crate::image::patches::{grid_for_max_patches, jittered_crop};
 use crate::image::resize::CropBox;
 use crate::read::group::RawSample;
 use crate::rng::{derive_seed, hash_bytes, SplitMix64};
@@ -131,7 +131,6 @@ pub fn prepare_image(
         decoder,
         transformer,
         whole_images,
-        planar,
     } = worker;
     let probe = decoder.probe(bytes).map_err(|e| (e.reason, e.detail))?;
     if probe.width as u64 * probe.height as u64 > spec.max_pixels {
@@ -200,13 +199,10 @@ pub fn prepare_image(
         )
         .map_err(|e| (e.reason, e.detail))?;
     let scaled = region.rescaled((width, height), img.size());
-    let used = patches as usize * naflex.patch_len();
-    crate::image::decode::grow(planar, used);
+    let (filled, padding) = slot.split_at_mut(patches as usize * naflex.patch_len());
     transformer
-        .resize_into_planar(&img, scaled, target, Kernel::Bilinear, &mut planar[..used])
+        .resize_into_patches(&img, scaled, (rows, cols), p, Kernel::Bilinear, filled)
         .map_err(|e| (e.reason, e.detail))?;
-    let (filled, padding) = slot.split_at_mut(used);
-    planar_to_patches(&planar[..used], (rows, cols), p, filled);
     padding.fill(0);
     Ok((rows, cols))
 }

@@ -68,8 +68,6 @@ pub struct Worker {
     /// Decode every row of an image even when the crop needs fewer, so that corruption
     /// anywhere in it is found: what validation and index scans want; the loader does not.
     pub whole_images: bool,
-    /// A resized image on its way to another layout (the NaFlex kind's patches).
-    pub planar: Vec<u8>,
 }
 
 impl Worker {

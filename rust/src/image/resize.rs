@@ -13,6 +13,7 @@ use fast_image_resize::{Filter, FilterType, PixelType, ResizeAlg, ResizeOptions,
 use crate::error::Reason;
 use crate::image::convolve::{self, Kernel, Weights};
 use crate::image::decode::{DecodeError, Pixels, Planes, Rgb, YCbCr};
+use crate::image::patches;
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -102,6 +103,8 @@ pub struct Transformer {
     resizer: Resizer,
     hwc: Vec<u8>,
     ycc: Vec<u8>,
+    /// RGB on its way to patches (a grid row's pixels, or a whole image from packed RGB).
+    planar: Vec<u8>,
     /// One resizer each, so that each keeps its weights: a dataset of one image size (as
     /// img2dataset writes them) then computes none after the first image.
     luma: PlaneResizer,
@@ -120,6 +123,7 @@ impl Transformer {
             resizer: Resizer::new(),
             hwc: Vec::new(),
             ycc: Vec::new(),
+            planar: Vec::new(),
             luma: PlaneResizer::default(),
             chroma: PlaneResizer::default(),
         }
@@ -157,6 +161,75 @@ impl Transformer {
             Pixels::Rgb(rgb) => self.rgb_into_chw(rgb, region, size, kernel, out),
             Pixels::YCbCr(planes) => self.ycbcr_into_chw(planes, region, size, kernel, out),
         }
+    }
+
+    /// Resizes `region` of `img` to a `(rows, cols)` grid of `patch`-pixel patches with
+    /// `kernel` (antialiased when shrinking) and writes it as flattened RGB patches, the layout
+    /// of [`patches::planar_to_patches`], into `out` (`rows * cols * 3 * patch²` bytes). Each
+    /// row is converted to RGB and interleaved while it is in cache, straight into its
+    /// patches: no planar image is written in between.
+    pub fn resize_into_patches(
+        &mut self,
+        img: &Pixels<'_>,
+        region: CropBox,
+        (rows, cols): (u32, u32),
+        patch: u32,
+        kernel: Kernel,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        let size = (cols * patch, rows * patch);
+        let (width, height) = (size.0 as usize, size.1 as usize);
+        let n = width * height;
+        assert_eq!(out.len(), 3 * n, "out must hold the grid's patches");
+        let grid = (rows, cols);
+        let ycbcr = match img {
+            Pixels::Rgb(rgb) => {
+                // Packed RGB (PNG, WebP, CMYK or rotated JPEGs) is the rare case: through a
+                // planar image.
+                let mut planar = std::mem::take(&mut self.planar);
+                crate::image::decode::grow(&mut planar, 3 * n);
+                let resized = self.rgb_into_chw(rgb, region, size, kernel, &mut planar[..3 * n]);
+                if resized.is_ok() {
+                    patches::planar_to_patches(&planar[..3 * n], grid, patch, out);
+                }
+                self.planar = planar;
+                return resized;
+            }
+            Pixels::YCbCr(ycbcr) => ycbcr,
+        };
+        crate::image::decode::grow(&mut self.ycc, 3 * n);
+        let (luma, chroma_out) = self.ycc[..3 * n].split_at_mut(n);
+        self.luma.resize(ycbcr.luma, region, size, kernel, luma)?;
+        let Some(chroma) = ycbcr.chroma else {
+            for (y, row) in luma.chunks_exact(width).enumerate() {
+                patches::rgb_row_to_patches([row, row, row], y, grid, patch, out);
+            }
+            return Ok(());
+        };
+        let chroma_region = chroma_region(region, ycbcr.subsampling);
+        self.chroma
+            .resize(chroma, chroma_region, size, kernel, chroma_out)?;
+        let (cb, cr) = chroma_out.split_at(n);
+        // One grid row of patches at a time: its pixels in RGB stay in the first-level cache
+        // until they are interleaved.
+        let band = patch as usize * width;
+        crate::image::decode::grow(&mut self.planar, 3 * band);
+        let rgb = &mut self.planar[..3 * band];
+        for (i, at) in (0..n).step_by(band).enumerate() {
+            let pixels = at..at + band;
+            ycbcr_to_rgb_planar(&luma[pixels.clone()], &cb[pixels.clone()], &cr[pixels], rgb);
+            let (r, rest) = rgb.split_at(band);
+            let (g, b) = rest.split_at(band);
+            for (k, row) in (0..band).step_by(width).enumerate() {
+                let line = [
+                    &r[row..row + width],
+                    &g[row..row + width],
+                    &b[row..row + width],
+                ];
+                patches::rgb_row_to_patches(line, i * patch as usize + k, grid, patch, out);
+            }
+        }
+        Ok(())
     }
 
     fn ycbcr_into_chw(
@@ -608,6 +681,70 @@ mod tests {
                     planes[ow as usize - 1] > planes[0] + 150,
                     "{kernel:?} {ow}x{oh}"
                 );
+            }
+        }
+    }
+
+    /// Patches written row by row (colour and grey JPEG planes, packed RGB) are exactly the
+    /// planar resize laid out as patches, at a patch width the shuffles take and one they don't.
+    #[test]
+    fn patches_written_by_rows_equal_the_planar_image_as_patches() {
+        let (w, h) = (97u32, 61u32);
+        let value = |i: u32, k: u32| ((i % w) * 5 + (i / w) * k % 97) as u8;
+        let luma: Vec<u8> = (0..w * h).map(|i| value(i, 3)).collect();
+        let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+        // Cb and Cr side by side in each row, as the raw decoder writes them.
+        let chroma: Vec<u8> = (0..2 * cw * ch).map(|i| 60 + value(i, 7) / 2).collect();
+        let rgb: Vec<u8> = (0..3 * w * h).map(|i| value(i, 11)).collect();
+        let plane = |count, width, height, data| Planes {
+            count,
+            width,
+            height,
+            pitch: width,
+            data,
+        };
+        let images = [
+            Pixels::YCbCr(YCbCr {
+                width: w,
+                height: h,
+                luma: plane(1, w, h, &luma),
+                chroma: Some(plane(2, cw, ch, &chroma)),
+                subsampling: (2, 2),
+            }),
+            Pixels::YCbCr(YCbCr {
+                width: w,
+                height: h,
+                luma: plane(1, w, h, &luma),
+                chroma: None,
+                subsampling: (1, 1),
+            }),
+            Pixels::Rgb(Rgb {
+                width: w,
+                height: h,
+                pixels: &rgb,
+            }),
+        ];
+        let region = CropBox {
+            x: 2.0,
+            y: 1.5,
+            w: 90.0,
+            h: 57.0,
+        };
+        for img in &images {
+            for (patch, grid) in [(16u32, (3u32, 5u32)), (14, (2, 3)), (16, (5, 8))] {
+                let size = (grid.1 * patch, grid.0 * patch);
+                let n = (3 * size.0 * size.1) as usize;
+                let mut planar = vec![0u8; n];
+                Transformer::new()
+                    .resize_into_planar(img, region, size, Kernel::Bilinear, &mut planar)
+                    .unwrap();
+                let mut want = vec![0u8; n];
+                patches::planar_to_patches(&planar, grid, patch, &mut want);
+                let mut got = vec![0u8; n];
+                Transformer::new()
+                    .resize_into_patches(img, region, grid, patch, Kernel::Bilinear, &mut got)
+                    .unwrap();
+                assert!(got == want, "patch {patch}, grid {grid:?}");
             }
         }
     }
