@@ -2,7 +2,8 @@
 //!
 //! The crop box is computed on the image as displayed, at full resolution; the decoder may
 //! hand us a DCT-reduced image, so the box is scaled to it and mapped straight to
-//! `size x size`, written channel-planar ([3, H, W]) into the caller's slot. JPEG planes are
+//! `size x size`, written channel-planar ([3, H, W]) into the caller's slot (or, for the NaFlex
+//! kind, any grid of patches, written as patches row by row). JPEG planes are
 //! resized each at its own resolution by [`convolve`] (chroma straight from its subsampled
 //! plane) and converted to RGB at the output size; packed RGB images (PNG, WebP, CMYK or
 //! rotated JPEGs) go through fast_image_resize (SSE4.1/AVX2/AVX-512/NEON picked at run time).

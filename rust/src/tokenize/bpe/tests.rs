@@ -10,10 +10,14 @@ use super::pretokenize::{LLAMA3, QWEN2};
 use super::FastBpe;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tokenizers");
-const CAPTIONS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/data/img2dataset-test_1000.parquet"
-);
+/// The real captions of the shared data, where the Python tests find them
+/// (`SHARDSTREAM_TEST_DATA`, else `/work/shared/data`): not relative to the checkout, which a
+/// clean clone may put anywhere.
+fn captions() -> String {
+    let data =
+        std::env::var("SHARDSTREAM_TEST_DATA").unwrap_or_else(|_| "/work/shared/data".into());
+    format!("{data}/img2dataset-test_1000.parquet")
+}
 
 /// Seeded random strings over a palette of the characters the patterns and the merges treat
 /// specially, plus any scalar value (astral planes included).
@@ -172,7 +176,7 @@ fn real_texts() -> Vec<String> {
         texts.push(t);
     }
     use parquet::file::reader::{FileReader, SerializedFileReader};
-    let reader = SerializedFileReader::new(std::fs::File::open(CAPTIONS).unwrap()).unwrap();
+    let reader = SerializedFileReader::new(std::fs::File::open(captions()).unwrap()).unwrap();
     let mut captions = 0;
     for row in reader.get_row_iter(None).unwrap() {
         for (name, field) in row.unwrap().get_column_iter() {
