@@ -9,7 +9,7 @@ import argparse
 
 import torch
 from accelerate import Accelerator
-from integration_support import KeyLog, make_loader
+from integration_support import KeyLog, end_worker, make_loader
 from shardstream.integrations.accelerate import prepare
 
 EPOCHS = 2
@@ -51,3 +51,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_worker()

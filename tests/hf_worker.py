@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from integration_support import KeyLog, make_loader, tiny_clip_config
+from integration_support import KeyLog, end_worker, make_loader, tiny_clip_config
 from shardstream.integrations.hf import CLIPCollator, ShardTrainer
 from transformers import CLIPModel, TrainingArguments
 
@@ -47,3 +47,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_worker()

@@ -3,10 +3,12 @@ torchrun / launcher runs of their worker scripts, and the per-rank key logs the 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from corpus import write_shards
 from servers import free_ports
@@ -20,6 +22,26 @@ COUNTS = [13, 9, 11, 7]  # 40 real photos: 5 steps of 4 per rank on 2 ranks, 10 
 # (open_clip_train, HF Trainer, accelerate, Lightning) runs 5 times; the suite runs it once.
 LONG_DRILLS = os.environ.get("SHARDSTREAM_DRILLS_LONG", "") not in ("", "0")
 REPETITIONS = list(range(5 if LONG_DRILLS else 1))
+
+
+def end_worker() -> NoReturn:
+    """Ends a finished DDP worker the way ``shardstream.train`` ends its own (docs/multinode.md,
+    "The end of a run"): the ranks leave the process group together, then the process exits
+    without finalizing the interpreter. The frameworks leave the group up when training returns
+    (transformers.Trainer never destroys it), so gloo's threads would still hold a collective's
+    tensors while Python tears itself down; one that drops such a tensor then takes the GIL, is
+    unwound by the finalizing interpreter and aborts the finished rank (SIGABRT, "terminate
+    called without an active exception", about 1 in 40 two-rank Trainer runs here; a gdb
+    backtrace showed THPVariable_clear on gloo's thread). Cycles are collected first, so that a
+    torch DataLoader's worker processes are shut down by their iterator."""
+    import torch.distributed as dist
+    from shardstream.train.dist import exit_process
+
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    exit_process(0)
 
 
 def repetition_id(repetition: int) -> str:

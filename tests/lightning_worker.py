@@ -12,7 +12,7 @@ import signal
 
 import lightning
 import torch
-from integration_support import KeyLog, make_loader
+from integration_support import KeyLog, end_worker, make_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from shardstream.integrations.lightning import ShardDataModule
 
@@ -60,3 +60,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_worker()

@@ -12,7 +12,7 @@ import json
 import os
 
 import torch
-from integration_support import SEED, KeyLog
+from integration_support import SEED, KeyLog, end_worker
 from shardstream import NaFlex, NaFlexBudgetLoader, ShardLoader, count_patches
 from shardstream.integrations.hf import ShardTrainer, Siglip2Collator
 from transformers import Siglip2Config, Siglip2Model, TrainerCallback, TrainingArguments
@@ -107,3 +107,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_worker()

@@ -12,6 +12,7 @@ import json
 import os
 
 import torch
+from integration_support import end_worker
 from shardstream import TextLoader
 from shardstream.integrations.hf import CausalLMCollator, ShardTrainer
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
@@ -71,3 +72,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_worker()
