@@ -18,8 +18,8 @@ tenth as many units; for each, in --repeat fresh processes (medians), one rank o
   state_dict     ``loader.state_dict()`` (hashes every unit for the counts' identity)
   RSS added      peak RSS (VmHWM) over the process's RSS after its imports, and per unit
 
-Part b, a rank's memory bounded by configuration (about the same peak RSS for a 10 MB and a 2 GB file):
-one ``TextLoader`` pass (B=8, L=2048, threads=2, default prefetch and block_rows, one rank,
+Part b, a rank's memory bounded by configuration (a peak RSS a few MB apart for a 10 MB and a 2 GB
+file): one ``TextLoader`` pass (B=8, L=2048, threads=2, default prefetch and block_rows, one rank,
 max_document_bytes=64 MiB) and the ``count_tokens`` before it, each in a fresh process, its peak
 RSS over its RSS after the imports, for each format:
 
@@ -41,8 +41,9 @@ fixture, written once into --dir and reused (delete it after: the defaults write
 
 Smoke run (two minutes): ``--units 10000 --repeat 1 --big-mb 40 --long-line-mb 100``. Part b at
 the defaults tokenizes 2 GB four times (count and pass, Parquet and JSONL): about a quarter of an
-hour on a 2-core machine. Long documents are encoded in windows of about 64 KB (``tokenize::windows``), so
-their share of the peak is their text, not the ``tokenizers`` library's ~170 bytes per byte.
+hour on a 2-core machine. Long documents are encoded in windows of about 64 KB
+(``tokenize::windows``), so their share of the peak is their text, not the ``tokenizers``
+library's ~170 bytes per byte.
 """
 
 from __future__ import annotations

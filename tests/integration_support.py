@@ -25,14 +25,10 @@ REPETITIONS = list(range(5 if LONG_DRILLS else 1))
 
 
 def end_worker() -> NoReturn:
-    """Ends a finished DDP worker the way ``shardstream.train`` ends its own (docs/multinode.md,
-    "The end of a run"): the ranks leave the process group together, then the process exits
-    without finalizing the interpreter. The frameworks leave the group up when training returns
-    (transformers.Trainer never destroys it), so gloo's threads would still hold a collective's
-    tensors while Python tears itself down; one that drops such a tensor then takes the GIL, is
-    unwound by the finalizing interpreter and aborts the finished rank (SIGABRT, "terminate
-    called without an active exception", about 1 in 40 two-rank Trainer runs here; a gdb
-    backtrace showed THPVariable_clear on gloo's thread). Cycles are collected first, so that a
+    """Ends a finished DDP worker as ``shardstream.train`` ends its own: the ranks leave the
+    process group together, then the process exits without finalizing the interpreter (why:
+    ``shardstream.train.dist.exit_process``; the frameworks leave the group up, and a rank then
+    aborted about 1 in 40 two-rank Trainer runs here). Cycles are collected first, so that a
     torch DataLoader's worker processes are shut down by their iterator."""
     import torch.distributed as dist
     from shardstream.train.dist import exit_process
