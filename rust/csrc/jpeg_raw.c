@@ -4,6 +4,10 @@
  * and copies every row of a plane that is not a whole number of blocks wide; the libjpeg API
  * below it can do all three.
  *
+ * The entropy decoding of single-scan baseline JPEGs is our own (jpeg_huffman.c, installed as
+ * libjpeg's decode_mcu); when it meets anything but clean data it gives up, and the image is
+ * decoded again from its start with libjpeg's decoder, which fails or warns as it always has.
+ *
  * libjpeg reports errors by longjmp. Every libjpeg call is made from this file, under a setjmp
  * of the entry point that made it, so no jump ever crosses a Rust frame. */
 #include <setjmp.h>
@@ -13,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jpeg_huffman.h"
 #include "jpeglib.h"
 
 #define SS_MAX_COMPONENTS 3
@@ -41,7 +46,20 @@ struct ss_raw {
   ptrdiff_t stride[SS_MAX_COMPONENTS];
   long x0[SS_MAX_COMPONENTS], x1[SS_MAX_COMPONENTS];
   ptrdiff_t y0[SS_MAX_COMPONENTS], y1[SS_MAX_COMPONENTS]; /* as byte offsets of those rows */
+  /* The image being decoded, kept to decode it again with libjpeg's entropy decoder. */
+  const unsigned char *data;
+  unsigned long len;
+  int denom;
+  struct ss_huff_state huff;
+  int libjpeg_entropy_only; /* a test's choice: never install ours */
+  int entropy;              /* which decoded the current image: an SS_ENTROPY_* */
+  int entropy_gave_up;      /* set before the longjmp out of ss_decode_mcu */
 };
+
+/* Which entropy decoder decoded an image (ss_raw_entropy()). */
+#define SS_ENTROPY_LIBJPEG 0  /* libjpeg's: the image is not single-scan baseline, or a test */
+#define SS_ENTROPY_OURS 1     /* jpeg_huffman.c's */
+#define SS_ENTROPY_REDONE 2   /* ours gave up, and libjpeg's decoded it again */
 
 /* Kept in step with `Geometry` in jpeg_raw.rs. */
 typedef struct {
@@ -59,6 +77,12 @@ typedef struct {
 struct ss_inverse_dct_head {
   void (*start_pass)(j_decompress_ptr cinfo);
   ss_idct_fn inverse_DCT[MAX_COMPONENTS];
+};
+
+/* The head of libjpeg-turbo's `struct jpeg_entropy_decoder` (jpegint.h), likewise. */
+struct ss_entropy_head {
+  void (*start_pass)(j_decompress_ptr cinfo);
+  boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
 };
 
 static void ss_error_exit(j_common_ptr cinfo) {
@@ -81,10 +105,20 @@ static void ss_emit_message(j_common_ptr cinfo, int level) {
 struct ss_raw *ss_raw_new(void) {
   struct ss_raw *volatile h = (struct ss_raw *)calloc(1, sizeof(struct ss_raw));
   if (!h) return NULL;
+  h->huff.dc = malloc(ss_huff_tables_size());
+  h->huff.ac = malloc(ss_huff_tables_size());
+  if (!h->huff.dc || !h->huff.ac) {
+    free(h->huff.dc);
+    free(h->huff.ac);
+    free(h);
+    return NULL;
+  }
   h->cinfo.err = jpeg_std_error(&h->err.pub);
   h->err.pub.error_exit = ss_error_exit;
   h->err.pub.emit_message = ss_emit_message;
   if (setjmp(h->err.jump)) {
+    free(h->huff.dc);
+    free(h->huff.ac);
     free(h);
     return NULL;
   }
@@ -95,6 +129,8 @@ struct ss_raw *ss_raw_new(void) {
 void ss_raw_free(struct ss_raw *h) {
   if (!h) return;
   jpeg_destroy_decompress(&h->cinfo);
+  free(h->huff.dc);
+  free(h->huff.ac);
   free(h);
 }
 
@@ -157,14 +193,35 @@ static void ss_hook_idct(struct ss_raw *h) {
   }
 }
 
-/* Reads the header of `data` and starts a raw decode reduced to 1/`denom` (1, 2, 4 or 8);
- * describes the planes in `geometry`. 0 on success; -1 with ss_raw_message() set. */
-int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len, int denom,
-                 ss_raw_geometry *geometry) {
+/* libjpeg's decode_mcu, replaced: our decoder, or, when it gives up, a jump back to
+ * ss_raw_read_pass() to decode the image again with libjpeg's. */
+static boolean ss_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *mcu) {
+  struct ss_raw *h = (struct ss_raw *)cinfo;
+  if (ss_huff_decode_mcu(&h->huff, cinfo, mcu)) {
+    h->entropy_gave_up = 1;
+    longjmp(h->err.jump, 1);
+  }
+  return TRUE;
+}
+
+static void ss_hook_entropy(struct ss_raw *h, int ours) {
+  h->entropy = SS_ENTROPY_LIBJPEG;
+  if (ours && !h->libjpeg_entropy_only && ss_huff_start(&h->huff, &h->cinfo) == 0) {
+    ((struct ss_entropy_head *)h->cinfo.entropy)->decode_mcu = ss_decode_mcu;
+    h->entropy = SS_ENTROPY_OURS;
+  }
+}
+
+static int ss_raw_start_with(struct ss_raw *h, const unsigned char *data, unsigned long len,
+                             int denom, ss_raw_geometry *geometry, int our_entropy) {
   struct jpeg_decompress_struct *cinfo = &h->cinfo;
   int ci;
   h->err.failed = 0;
   h->err.message[0] = 0;
+  h->entropy_gave_up = 0;
+  h->data = data;
+  h->len = len;
+  h->denom = denom;
   if (setjmp(h->err.jump)) {
     jpeg_abort_decompress(cinfo);
     return -1;
@@ -183,6 +240,7 @@ int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len,
   if (h->err.failed) longjmp(h->err.jump, 1);
   ss_keep_chroma_subsampled(cinfo);
   ss_hook_idct(h);
+  ss_hook_entropy(h, our_entropy);
   geometry->components = cinfo->num_components;
   geometry->width = cinfo->output_width;
   geometry->height = cinfo->output_height;
@@ -207,30 +265,24 @@ int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len,
   return 0;
 }
 
-/* Decodes the started image into `planes` (rows `strides` apart, sized as the geometry says)
- * until at least `stop_row` output rows are done (0: all of them), then ends the decode:
- * reading on to the end marker when every row was decoded, abandoning the rest otherwise.
- * With `windows` (x0, x1, y0, y1 per component, in plane samples), only blocks that meet a
- * component's window are transformed to pixels; the rest of the plane is left as it was.
- * Returns the output rows decoded, or -1 with ss_raw_message() set. */
-int ss_raw_read(struct ss_raw *h, unsigned char *const *planes, const int *strides,
-                int stop_row, const int *windows) {
+/* Reads the header of `data` and starts a raw decode reduced to 1/`denom` (1, 2, 4 or 8);
+ * describes the planes in `geometry`. 0 on success; -1 with ss_raw_message() set. */
+int ss_raw_start(struct ss_raw *h, const unsigned char *data, unsigned long len, int denom,
+                 ss_raw_geometry *geometry) {
+  return ss_raw_start_with(h, data, len, denom, geometry, 1);
+}
+
+/* One pass of ss_raw_read() over the started image: the output rows decoded, -1 with
+ * ss_raw_message() set, or -2 when our entropy decoder gave up (the decode is aborted). */
+static int ss_raw_read_pass(struct ss_raw *h, unsigned char *const *planes, const int *strides,
+                            int last) {
   struct jpeg_decompress_struct *cinfo = &h->cinfo;
-  const int last = (stop_row <= 0 || stop_row > (int)cinfo->output_height)
-                       ? (int)cinfo->output_height : stop_row;
   JSAMPROW rows[SS_MAX_COMPONENTS][SS_MAX_ROWS_PER_CALL];
   JSAMPARRAY arrays[SS_MAX_COMPONENTS];
   int ci, r;
-  for (ci = 0; ci < cinfo->num_components; ci++) {
-    h->base[ci] = planes[ci];
-    h->stride[ci] = (ptrdiff_t)strides[ci];
-    h->x0[ci] = windows ? windows[4 * ci] : 0;
-    h->x1[ci] = windows ? windows[4 * ci + 1] : 0x7fffffffL;
-    h->y0[ci] = windows ? (ptrdiff_t)windows[4 * ci + 2] * h->stride[ci] : 0;
-    h->y1[ci] = windows ? (ptrdiff_t)windows[4 * ci + 3] * h->stride[ci] : PTRDIFF_MAX;
-  }
   if (setjmp(h->err.jump)) {
     jpeg_abort_decompress(cinfo);
+    if (h->entropy_gave_up) return -2;
     return -1;
   }
   while ((int)cinfo->output_scanline < last) {
@@ -253,9 +305,48 @@ int ss_raw_read(struct ss_raw *h, unsigned char *const *planes, const int *strid
     if (h->err.failed) longjmp(h->err.jump, 1);
   } else {
     jpeg_abort_decompress(cinfo);
+    /* A cut-short file: whether libjpeg would have failed depends on how far it read ahead. */
+    if (h->entropy == SS_ENTROPY_OURS && ss_huff_truncated(&h->huff)) return -2;
+  }
+  return r;
+}
+
+/* Decodes the started image into `planes` (rows `strides` apart, sized as the geometry says)
+ * until at least `stop_row` output rows are done (0: all of them), then ends the decode:
+ * reading on to the end marker when every row was decoded, abandoning the rest otherwise.
+ * With `windows` (x0, x1, y0, y1 per component, in plane samples), only blocks that meet a
+ * component's window are transformed to pixels; the rest of the plane is left as it was.
+ * Returns the output rows decoded, or -1 with ss_raw_message() set. */
+int ss_raw_read(struct ss_raw *h, unsigned char *const *planes, const int *strides,
+                int stop_row, const int *windows) {
+  struct jpeg_decompress_struct *cinfo = &h->cinfo;
+  const int last = (stop_row <= 0 || stop_row > (int)cinfo->output_height)
+                       ? (int)cinfo->output_height : stop_row;
+  int ci, r;
+  for (ci = 0; ci < cinfo->num_components; ci++) {
+    h->base[ci] = planes[ci];
+    h->stride[ci] = (ptrdiff_t)strides[ci];
+    h->x0[ci] = windows ? windows[4 * ci] : 0;
+    h->x1[ci] = windows ? windows[4 * ci + 1] : 0x7fffffffL;
+    h->y0[ci] = windows ? (ptrdiff_t)windows[4 * ci + 2] * h->stride[ci] : 0;
+    h->y1[ci] = windows ? (ptrdiff_t)windows[4 * ci + 3] * h->stride[ci] : PTRDIFF_MAX;
+  }
+  r = ss_raw_read_pass(h, planes, strides, last);
+  if (r == -2) {
+    /* Our entropy decoder met something it leaves to libjpeg: start over with libjpeg's. */
+    ss_raw_geometry again;
+    if (ss_raw_start_with(h, h->data, h->len, h->denom, &again, 0)) return -1;
+    h->entropy = SS_ENTROPY_REDONE;
+    r = ss_raw_read_pass(h, planes, strides, last);
   }
   return r;
 }
 
 /* Ends a started decode that will not be read. */
 void ss_raw_abort(struct ss_raw *h) { jpeg_abort_decompress(&h->cinfo); }
+
+/* With `on`, images are entropy-decoded by libjpeg's decoder only (tests compare the two). */
+void ss_raw_use_libjpeg_entropy(struct ss_raw *h, int on) { h->libjpeg_entropy_only = on; }
+
+/* Which entropy decoder decoded the last image started: an SS_ENTROPY_* value. */
+int ss_raw_entropy(const struct ss_raw *h) { return h->entropy; }

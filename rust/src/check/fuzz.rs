@@ -307,7 +307,9 @@ fn fuzz_image_decode() {
             // A panic in an earlier case may leave it mid-borrow; start afresh.
             *d = crate::image::decode::Decoder::new();
         }
-        decode_all(&mut d, bytes, knob)
+        let decoded = decode_all(&mut d, bytes, knob);
+        crate::check::fuzzing::checks::jpeg_entropy_agrees(bytes, knob);
+        decoded
     });
     // After all that, a valid image still decodes on the same decoder.
     let mut d = decoder.borrow_mut();
@@ -401,4 +403,14 @@ fn hostile_length_fields_fail_fast() {
         }
         assert!(t.elapsed() < CASE_BOUND);
     }
+}
+
+#[test]
+fn fuzz_finding_every_size_0_ac_symbol_but_zrl_ends_a_block() {
+    // Found by fuzz_image_decode: a DHT whose AC symbols were overwritten with 0x80 (run 8,
+    // size 0) and others. libjpeg ends the block at any size-0 symbol but ZRL; our entropy
+    // decoder took only 0x00 as the end and read on, decoding the image to other planes.
+    let bytes = apply(&images()[4], &[Mutation::Huge(3840440485, 1)]);
+    assert_eq!(&bytes[448..452], &[0x80, 0, 0, 0x7F], "the mutated symbols");
+    crate::check::fuzzing::checks::jpeg_entropy_agrees(&bytes, 0);
 }

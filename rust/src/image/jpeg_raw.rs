@@ -53,6 +53,19 @@ extern "C" {
         windows: *const c_int,
     ) -> c_int;
     fn ss_raw_abort(handle: *mut RawHandle);
+    fn ss_raw_use_libjpeg_entropy(handle: *mut RawHandle, on: c_int);
+    fn ss_raw_entropy(handle: *const RawHandle) -> c_int;
+}
+
+/// Which entropy decoder decoded an image (`SS_ENTROPY_*` in `jpeg_raw.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entropy {
+    /// libjpeg's: the image is not a single-scan baseline JPEG, or it was asked for.
+    Libjpeg,
+    /// Ours (`rust/csrc/jpeg_huffman.c`).
+    Ours,
+    /// Ours gave up on the data, and libjpeg's decoded the image again from its start.
+    Redone,
 }
 
 /// A libjpeg decompressor reused across images (its memory pools stay allocated).
@@ -74,6 +87,23 @@ impl RawDecoder {
             return Err("libjpeg could not create a decompressor".into());
         }
         Ok(RawDecoder(handle))
+    }
+
+    /// A decoder whose images are entropy-decoded by libjpeg's decoder only: the reference
+    /// that ours is compared against.
+    pub fn with_libjpeg_entropy() -> Result<RawDecoder, String> {
+        let decoder = RawDecoder::new()?;
+        unsafe { ss_raw_use_libjpeg_entropy(decoder.0, 1) };
+        Ok(decoder)
+    }
+
+    /// Which entropy decoder decoded the last image read.
+    pub fn entropy(&self) -> Entropy {
+        match unsafe { ss_raw_entropy(self.0) } {
+            1 => Entropy::Ours,
+            2 => Entropy::Redone,
+            _ => Entropy::Libjpeg,
+        }
     }
 
     fn message(&self) -> String {

@@ -10,6 +10,8 @@
 pub mod convolve;
 pub mod decode;
 pub mod jpeg;
+#[cfg(test)]
+mod jpeg_entropy_tests;
 pub mod jpeg_raw;
 pub mod patches;
 pub mod resize;

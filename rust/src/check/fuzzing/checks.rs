@@ -77,6 +77,66 @@ pub fn decode_all(decoder: &mut crate::image::decode::Decoder, bytes: &[u8], kno
     }
 }
 
+/// Decodes a JPEG's raw planes with our entropy decoder and with libjpeg-turbo's, at the scale
+/// (1/1 to 1/8) and stop row the knob picks: both give the same planes, or both fail with the
+/// same message. True when the decode succeeded.
+pub fn jpeg_entropy_agrees(bytes: &[u8], knob: u64) -> bool {
+    use crate::image::jpeg_raw::RawDecoder;
+    thread_local! {
+        static DECODERS: std::cell::RefCell<Option<(RawDecoder, RawDecoder)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let denom = [1, 2, 4, 8][(knob >> 48) as usize % 4];
+    let stop_row = ((knob >> 50) & 0x3F) as u32; // 0: the whole image
+    let max_pixels = 1 << 22;
+    DECODERS.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let (ours, libjpeg) = cell.get_or_insert_with(|| {
+            (
+                RawDecoder::new().unwrap(),
+                RawDecoder::with_libjpeg_entropy().unwrap(),
+            )
+        });
+        let a = raw_planes(ours, bytes, denom, stop_row, max_pixels);
+        let b = raw_planes(libjpeg, bytes, denom, stop_row, max_pixels);
+        assert!(
+            a == b,
+            "our entropy decoder and libjpeg's differ: {:?} against {:?}",
+            a.as_ref().map(|p| p.len()),
+            b.as_ref().map(|p| p.len())
+        );
+        a.is_ok()
+    })
+}
+
+/// The raw planes of a JPEG (all in one buffer), decoded at 1/`denom` until `stop_row` (0: to
+/// the end); an error when it fails or its planes would pass `max_pixels`.
+pub fn raw_planes(
+    decoder: &mut crate::image::jpeg_raw::RawDecoder,
+    bytes: &[u8],
+    denom: u32,
+    stop_row: u32,
+    max_pixels: usize,
+) -> Result<Vec<u8>, String> {
+    use crate::image::jpeg_raw::MAX_COMPONENTS;
+    let started = decoder.start(bytes, denom)?;
+    let g = started.geometry;
+    let mut planes = [(0, 0); MAX_COMPONENTS];
+    let mut len = 0;
+    for (c, plane) in planes.iter_mut().enumerate().take(g.components as usize) {
+        let stride = g.plane_stride[c] as usize;
+        *plane = (len, stride);
+        len += stride * g.plane_rows[c] as usize;
+    }
+    if len > max_pixels * 3 {
+        return Err(format!("{len} bytes of planes"));
+    }
+    let mut buf = vec![0u8; len];
+    let stop = (stop_row > 0).then_some(stop_row);
+    started.read(&mut buf, planes, stop, None)?;
+    Ok(buf)
+}
+
 /// Groups a shard's bytes into samples, through the gzip layer when they start with gzip's magic
 /// (as a `.tar.gz` shard is read); true when no fault was reported.
 pub fn group(bytes: &[u8]) -> bool {

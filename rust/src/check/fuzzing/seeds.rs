@@ -106,6 +106,73 @@ fn jpeg(w: u32, h: u32, subsamp: turbojpeg::Subsamp, quality: i32) -> Vec<u8> {
         .to_vec()
 }
 
+/// How [`encode_jpeg`] encodes: libjpeg-turbo's settings that change the entropy-coded data.
+#[derive(Clone, Copy, Debug)]
+pub struct JpegSettings {
+    pub quality: i32,
+    /// `TJSAMP_*` (ignored for one-component pixels, which are always gray).
+    pub subsampling: i32,
+    /// A restart marker every this many MCUs (0: none).
+    pub restart_blocks: i32,
+    /// Huffman tables fitted to the image instead of the standard ones.
+    pub optimize: bool,
+    pub progressive: bool,
+}
+
+/// `pixels` (`components` = 3 for RGB, 1 for gray, rows packed) as a JPEG, by libjpeg-turbo:
+/// TurboJPEG's 3.x API, as the `turbojpeg` crate has no restart markers.
+pub fn encode_jpeg(pixels: &[u8], w: u32, h: u32, components: u32, s: JpegSettings) -> Vec<u8> {
+    use std::ffi::c_int;
+    use turbojpeg_sys as tj;
+    assert_eq!(pixels.len(), (w * h * components) as usize);
+    // SAFETY: the handle is checked and destroyed here; TurboJPEG allocates the output, which
+    // is copied and freed before returning.
+    unsafe {
+        let handle = tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as c_int);
+        assert!(!handle.is_null());
+        let gray = components == 1;
+        let subsampling = if gray {
+            tj::TJSAMP_TJSAMP_GRAY
+        } else {
+            s.subsampling
+        };
+        for (param, value) in [
+            (tj::TJPARAM_TJPARAM_QUALITY, s.quality),
+            (tj::TJPARAM_TJPARAM_SUBSAMP, subsampling),
+            (tj::TJPARAM_TJPARAM_RESTARTBLOCKS, s.restart_blocks),
+            (tj::TJPARAM_TJPARAM_OPTIMIZE, s.optimize as c_int),
+            (tj::TJPARAM_TJPARAM_PROGRESSIVE, s.progressive as c_int),
+        ] {
+            assert_eq!(
+                tj::tj3Set(handle, param as c_int, value),
+                0,
+                "{param} = {value}"
+            );
+        }
+        let format = if gray {
+            tj::TJPF_TJPF_GRAY
+        } else {
+            tj::TJPF_TJPF_RGB
+        };
+        let (mut out, mut size) = (std::ptr::null_mut(), 0);
+        let status = tj::tj3Compress8(
+            handle,
+            pixels.as_ptr(),
+            w as c_int,
+            0,
+            h as c_int,
+            format,
+            &mut out,
+            &mut size,
+        );
+        assert_eq!(status, 0, "tj3Compress8");
+        let bytes = std::slice::from_raw_parts(out, size as usize).to_vec();
+        tj::tj3Free(out as *mut std::ffi::c_void);
+        tj::tj3Destroy(handle);
+        bytes
+    }
+}
+
 fn encode_with_image_crate(w: u32, h: u32, format: ::image::ImageFormat) -> Vec<u8> {
     let img = ::image::RgbImage::from_raw(w, h, rgb_pattern(w, h)).unwrap();
     let mut out = Cursor::new(Vec::new());
@@ -113,8 +180,8 @@ fn encode_with_image_crate(w: u32, h: u32, format: ::image::ImageFormat) -> Vec<
     out.into_inner()
 }
 
-/// Real images: JPEGs in each subsampling (the raw-plane path) plus gray, a progressive-free
-/// image-crate JPEG, PNG and lossless WebP.
+/// Real images: JPEGs in each subsampling (the raw-plane path) plus gray, one with restart
+/// markers, a progressive-free image-crate JPEG, PNG and lossless WebP.
 pub fn images() -> &'static Vec<Vec<u8>> {
     static IMAGES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     IMAGES.get_or_init(|| {
@@ -128,6 +195,19 @@ pub fn images() -> &'static Vec<Vec<u8>> {
             jpeg(24, 40, Subsamp::Gray, 80),
             jpeg(17, 33, Subsamp::Sub1x2, 70),
             encode_with_image_crate(16, 16, ::image::ImageFormat::Jpeg),
+            encode_jpeg(
+                &rgb_pattern(40, 24),
+                40,
+                24,
+                3,
+                JpegSettings {
+                    quality: 90,
+                    subsampling: turbojpeg_sys::TJSAMP_TJSAMP_420,
+                    restart_blocks: 2,
+                    optimize: false,
+                    progressive: false,
+                },
+            ),
         ]
     })
 }

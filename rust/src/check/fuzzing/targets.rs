@@ -13,7 +13,8 @@ pub enum Target {
     Tar,
     /// Sample grouping over the tar reader, plain and through gzip.
     Group,
-    /// Image probing and decoding: the JPEG raw-plane path with crops, PNG, WebP.
+    /// Image probing and decoding: the JPEG raw-plane path with crops, PNG, WebP; and our JPEG
+    /// entropy decoder against libjpeg-turbo's on the same bytes.
     Image,
     /// The index: manifest, detail blocks (raw, and behind their checksum and gzip), JSON v1.
     Index,
@@ -63,7 +64,10 @@ impl Target {
                         RefCell::new(crate::image::decode::Decoder::new());
                 }
                 let (knob, image) = split_knob(data);
-                DECODER.with(|d| checks::decode_all(&mut d.borrow_mut(), image, knob))
+                let decoded =
+                    DECODER.with(|d| checks::decode_all(&mut d.borrow_mut(), image, knob));
+                checks::jpeg_entropy_agrees(image, knob);
+                decoded
             }
             Target::Index => {
                 let Some((&kind, rest)) = data.split_first() else {
