@@ -15,7 +15,30 @@
  * again from its start with libjpeg's decoder, which warns or fails exactly as it always did. */
 #include "jpeg_huffman.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+/* The wheels are built by GCC or Clang (Linux, macOS) and by MSVC (Windows). */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define SS_LIKELY(x) (x)
+#define SS_UNLIKELY(x) (x)
+#define SS_BSWAP64(x) _byteswap_uint64(x)
+#else
+#define SS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define SS_BSWAP64(x) __builtin_bswap64(x)
+#endif
+
+/* Eight bytes of data as a big-endian number: the first byte's bits on top. */
+static inline uint64_t ss_load_be64(const uint8_t *p) {
+  uint64_t word;
+  memcpy(&word, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return word;
+#else
+  return SS_BSWAP64(word);
+#endif
+}
 
 /* Bits one table lookup reads: codes up to this length (the common ones) decode in one step. */
 #define SS_FAST_BITS 10
@@ -112,8 +135,6 @@ ended:
   s->buf = s->bits > 0 ? s->buf & ~(~(uint64_t)0 >> s->bits) : 0;
 }
 
-#define SS_LIKELY(x) __builtin_expect(!!(x), 1)
-
 /* Makes sure at least 32 bits are buffered (enough for any code and its value bits), unless
  * the data ended: eight bytes at once when none of them is 0xFF (no stuffing, no marker). The
  * bytes past the ones counted in `bits` land in the buffer too; the next refill writes the
@@ -121,13 +142,13 @@ ended:
 #define SS_REFILL()                                                                        \
   do {                                                                                     \
     if (bits < 32 && !ended) {                                                             \
-      uint64_t word_, inverted_;                                                           \
       if (SS_LIKELY(end - pos >= 8)) {                                                     \
-        memcpy(&word_, pos, 8);                                                            \
-        inverted_ = ~word_;                                                                \
+        uint64_t word_ = ss_load_be64(pos);                                                \
+        /* No 0xFF byte among the eight: no zero byte in the inverse. */                  \
+        uint64_t inverted_ = ~word_;                                                       \
         if (SS_LIKELY(!((inverted_ - 0x0101010101010101ULL) & ~inverted_ &                 \
                         0x8080808080808080ULL))) {                                         \
-          buf |= __builtin_bswap64(word_) >> bits;                                         \
+          buf |= word_ >> bits;                                                            \
           pos += (63 - bits) >> 3;                                                         \
           bits |= 56;                                                                      \
           break;                                                                           \
@@ -138,8 +159,6 @@ ended:
       buf = s->buf, bits = s->bits, pos = s->pos, ended = s->ended;                        \
     }                                                                                      \
   } while (0)
-
-#define SS_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 /* The entry (as the fast table's) of a code longer than the fast table reaches, or -1 for a
  * bad code. */
