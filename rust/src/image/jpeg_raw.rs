@@ -29,6 +29,21 @@ pub struct Geometry {
     pub plane_v_ratio: [c_int; MAX_COMPONENTS],
 }
 
+impl Geometry {
+    /// The planes one after another in one buffer: where each starts and its row stride (for
+    /// [`Started::read`]), and the buffer's length.
+    pub fn packed_planes(&self) -> ([(usize, usize); MAX_COMPONENTS], usize) {
+        let mut planes = [(0, 0); MAX_COMPONENTS];
+        let mut len = 0;
+        for (c, plane) in planes.iter_mut().enumerate().take(self.components as usize) {
+            let stride = self.plane_stride[c] as usize;
+            *plane = (len, stride);
+            len += stride * self.plane_rows[c] as usize;
+        }
+        (planes, len)
+    }
+}
+
 #[repr(C)]
 struct RawHandle {
     _private: [u8; 0],
@@ -212,18 +227,6 @@ mod tests {
     use super::*;
     use crate::image::jpeg::fixtures::solid;
 
-    /// Where each plane goes in one buffer (planes one after another), and its size.
-    fn layout(g: &Geometry) -> ([(usize, usize); MAX_COMPONENTS], usize) {
-        let mut planes = [(0, 0); MAX_COMPONENTS];
-        let mut at = 0;
-        for (c, plane) in planes.iter_mut().enumerate().take(g.components as usize) {
-            let stride = g.plane_stride[c] as usize;
-            *plane = (at, stride);
-            at += stride * g.plane_rows[c] as usize;
-        }
-        (planes, at)
-    }
-
     #[test]
     fn a_4_2_0_jpeg_gives_full_luma_and_half_chroma_planes() {
         let bytes = solid(40, 24, [200, 100, 50], turbojpeg::Subsamp::Sub2x2);
@@ -239,7 +242,7 @@ mod tests {
                 assert!(g.plane_stride[c] >= g.plane_width[c]);
                 assert!(g.plane_rows[c] >= g.plane_height[c]);
             }
-            let (planes, len) = layout(&g);
+            let (planes, len) = g.packed_planes();
             let mut buf = vec![0u8; len];
             let rows = started.read(&mut buf, planes, None, None).unwrap();
             assert!(rows >= h as u32);
@@ -262,7 +265,7 @@ mod tests {
         let bytes = solid(16, 128, [10, 200, 30], turbojpeg::Subsamp::Sub2x2);
         let mut decoder = RawDecoder::new().unwrap();
         let started = decoder.start(&bytes, 1).unwrap();
-        let (planes, len) = layout(&started.geometry);
+        let (planes, len) = started.geometry.packed_planes();
         let mut buf = vec![0u8; len];
         let rows = started.read(&mut buf, planes, Some(1), None).unwrap();
         // Whole MCU rows (16 output rows for 4:2:0), far fewer than the 128.
@@ -272,7 +275,7 @@ mod tests {
         let gray = solid(24, 8, [77, 77, 77], turbojpeg::Subsamp::Gray);
         let started = decoder.start(&gray, 1).unwrap();
         assert_eq!(started.geometry.components, 1);
-        let (planes, len) = layout(&started.geometry);
+        let (planes, len) = started.geometry.packed_planes();
         let mut buf = vec![0u8; len];
         assert_eq!(started.read(&mut buf, planes, None, None).unwrap(), 8);
         assert!(buf[..24].iter().all(|v| v.abs_diff(77) <= 2));

@@ -118,16 +118,8 @@ pub fn raw_planes(
     stop_row: u32,
     max_pixels: usize,
 ) -> Result<Vec<u8>, String> {
-    use crate::image::jpeg_raw::MAX_COMPONENTS;
     let started = decoder.start(bytes, denom)?;
-    let g = started.geometry;
-    let mut planes = [(0, 0); MAX_COMPONENTS];
-    let mut len = 0;
-    for (c, plane) in planes.iter_mut().enumerate().take(g.components as usize) {
-        let stride = g.plane_stride[c] as usize;
-        *plane = (len, stride);
-        len += stride * g.plane_rows[c] as usize;
-    }
+    let (planes, len) = started.geometry.packed_planes();
     if len > max_pixels * 3 {
         return Err(format!("{len} bytes of planes"));
     }
