@@ -2,11 +2,15 @@
  * own decode_mcu on single-scan, 8-bit, sequential Huffman JPEGs (nearly every photo).
  *
  * Why: entropy decoding is about half of a photo's decode once the IDCT, resize and colour
- * conversion are vectorised, and its cost is mostly branches that mispredict. Here one lookup of
- * the next SS_FAST_BITS bits gives a code's symbol and how many bits it and its value take; the
- * value is cut out and sign-extended without a branch on its size; only the end of a block, and
- * codes longer than the table, branch. The bit buffer is refilled eight bytes at a time when
- * those bytes hold no 0xFF, and the decoder's state stays in registers for a whole MCU.
+ * conversion are vectorised, and its cost is a chain: where each code starts depends on the
+ * length of the one before. Here one lookup of the next SS_FAST_BITS bits of an AC code gives
+ * one symbol, or two when both codes and their values lie in those bits (the short codes are the
+ * frequent ones), with their values already cut out and sign-extended: a step writes two
+ * coefficients without a branch on how many symbols it held. Only the end of a block, and codes
+ * or values longer than the lookup, branch. The bit buffer is refilled eight bytes at a time
+ * when those bytes hold no 0xFF, once per two steps rather than on a test that the data decides,
+ * and the decoder's state stays in registers for a whole MCU. A table is built again only when
+ * the image's Huffman table differs from the last image's.
  *
  * The contract is libjpeg's result or nothing: the coefficients written are exactly those
  * libjpeg's decoder writes. Anything outside the clean case (a bad Huffman code, data that ends
@@ -58,12 +62,31 @@ static int32_t ss_entry(int length, int symbol) {
   return ((length + size) << 16) | (symbol << 8) | (ends ? SS_END_OF_BLOCK : 0) | length;
 }
 
+/* An AC table's step entry: one lookup decodes one symbol, or two when both codes and their
+ * values lie in the SS_FAST_BITS looked up (common: the short codes are the frequent ones).
+ * A step writes two coefficients, at k + run and `second_offset` after that (0 when there is
+ * one symbol: it writes the first value again), and goes on after the second:
+ *   bits 0-5    bits consumed
+ *   bit  6      SS_STEP_SLOW: the first code or its value goes past the lookup (or is bad)
+ *   bit  7      SS_STEP_ENDS: the block ends after this step (an end-of-block symbol)
+ *   bits 8-11   the first symbol's run of zeros
+ *   bits 12-16  second_offset
+ *   bits 32-47  the first value; bits 48-63 the second */
+#define SS_STEP_SLOW 0x40
+#define SS_STEP_ENDS 0x80
+
 struct ss_huff_table {
   int32_t fast[SS_FAST_SIZE];
+  uint64_t steps[SS_FAST_SIZE]; /* AC tables only */
   /* For codes longer than SS_FAST_BITS: canonical decoding (ITU T.81 F.2.2.3). */
   int32_t maxcode[17];   /* largest code of each length, -1 when none */
   int32_t valoffset[17]; /* index in huffval of a code of each length, minus the code */
   uint8_t huffval[256];
+  /* The JHUFF_TBL the table was built from, to skip building it again for the next image when
+   * it is the same (as encoders' standard tables are, image after image). */
+  int built, has_steps;
+  UINT8 source_bits[17];
+  UINT8 source_values[256];
 };
 
 /* Zigzag to natural order, with 16 spare entries: a corrupt run can push the index past 63,
@@ -74,11 +97,67 @@ static const int ss_natural_order[64 + 16] = {
     29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
     47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
+/* The coefficient value of the code at the top of `buf` described by `entry`: its size bits,
+ * after the code, sign-extended (ITU T.81 F.2.2.1); 0 for size 0. No branches: which sizes
+ * come next is what the data is, so a branch on them mispredicts. */
+static inline int ss_value(uint64_t buf, int32_t entry) {
+  int size = (entry >> 8) & 15;
+  uint32_t raw = (uint32_t)(((buf << (entry & 31)) >> 1) >> (63 - size));
+  /* Values below half the size's range are negative: subtract 2^size - 1. */
+  int32_t negative = (int32_t)(raw - ((1u << size) >> 1)) >> 31;
+  return (int)raw - (negative & (int)((1u << size) - 1));
+}
+
+static uint64_t ss_step(int consumed, int ends, int run, int second_offset, int first, int second) {
+  return (uint64_t)consumed | (ends ? SS_STEP_ENDS : 0) | (uint64_t)run << 8 |
+         (uint64_t)second_offset << 12 | (uint64_t)(uint16_t)first << 32 |
+         (uint64_t)(uint16_t)second << 48;
+}
+
+/* The step entries of an AC table, from its fast entries. */
+static void ss_build_steps(struct ss_huff_table *t) {
+  int index;
+  if (t->has_steps) return;
+  t->has_steps = 1;
+  for (index = 0; index < SS_FAST_SIZE; index++) {
+    int32_t first = t->fast[index], second;
+    int used = (first >> 16) & 31, run, value, left;
+    uint64_t bits = (uint64_t)index << (64 - SS_FAST_BITS);
+    if (!first || used > SS_FAST_BITS) {
+      t->steps[index] = SS_STEP_SLOW;
+      continue;
+    }
+    if (first & SS_END_OF_BLOCK) {
+      t->steps[index] = ss_step(used, 1, 0, 0, 0, 0);
+      continue;
+    }
+    run = (first >> 12) & 15;
+    value = ss_value(bits, first);
+    left = SS_FAST_BITS - used;
+    second = t->fast[(index << used) & (SS_FAST_SIZE - 1)];
+    /* The bits after the first symbol hold the whole second one: a pair. */
+    if (left > 0 && second && ((second >> 16) & 31) <= left) {
+      int both = used + ((second >> 16) & 31);
+      if (second & SS_END_OF_BLOCK)
+        t->steps[index] = ss_step(both, 1, run, 0, value, value);
+      else
+        t->steps[index] = ss_step(both, 0, run, 1 + ((second >> 12) & 15), value,
+                                  ss_value(bits << used, second));
+      continue;
+    }
+    t->steps[index] = ss_step(used, 0, run, 0, value, value);
+  }
+}
+
 /* Builds a decoding table from a JHUFF_TBL; 0 on success. libjpeg validated the table when the
  * scan started (jpeg_make_d_derived_tbl), so failing here only means it is one we do not take. */
 static int ss_build_table(struct ss_huff_table *t, const JHUFF_TBL *src) {
   int length, i, count = 0;
   int32_t code = 0;
+  if (t->built && !memcmp(t->source_bits, src->bits, sizeof t->source_bits) &&
+      !memcmp(t->source_values, src->huffval, sizeof t->source_values))
+    return 0;
+  t->built = t->has_steps = 0;
   memset(t->fast, 0, sizeof t->fast);
   for (length = 1; length <= 16; length++) count += src->bits[length];
   if (count > 256) return -1;
@@ -104,6 +183,9 @@ static int ss_build_table(struct ss_huff_table *t, const JHUFF_TBL *src) {
     if (n && code >= (1 << length)) return -1; /* the all-ones code is not allowed (libjpeg) */
     code <<= 1;
   }
+  memcpy(t->source_bits, src->bits, sizeof t->source_bits);
+  memcpy(t->source_values, src->huffval, sizeof t->source_values);
+  t->built = 1;
   return 0;
 }
 
@@ -160,6 +242,58 @@ ended:
     }                                                                                      \
   } while (0)
 
+
+/* One step of a block's AC coefficients: one or two symbols by the step table, or one the long
+ * way when the table cannot (a long code or value, or a symbol that reaches the block's last
+ * coefficient, after which no second symbol may be read). */
+#define SS_AC_STEP()                                                                        \
+  do {                                                                                      \
+    uint64_t step_ = ac->steps[buf >> (64 - SS_FAST_BITS)];                                 \
+    int first_ = k + (int)((step_ >> 8) & 15);                                              \
+    if (SS_LIKELY(!(step_ & SS_STEP_SLOW) && first_ < 63)) {                                \
+      int second_ = first_ + (int)((step_ >> 12) & 31);                                     \
+      SS_CONSUME((int)(step_ & 63));                                                        \
+      block[ss_natural_order[first_]] = (JCOEF)(int16_t)(step_ >> 32);                     \
+      block[ss_natural_order[second_]] = (JCOEF)(int16_t)(step_ >> 48);                    \
+      k = second_ + 1;                                                                      \
+      if (step_ & SS_STEP_ENDS) goto next_block;                                            \
+    } else {                                                                                \
+      SS_REFILL();                                                                          \
+      entry = ac->fast[buf >> (64 - SS_FAST_BITS)];                                         \
+      if (SS_UNLIKELY(!entry) && (entry = ss_decode_long(buf, ac)) < 0) goto bad;           \
+      if (entry & SS_END_OF_BLOCK) {                                                        \
+        SS_CONSUME(entry & 31);                                                             \
+        goto next_block;                                                                    \
+      }                                                                                     \
+      value = ss_value(buf, entry);                                                         \
+      SS_CONSUME(entry >> 16);                                                              \
+      k += (entry >> 12) & 15;                                                              \
+      block[ss_natural_order[k]] = (JCOEF)value;                                            \
+      k++;                                                                                  \
+    }                                                                                       \
+  } while (0)
+
+/* A refill whatever the bit count (cheaper than a branch that the data decides). */
+#define SS_REFILL_ALWAYS()                                                                  \
+  do {                                                                                      \
+    if (SS_LIKELY(end - pos >= 8)) {                                                        \
+      uint64_t word_ = ss_load_be64(pos);                                                   \
+      uint64_t inverted_ = ~word_;                                                          \
+      if (SS_LIKELY(!((inverted_ - 0x0101010101010101ULL) & ~inverted_ &                    \
+                      0x8080808080808080ULL))) {                                            \
+        buf |= word_ >> bits;                                                               \
+        pos += (63 - bits) >> 3;                                                            \
+        bits |= 56;                                                                         \
+        break;                                                                              \
+      }                                                                                     \
+    }                                                                                       \
+    if (bits < 57 && !ended) {                                                              \
+      s->buf = buf, s->bits = bits, s->pos = pos;                                           \
+      ss_refill_slow(s);                                                                    \
+      buf = s->buf, bits = s->bits, pos = s->pos, ended = s->ended;                         \
+    }                                                                                       \
+  } while (0)
+
 /* The entry (as the fast table's) of a code longer than the fast table reaches, or -1 for a
  * bad code. */
 static int32_t ss_decode_long(uint64_t buf, const struct ss_huff_table *t) {
@@ -175,17 +309,6 @@ static int32_t ss_decode_long(uint64_t buf, const struct ss_huff_table *t) {
   return -1;
 }
 
-/* The coefficient value of the code at the top of `buf` described by `entry`: its size bits,
- * after the code, sign-extended (ITU T.81 F.2.2.1); 0 for size 0. No branches: which sizes
- * come next is what the data is, so a branch on them mispredicts. */
-static inline int ss_value(uint64_t buf, int32_t entry) {
-  int size = (entry >> 8) & 15;
-  uint32_t raw = (uint32_t)(((buf << (entry & 31)) >> 1) >> (63 - size));
-  /* Values below half the size's range are negative: subtract 2^size - 1. */
-  int32_t negative = (int32_t)(raw - ((1u << size) >> 1)) >> 31;
-  return (int)raw - (negative & (int)((1u << size) - 1));
-}
-
 /* The blocks of one MCU: each block's DC difference is added to its component's prediction,
  * and its coefficients written into the block (which libjpeg zeroed) when `mcu` is not NULL.
  * Returns 0, or -1 at a bad code. */
@@ -195,10 +318,11 @@ static int ss_decode_blocks(struct ss_huff_state *s, JBLOCKROW *mcu) {
   const uint8_t *pos = s->pos;
   const uint8_t *const end = s->end;
   int blkn, k;
+  JCOEF discard[DCTSIZE2]; /* where a skipped MCU's coefficients go */
   for (blkn = 0; blkn < s->blocks_in_mcu; blkn++) {
     int ci = s->membership[blkn];
     const struct ss_huff_table *dc = &s->dc[ci], *ac = &s->ac[ci];
-    JCOEF *block = mcu ? mcu[blkn][0] : NULL;
+    JCOEF *block = mcu ? mcu[blkn][0] : discard;
     int32_t entry;
     int value;
     SS_REFILL();
@@ -208,21 +332,16 @@ static int ss_decode_blocks(struct ss_huff_state *s, JBLOCKROW *mcu) {
     SS_CONSUME(entry >> 16);
     /* libjpeg lets the DC sum wrap (its decode_mcu suppresses the overflow check). */
     s->last_dc[ci] = (int)((unsigned)s->last_dc[ci] + (unsigned)value);
-    if (block) block[0] = (JCOEF)s->last_dc[ci];
-    for (k = 1; k < 64; k++) {
-      SS_REFILL();
-      entry = ac->fast[buf >> (64 - SS_FAST_BITS)];
-      if (SS_UNLIKELY(!entry) && (entry = ss_decode_long(buf, ac)) < 0) goto bad;
-      if (entry & SS_END_OF_BLOCK) {
-        SS_CONSUME(entry & 31);
-        break;
-      }
-      value = ss_value(buf, entry);
-      SS_CONSUME(entry >> 16);
-      /* A run of zeros, then the value; sixteen zeros (ZRL) write a zero, which is harmless. */
-      k += (entry >> 12) & 15;
-      if (block) block[ss_natural_order[k]] = (JCOEF)value;
+    block[0] = (JCOEF)s->last_dc[ci];
+    /* Two steps per refill: a fast step takes at most SS_FAST_BITS bits, a refill leaves at
+     * least 57 (or the data ended, and zeros follow), and a slow step refills itself. */
+    for (k = 1; k < 64;) {
+      SS_REFILL_ALWAYS();
+      SS_AC_STEP();
+      if (k >= 64) break;
+      SS_AC_STEP();
     }
+  next_block:;
   }
   s->buf = buf, s->bits = bits, s->pos = pos, s->ended = ended;
   return 0;
@@ -264,6 +383,7 @@ int ss_huff_start(struct ss_huff_state *s, j_decompress_ptr cinfo) {
     const JHUFF_TBL *dc = cinfo->dc_huff_tbl_ptrs[c->dc_tbl_no];
     const JHUFF_TBL *ac = cinfo->ac_huff_tbl_ptrs[c->ac_tbl_no];
     if (!dc || !ac || ss_build_table(&s->dc[ci], dc) || ss_build_table(&s->ac[ci], ac)) return -1;
+    ss_build_steps(&s->ac[ci]);
   }
   for (blkn = 0; blkn < cinfo->blocks_in_MCU; blkn++) s->membership[blkn] = cinfo->MCU_membership[blkn];
   s->blocks_in_mcu = cinfo->blocks_in_MCU;

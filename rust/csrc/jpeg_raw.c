@@ -105,8 +105,8 @@ static void ss_emit_message(j_common_ptr cinfo, int level) {
 struct ss_raw *ss_raw_new(void) {
   struct ss_raw *volatile h = (struct ss_raw *)calloc(1, sizeof(struct ss_raw));
   if (!h) return NULL;
-  h->huff.dc = malloc(ss_huff_tables_size());
-  h->huff.ac = malloc(ss_huff_tables_size());
+  h->huff.dc = calloc(1, ss_huff_tables_size());
+  h->huff.ac = calloc(1, ss_huff_tables_size());
   if (!h->huff.dc || !h->huff.ac) {
     free(h->huff.dc);
     free(h->huff.ac);
