@@ -108,6 +108,7 @@ static inline int ss_value(uint64_t buf, int32_t entry) {
   return (int)raw - (negative & (int)((1u << size) - 1));
 }
 
+/* A step entry from its fields (the layout above). */
 static uint64_t ss_step(int consumed, int ends, int run, int second_offset, int first, int second) {
   return (uint64_t)consumed | (ends ? SS_STEP_ENDS : 0) | (uint64_t)run << 8 |
          (uint64_t)second_offset << 12 | (uint64_t)(uint16_t)first << 32 |
