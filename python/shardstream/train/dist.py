@@ -133,10 +133,19 @@ def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> 
         watchdog.cancel()
     collective = datetime.timedelta(seconds=cfg.timeout_s)
     store.set_timeout(collective)
-    dist.set_timeout(collective)
+    set_group_timeout(collective)
     if host_group is not None:
-        dist.set_timeout(collective, group=host_group)
+        set_group_timeout(collective, group=host_group)
     return host_group
+
+
+def set_group_timeout(timeout: datetime.timedelta, group: dist.ProcessGroup | None = None) -> None:
+    """Sets the collective timeout of a process group that already exists (the default group
+    when ``group`` is None). ``torch.distributed.set_timeout`` is recent (mid-2026): torch
+    releases before it, 2.11 among them, have only its private predecessor
+    ``distributed_c10d._set_pg_timeout``, and the trainer must start on them too."""
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    setter(timeout, group)
 
 
 def local_cuda_index(local_rank: int, device_count: int) -> int:
