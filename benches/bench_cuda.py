@@ -9,7 +9,8 @@
 3. The trainer on the GPU. ``train_clip.py`` (the demo config: a tiny CLIP, bf16 autocast, the
    embedded demo set) under ``torchrun`` with one process, so with the nccl backend, the side
    stream that stages step n+1's copies, and fused AdamW: the loss falls, and its log's samples/s
-   and input fraction (the share of each step the GPU waited for its inputs) are printed.
+   and input fraction (``input_frac``: the share of each step spent on the host preparing
+   inputs) are printed.
 
     python benches/bench_cuda.py [--samples 8000] [--epochs 2] [--repeat 3] [--dir DIR]
 
@@ -31,9 +32,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PER_SHARD = 250
 SIZE = 224
-# open_clip's (OpenAI CLIP's) mean and std, as the demo model normalises
-MEAN = (0.48145466, 0.4578275, 0.40821073)
-STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def pinned_batches(paths: list[str]) -> dict:
@@ -54,20 +52,20 @@ def pinned_batches(paths: list[str]) -> dict:
     }
 
 
-def normalise(images, device, mean, std):
-    """The trainer's normalisation (``ModelBundle.normalise``): uint8 -> float on ``device``."""
-    x = images.to(device, non_blocking=True).float().div_(255.0)
-    return x.sub_(mean).div_(std)
-
-
 def transfer(paths: list[str], repeat: int) -> dict:
+    import open_clip
     import shardstream
     import torch
+    from shardstream.train.model import ModelBundle
 
-    cuda = torch.device("cuda")
-    mean_gpu = torch.tensor(MEAN, device=cuda).view(1, 3, 1, 1)
-    std_gpu = torch.tensor(STD, device=cuda).view(1, 3, 1, 1)
-    mean_cpu, std_cpu = mean_gpu.cpu(), std_gpu.cpu()
+    def bundle(device: torch.device) -> ModelBundle:
+        """The trainer's normalisation (``ModelBundle.normalise``) with CLIP's mean and std."""
+        mean = torch.tensor(open_clip.OPENAI_DATASET_MEAN, device=device).view(1, 3, 1, 1)
+        std = torch.tensor(open_clip.OPENAI_DATASET_STD, device=device).view(1, 3, 1, 1)
+        return ModelBundle(model=None, tokenizer=None, image_size=SIZE, mean=mean, std=std)
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    on_cuda, on_cpu = bundle(cuda), bundle(cpu)
     stream = torch.cuda.Stream()
 
     def loader():
@@ -87,7 +85,7 @@ def transfer(paths: list[str], repeat: int) -> dict:
         start = time.perf_counter()
         for batch in loader():
             with torch.cuda.stream(stream):
-                normalise(batch.images, cuda, mean_gpu, std_gpu)
+                on_cuda.normalise(batch.images, cuda)
             n += len(batch.keys)
         stream.synchronize()
         return n / (time.perf_counter() - start)
@@ -95,9 +93,9 @@ def transfer(paths: list[str], repeat: int) -> dict:
     # the same normalisation on both sides for a few whole batches (outside the timed passes)
     max_diff, checked = 0.0, 0
     for batch in loader():
-        on_gpu = normalise(batch.images, cuda, mean_gpu, std_gpu).cpu()
-        on_cpu = normalise(batch.images, torch.device("cpu"), mean_cpu, std_cpu)
-        max_diff = max(max_diff, float((on_gpu - on_cpu).abs().max()))
+        gpu_result = on_cuda.normalise(batch.images, cuda).cpu()
+        cpu_result = on_cpu.normalise(batch.images, cpu)
+        max_diff = max(max_diff, float((gpu_result - cpu_result).abs().max()))
         checked += 1
         if checked == 4:
             break

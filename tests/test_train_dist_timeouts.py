@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from servers import free_ports
 
 JOIN = r"""
 import datetime, json, os, sys
@@ -34,16 +34,10 @@ dist.destroy_process_group()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("torch_api", ["with-set_timeout", "without-set_timeout"])
 def test_the_collective_timeout_reaches_the_process_group(torch_api: str) -> None:
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    env["MASTER_PORT"] = str(free_port())
+    env["MASTER_PORT"] = str(free_ports(1)[0])
     done = subprocess.run(
         [sys.executable, "-c", JOIN, torch_api],
         capture_output=True,
