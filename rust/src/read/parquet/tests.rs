@@ -375,3 +375,53 @@ fn one_value_of_invalid_utf8_is_its_rows_bytes_and_the_rest_of_its_row_group_rea
         assert_eq!(sample.get("text").unwrap(), &doc[..], "row {row}");
     }
 }
+
+#[test]
+fn an_integer_key_an_image_struct_and_its_nulls_read_column_by_column() {
+    use parquet::data_type::Int64Type;
+    let dir = scratch_dir("parquet-struct");
+    let path = dir.join("hf.parquet");
+    // `datasets`' Image feature beside an integer key: row 0 has an image whose `path` is not
+    // UTF-8 (never read: only `bytes` is), row 1 a null image struct and a null caption.
+    let schema = parse_message_type(
+        "message schema { required int64 key; \
+         optional group image { optional binary bytes; optional binary path (UTF8); } \
+         optional binary caption (UTF8); }",
+    )
+    .unwrap();
+    let props = Arc::new(WriterProperties::builder().build());
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), props).unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    let mut c = group.next_column().unwrap().unwrap();
+    c.typed::<Int64Type>()
+        .write_batch(&[7, 8], None, None)
+        .unwrap();
+    c.close().unwrap();
+    let columns: [(&[u8], [i16; 2]); 3] =
+        [(b"jpeg", [2, 0]), (b"\xff.jpg", [2, 0]), (b"a cat", [1, 0])];
+    for (value, defs) in columns {
+        let mut c = group.next_column().unwrap().unwrap();
+        c.typed::<ByteArrayType>()
+            .write_batch(&[ByteArray::from(value.to_vec())], Some(&defs), None)
+            .unwrap();
+        c.close().unwrap();
+    }
+    group.close().unwrap();
+    writer.close().unwrap();
+
+    let stats = Arc::new(SourceStats::default());
+    let file = open(&path, &stats).unwrap();
+    assert_eq!(file.schema.columns[1].kind, ColumnKind::ImageStruct);
+    let samples: Vec<RawSample> = file
+        .samples(0, None)
+        .collect::<Result<_, _>>()
+        .expect("the path's bytes are never read");
+    let keys: Vec<&str> = samples.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["7", "8"]);
+    assert_eq!(samples[0].get("image").unwrap(), b"jpeg");
+    assert_eq!(samples[0].get("caption").unwrap(), b"a cat");
+    assert!(samples[0].defect.is_none());
+    assert!(samples[1].members.is_empty());
+    assert!(matches!(&samples[1].defect, Some((Reason::NullImage, d)) if d.contains("row 1")));
+}
