@@ -274,10 +274,11 @@ ended:
     }                                                                                       \
   } while (0)
 
-/* A refill whatever the bit count (cheaper than a branch that the data decides). */
+/* A refill whatever the bit count (cheaper than a branch that the data decides). After the
+ * data ended nothing is read, as in SS_REFILL(): zeros follow. */
 #define SS_REFILL_ALWAYS()                                                                  \
   do {                                                                                      \
-    if (SS_LIKELY(end - pos >= 8)) {                                                        \
+    if (SS_LIKELY(!ended && end - pos >= 8)) {                                              \
       uint64_t word_ = ss_load_be64(pos);                                                   \
       uint64_t inverted_ = ~word_;                                                          \
       if (SS_LIKELY(!((inverted_ - 0x0101010101010101ULL) & ~inverted_ &                    \

@@ -212,6 +212,20 @@ static void ss_hook_entropy(struct ss_raw *h, int ours) {
   }
 }
 
+/* libjpeg keeps the DQT and DHT tables in a decompressor from one image to the next, for
+ * abbreviated datastreams (tables sent once, images after them). Every image here is a whole
+ * datastream: kept tables would decode a JPEG without DHT (the standard tables apply, as in
+ * motion-JPEG frames) with the last image's optimized ones, and a JPEG without DQT, which must
+ * fail, with the last image's quantization. So each image starts from a new decompressor: what
+ * it becomes never depends on what its thread decoded before. A few microseconds: see
+ * benches/bench_jpeg_renew.rs. Returns 0, or -1 when memory ran out (the caller drops h). */
+int ss_raw_renew(struct ss_raw *h) {
+  jpeg_destroy_decompress(&h->cinfo);
+  if (setjmp(h->err.jump)) return -1;
+  jpeg_create_decompress(&h->cinfo);
+  return 0;
+}
+
 static int ss_raw_start_with(struct ss_raw *h, const unsigned char *data, unsigned long len,
                              int denom, ss_raw_geometry *geometry, int our_entropy) {
   struct jpeg_decompress_struct *cinfo = &h->cinfo;
@@ -222,6 +236,7 @@ static int ss_raw_start_with(struct ss_raw *h, const unsigned char *data, unsign
   h->data = data;
   h->len = len;
   h->denom = denom;
+  if (ss_raw_renew(h)) return -1;
   if (setjmp(h->err.jump)) {
     jpeg_abort_decompress(cinfo);
     return -1;

@@ -132,8 +132,9 @@ impl Pixels<'_> {
     }
 }
 
-/// Per-thread decoder state: the libjpeg-turbo handle and reusable pixel buffers, so the
-/// per-sample path allocates nothing once warmed up.
+/// Per-thread decoder state: the libjpeg-turbo handles (headers; raw planes) and reusable pixel
+/// buffers, so the per-sample path allocates little once warmed up. No image's tables or state
+/// reach the next image's decode (see `decode_jpeg_packed` and jpeg_raw.c).
 pub struct Decoder {
     jpeg: Option<jpeg::Handle>,
     raw: Option<RawDecoder>,
@@ -293,10 +294,7 @@ impl Decoder {
                         .inspect_err(|_| self.raw = None)?;
                     return Ok(Pixels::YCbCr(self.planes(layout)));
                 }
-                // libjpeg-turbo keeps state (Huffman tables, scan progress) from a failed decode
-                // that poisons the next image on the same handle: start the next one afresh.
-                self.decode_jpeg_packed(bytes, &header, reduction)
-                    .inspect_err(|_| self.jpeg = None)?
+                self.decode_jpeg_packed(bytes, &header, reduction)?
             }
             (Format::Png | Format::Webp, _) => {
                 self.decode_with_image_crate(bytes, probe, max_pixels)?
@@ -331,7 +329,15 @@ impl Decoder {
         let cmyk = matches!(header.colorspace, Colorspace::Cmyk | Colorspace::Ycck);
         let channels = if cmyk { 4 } else { 3 };
         grow(&mut self.pixels, w * h * channels);
-        reduced_handle(&mut self.jpeg, reduction)?
+        // A new handle for every image: libjpeg-turbo keeps one image's quantization and
+        // Huffman tables (and, after a failure, scan state) in a handle for the next, which
+        // would then decode with them if it lacks its own (see jpeg_raw.c). The probe's handle
+        // only reads headers, which those tables do not change.
+        let mut handle = jpeg::Handle::new().map_err(DecodeError::corrupt)?;
+        handle
+            .set_reduction(reduction)
+            .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
+        handle
             .decode_packed(bytes, &mut self.pixels, (w, h), cmyk)
             .map_err(|e| DecodeError::corrupt(format!("jpeg: {e}")))?;
         if cmyk {
@@ -486,25 +492,13 @@ impl Decoder {
     }
 }
 
-/// The thread's libjpeg-turbo handle, created on first use (and again after a failed decode).
+/// The thread's libjpeg-turbo handle for headers, created on first use (and again after a
+/// failed header).
 fn handle(slot: &mut Option<jpeg::Handle>) -> Result<&mut jpeg::Handle, DecodeError> {
     if slot.is_none() {
         *slot = Some(jpeg::Handle::new().map_err(DecodeError::corrupt)?);
     }
     Ok(slot.as_mut().expect("initialised above"))
-}
-
-/// The handle, set to decode at 1/`reduction`. Takes the field, not the decoder, so that the
-/// decoder's pixel buffers can be borrowed alongside.
-fn reduced_handle(
-    slot: &mut Option<jpeg::Handle>,
-    reduction: u32,
-) -> Result<&mut jpeg::Handle, DecodeError> {
-    let handle = handle(slot)?;
-    handle
-        .set_reduction(reduction)
-        .map_err(|e| DecodeError::corrupt(format!("jpeg scale: {e}")))?;
-    Ok(handle)
 }
 
 /// The largest power-of-two reduction (1/8, 1/4, 1/2) that keeps a region whose shorter side is

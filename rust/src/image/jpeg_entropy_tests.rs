@@ -51,7 +51,7 @@ fn photo_files() -> Vec<(String, Vec<u8>)> {
 
 /// Every photo's pixels (RGB, or gray for gray photos), at most `max_side` on a side (a
 /// centre crop: the pixels stay the photo's own), as (name, pixels, w, h, components).
-fn photos(max_side: u32) -> Vec<(String, Vec<u8>, u32, u32, u32)> {
+pub(super) fn photos(max_side: u32) -> Vec<(String, Vec<u8>, u32, u32, u32)> {
     let mut out = Vec::new();
     for (name, bytes) in photo_files() {
         let Ok(image) = ::image::load_from_memory(&bytes) else {
@@ -79,6 +79,7 @@ fn settings(quality: i32, subsampling: i32, restart_blocks: i32, optimize: bool)
         restart_blocks,
         optimize,
         progressive: false,
+        arithmetic: false,
     }
 }
 

@@ -52,6 +52,7 @@ struct RawHandle {
 extern "C" {
     fn ss_raw_new() -> *mut RawHandle;
     fn ss_raw_free(handle: *mut RawHandle);
+    fn ss_raw_renew(handle: *mut RawHandle) -> c_int;
     fn ss_raw_message(handle: *const RawHandle) -> *const c_char;
     fn ss_raw_start(
         handle: *mut RawHandle,
@@ -83,7 +84,8 @@ pub enum Entropy {
     Redone,
 }
 
-/// A libjpeg decompressor reused across images (its memory pools stay allocated).
+/// A libjpeg decompressor for one thread's images. Each image starts from a new one (see
+/// [`RawDecoder::renew`]), so no image's tables reach the next.
 pub struct RawDecoder(*mut RawHandle);
 
 // The decompressor is plain heap state with no thread affinity; one thread uses it at a time.
@@ -110,6 +112,16 @@ impl RawDecoder {
         let decoder = RawDecoder::new()?;
         unsafe { ss_raw_use_libjpeg_entropy(decoder.0, 1) };
         Ok(decoder)
+    }
+
+    /// Replaces the decompressor with a new one, as every [`start`](Self::start) does first:
+    /// libjpeg would keep the last image's quantization and Huffman tables for an image
+    /// without its own. Public for `benches/bench_jpeg_renew.rs`, which prices it.
+    pub fn renew(&mut self) -> Result<(), String> {
+        if unsafe { ss_raw_renew(self.0) } != 0 {
+            return Err(self.message());
+        }
+        Ok(())
     }
 
     /// Which entropy decoder decoded the last image read.

@@ -7,11 +7,18 @@
 //! pieces' ids, concatenated, are the whole document's ids:
 //! - the normalizer works character by character (NFC/NFD/NFKC/NFKD, lowercasing, BERT's);
 //! - the pre-tokenizer splits at that point: GPT-2's byte-level regex, Llama 3's (GPT-4's)
-//!   split pattern followed by a byte-level map, BERT's or plain whitespace splitting. After a
+//!   split pattern (or Qwen2's) followed by a byte-level map, BERT's or plain whitespace splitting. After a
 //!   `\n`, each of them starts a new pre-token at the next character that is not whitespace;
 //!   a byte-level pre-tokenizer that adds a prefix space must see the next piece start with the
 //!   space it would otherwise add, so there the cut is `\n` | ` ` + a character that is not
 //!   whitespace;
+//! - the whitespace before the cut is one pre-token in the piece as in the whole document. GPT-2's
+//!   regex ends a whitespace run with a look-ahead (`\s+(?!\S)`): in the whole document a run
+//!   `"\n\n"` (or `" \n"`, `"\r\n"`) before a letter is two pre-tokens, the last `\n` alone,
+//!   while at the end of a piece nothing follows and it is one. So without a prefix space its
+//!   cut needs the `\n` to follow a character that is not whitespace. With a prefix space the
+//!   next piece starts with that space, so the run is followed by whitespace in both, and Llama
+//!   3's pattern takes a run ending in line breaks whole (`\s*[\r\n]+`): neither needs it;
 //! - no added token spans the cut (none holds a `\n` before its last character).
 //!
 //! A tokenizer outside this list (a SentencePiece `Metaspace`, a `Replace` normalizer, another
@@ -19,6 +26,9 @@
 //! `max_document_bytes`. So does a stretch without a usable line break (minified code).
 
 use serde_json::Value;
+
+use super::bpe::classes::{class, Class};
+use super::bpe::pretokenize::{LLAMA3, QWEN2};
 
 /// Pieces are cut near this many bytes (never more than `4 x` without a cut point).
 pub const WINDOW: usize = 64 << 10;
@@ -28,12 +38,12 @@ pub const WINDOW: usize = 64 << 10;
 pub enum CutRule {
     /// After `\n`, before a character that is not whitespace.
     AfterLineBreak,
+    /// After a `\n` that follows a character other than whitespace, before a character that is
+    /// not whitespace (GPT-2's regex without a prefix space: see the module's doc).
+    AfterLoneLineBreak,
     /// After `\n`, before a space followed by a character that is not whitespace.
     AfterLineBreakBeforeSpace,
 }
-
-/// Llama 3's pre-tokenizer pattern (the `o200k`-era GPT-4 `cl100k` pattern it took).
-const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The cut rule of a `tokenizer.json` (its parsed JSON), or None: encode documents whole.
 pub fn cut_rule(json: &Value) -> Option<CutRule> {
@@ -49,15 +59,26 @@ pub fn cut_rule(json: &Value) -> Option<CutRule> {
     if !added_safe {
         return None;
     }
-    let mut prefix_space = false;
-    if !pre_tokenizer_splits_lines(&json["pre_tokenizer"], &mut prefix_space) {
+    let mut steps = Steps::default();
+    if !pre_tokenizer_splits_lines(&json["pre_tokenizer"], &mut steps) {
         return None;
     }
-    Some(if prefix_space {
+    Some(if steps.prefix_space {
         CutRule::AfterLineBreakBeforeSpace
+    } else if steps.gpt2_regex {
+        CutRule::AfterLoneLineBreak
     } else {
         CutRule::AfterLineBreak
     })
+}
+
+/// What the pre-tokenizer's steps do that moves the cut.
+#[derive(Default)]
+struct Steps {
+    /// A byte-level step adds a prefix space.
+    prefix_space: bool,
+    /// A byte-level step splits with GPT-2's regex (its whitespace look-ahead).
+    gpt2_regex: bool,
 }
 
 fn normalizer_is_local(n: &Value) -> bool {
@@ -71,37 +92,45 @@ fn normalizer_is_local(n: &Value) -> bool {
     }
 }
 
-/// Whether the pre-tokenizer starts a pre-token after every `\n` (see the module's doc); sets
-/// `prefix_space` when a byte-level step adds a prefix space.
-fn pre_tokenizer_splits_lines(p: &Value, prefix_space: &mut bool) -> bool {
+/// Whether the pre-tokenizer starts a pre-token after every `\n` (see the module's doc); notes
+/// in `steps` what its byte-level steps do.
+fn pre_tokenizer_splits_lines(p: &Value, steps: &mut Steps) -> bool {
     match p["type"].as_str() {
         Some("ByteLevel") => {
-            *prefix_space |= p["add_prefix_space"].as_bool().unwrap_or(false);
+            steps.prefix_space |= p["add_prefix_space"].as_bool().unwrap_or(false);
             // Without its regex it splits nothing itself: only as the last step after a split.
-            p["use_regex"].as_bool().unwrap_or(true)
+            let regex = p["use_regex"].as_bool().unwrap_or(true);
+            steps.gpt2_regex |= regex;
+            regex
         }
         Some("BertPreTokenizer" | "Whitespace" | "WhitespaceSplit") => true,
         Some("Split") => {
-            p["pattern"]["Regex"].as_str() == Some(LLAMA3_SPLIT)
+            // Llama 3's (GPT-4's) pattern, or Qwen2's, which differs only in taking digits one
+            // at a time: both take a whitespace run that ends in line breaks whole.
+            matches!(p["pattern"]["Regex"].as_str(), Some(LLAMA3 | QWEN2))
                 && p["behavior"].as_str() == Some("Isolated")
                 && !p["invert"].as_bool().unwrap_or(false)
         }
         Some("Sequence") => {
-            let Some(steps) = p["pretokenizers"].as_array() else {
+            let Some(list) = p["pretokenizers"].as_array() else {
                 return false;
             };
-            let Some((first, rest)) = steps.split_first() else {
+            let Some((first, rest)) = list.split_first() else {
                 return false;
             };
             // The first step splits; later byte-level steps only map bytes (or split further).
-            pre_tokenizer_splits_lines(first, prefix_space)
+            pre_tokenizer_splits_lines(first, steps)
                 && rest.iter().all(|s| match s["type"].as_str() {
                     Some("ByteLevel") => {
-                        *prefix_space |= s["add_prefix_space"].as_bool().unwrap_or(false);
+                        steps.prefix_space |= s["add_prefix_space"].as_bool().unwrap_or(false);
+                        // Its regex, if on, splits the first step's pre-tokens further: those
+                        // are the same in a piece as in the whole document, and so are its
+                        // splits of them (conservatively, its look-ahead rule still applies).
+                        steps.gpt2_regex |= s["use_regex"].as_bool().unwrap_or(true);
                         true
                     }
                     Some("Digits" | "Punctuation") => true,
-                    _ => pre_tokenizer_splits_lines(s, prefix_space),
+                    _ => pre_tokenizer_splits_lines(s, steps),
                 })
         }
         _ => false,
@@ -111,13 +140,12 @@ fn pre_tokenizer_splits_lines(p: &Value, prefix_space: &mut bool) -> bool {
 /// The byte ranges of `text`'s pieces: each ends at a cut point of `rule` near `WINDOW` bytes,
 /// or where no cut point lies within `4 x WINDOW` (that stretch is then one piece).
 pub fn pieces(text: &str, rule: CutRule) -> Vec<(usize, usize)> {
-    let bytes = text.as_bytes();
     let mut out = Vec::new();
     let mut start = 0;
     while text.len() - start > WINDOW {
         let from = start + WINDOW / 2;
         let to = (start + 4 * WINDOW).min(text.len());
-        match (from..to).find(|&i| is_cut(bytes, i, rule)) {
+        match (from..to).find(|&i| is_cut(text, i, rule)) {
             Some(cut) => {
                 out.push((start, cut));
                 start = cut;
@@ -129,7 +157,7 @@ pub fn pieces(text: &str, rule: CutRule) -> Vec<(usize, usize)> {
                 }
                 start = to;
                 // A stretch without a cut point: the next piece must still start at one.
-                while start < text.len() && !is_cut(bytes, start, rule) {
+                while start < text.len() && !is_cut(text, start, rule) {
                     start += 1;
                 }
                 let last = out.last_mut().expect("a piece");
@@ -143,19 +171,35 @@ pub fn pieces(text: &str, rule: CutRule) -> Vec<(usize, usize)> {
     out
 }
 
-/// Whether a piece may start at byte `i` (a char boundary: the bytes around are ASCII).
-fn is_cut(b: &[u8], i: usize, rule: CutRule) -> bool {
+/// Whether a piece may start at byte `i` of `text` (a char boundary: the bytes around are
+/// ASCII).
+fn is_cut(text: &str, i: usize, rule: CutRule) -> bool {
+    let b = text.as_bytes();
     let not_space = |c: u8| !c.is_ascii_whitespace() && c < 0x80;
     if i == 0 || i >= b.len() || b[i - 1] != b'\n' {
         return false;
     }
     match rule {
         CutRule::AfterLineBreak => not_space(b[i]),
+        CutRule::AfterLoneLineBreak => not_space(b[i]) && !follows_space(text, i - 1),
         CutRule::AfterLineBreakBeforeSpace => {
             b[i] == b' ' && i + 1 < b.len() && not_space(b[i + 1])
         }
     }
 }
+
+/// Whether the character before byte `i` (a char boundary) is whitespace as the split patterns
+/// define it (`\s`, Unicode's: a no-break space or U+3000 before a line break counts).
+fn follows_space(text: &str, i: usize) -> bool {
+    text[..i]
+        .chars()
+        .next_back()
+        .is_some_and(|c| class(c) == Class::Space)
+}
+
+#[cfg(test)]
+#[path = "windows_tests.rs"]
+mod differential_tests;
 
 #[cfg(test)]
 mod tests {
@@ -171,7 +215,7 @@ mod tests {
         assert_eq!(parts.last().unwrap().1, text.len());
         for w in parts.windows(2) {
             assert_eq!(w[0].1, w[1].0);
-            assert!(is_cut(text.as_bytes(), w[1].0, CutRule::AfterLineBreak));
+            assert!(is_cut(&text, w[1].0, CutRule::AfterLineBreak));
             assert!(w[0].1 - w[0].0 <= 4 * WINDOW);
         }
         // A stretch with no line break is one piece.

@@ -117,6 +117,8 @@ pub struct JpegSettings {
     /// Huffman tables fitted to the image instead of the standard ones.
     pub optimize: bool,
     pub progressive: bool,
+    /// Arithmetic entropy coding instead of Huffman.
+    pub arithmetic: bool,
 }
 
 /// `pixels` (`components` = 3 for RGB, 1 for gray, rows packed) as a JPEG, by libjpeg-turbo:
@@ -142,6 +144,7 @@ pub fn encode_jpeg(pixels: &[u8], w: u32, h: u32, components: u32, s: JpegSettin
             (tj::TJPARAM_TJPARAM_RESTARTBLOCKS, s.restart_blocks),
             (tj::TJPARAM_TJPARAM_OPTIMIZE, s.optimize as c_int),
             (tj::TJPARAM_TJPARAM_PROGRESSIVE, s.progressive as c_int),
+            (tj::TJPARAM_TJPARAM_ARITHMETIC, s.arithmetic as c_int),
         ] {
             assert_eq!(
                 tj::tj3Set(handle, param as c_int, value),
@@ -206,6 +209,7 @@ pub fn images() -> &'static Vec<Vec<u8>> {
                     restart_blocks: 2,
                     optimize: false,
                     progressive: false,
+                    arithmetic: false,
                 },
             ),
         ]
