@@ -15,10 +15,15 @@
 //! - the whitespace before the cut is one pre-token in the piece as in the whole document. GPT-2's
 //!   regex ends a whitespace run with a look-ahead (`\s+(?!\S)`): in the whole document a run
 //!   `"\n\n"` (or `" \n"`, `"\r\n"`) before a letter is two pre-tokens, the last `\n` alone,
-//!   while at the end of a piece nothing follows and it is one. So without a prefix space its
-//!   cut needs the `\n` to follow a character that is not whitespace. With a prefix space the
+//!   while at the end of a piece nothing follows and it is one. So where GPT-2's regex is the
+//!   first split and adds no prefix space, the cut is *before* a `\n` that precedes a character
+//!   that is not whitespace: that `\n` is a pre-token of its own in the whole document and at
+//!   the start of a piece, and the run before it, followed by whitespace in the document and by
+//!   nothing in the piece, is taken whole by the look-ahead in both. With a prefix space the
 //!   next piece starts with that space, so the run is followed by whitespace in both, and Llama
-//!   3's pattern takes a run ending in line breaks whole (`\s*[\r\n]+`): neither needs it;
+//!   3's pattern takes a run ending in line breaks whole (`\s*[\r\n]+`): neither needs it (nor
+//!   does a GPT-2 regex in a later byte-level step: it splits the first step's pre-tokens,
+//!   which a cut leaves whole);
 //! - no added token spans the cut (none holds a `\n` before its last character).
 //!
 //! A tokenizer outside this list (a SentencePiece `Metaspace`, a `Replace` normalizer, another
@@ -27,7 +32,6 @@
 
 use serde_json::Value;
 
-use super::bpe::classes::{class, Class};
 use super::bpe::pretokenize::{LLAMA3, QWEN2};
 
 /// Pieces are cut near this many bytes (never more than `4 x` without a cut point).
@@ -38,9 +42,9 @@ pub const WINDOW: usize = 64 << 10;
 pub enum CutRule {
     /// After `\n`, before a character that is not whitespace.
     AfterLineBreak,
-    /// After a `\n` that follows a character other than whitespace, before a character that is
-    /// not whitespace (GPT-2's regex without a prefix space: see the module's doc).
-    AfterLoneLineBreak,
+    /// Before a `\n` that precedes a character that is not whitespace (GPT-2's regex without a
+    /// prefix space: see the module's doc).
+    BeforeLineBreak,
     /// After `\n`, before a space followed by a character that is not whitespace.
     AfterLineBreakBeforeSpace,
 }
@@ -66,7 +70,7 @@ pub fn cut_rule(json: &Value) -> Option<CutRule> {
     Some(if steps.prefix_space {
         CutRule::AfterLineBreakBeforeSpace
     } else if steps.gpt2_regex {
-        CutRule::AfterLoneLineBreak
+        CutRule::BeforeLineBreak
     } else {
         CutRule::AfterLineBreak
     })
@@ -77,7 +81,7 @@ pub fn cut_rule(json: &Value) -> Option<CutRule> {
 struct Steps {
     /// A byte-level step adds a prefix space.
     prefix_space: bool,
-    /// A byte-level step splits with GPT-2's regex (its whitespace look-ahead).
+    /// The first splitting step is byte-level with GPT-2's regex (its whitespace look-ahead).
     gpt2_regex: bool,
 }
 
@@ -100,7 +104,7 @@ fn pre_tokenizer_splits_lines(p: &Value, steps: &mut Steps) -> bool {
             steps.prefix_space |= p["add_prefix_space"].as_bool().unwrap_or(false);
             // Without its regex it splits nothing itself: only as the last step after a split.
             let regex = p["use_regex"].as_bool().unwrap_or(true);
-            steps.gpt2_regex |= regex;
+            steps.gpt2_regex = regex;
             regex
         }
         Some("BertPreTokenizer" | "Whitespace" | "WhitespaceSplit") => true,
@@ -119,19 +123,24 @@ fn pre_tokenizer_splits_lines(p: &Value, steps: &mut Steps) -> bool {
                 return false;
             };
             // The first step splits; later byte-level steps only map bytes (or split further).
-            pre_tokenizer_splits_lines(first, steps)
-                && rest.iter().all(|s| match s["type"].as_str() {
+            if !pre_tokenizer_splits_lines(first, steps) {
+                return false;
+            }
+            let first_is_gpt2 = steps.gpt2_regex;
+            let rest_keep_cuts = rest.iter().all(|s| match s["type"].as_str() {
                     Some("ByteLevel") => {
                         steps.prefix_space |= s["add_prefix_space"].as_bool().unwrap_or(false);
                         // Its regex, if on, splits the first step's pre-tokens further: those
                         // are the same in a piece as in the whole document, and so are its
-                        // splits of them (conservatively, its look-ahead rule still applies).
-                        steps.gpt2_regex |= s["use_regex"].as_bool().unwrap_or(true);
+                        // splits of them.
                         true
                     }
                     Some("Digits" | "Punctuation") => true,
                     _ => pre_tokenizer_splits_lines(s, steps),
-                })
+                });
+            // Only the first step's look-ahead moves the cut: later steps split its pre-tokens.
+            steps.gpt2_regex = first_is_gpt2;
+            rest_keep_cuts
         }
         _ => false,
     }
@@ -176,25 +185,16 @@ pub fn pieces(text: &str, rule: CutRule) -> Vec<(usize, usize)> {
 fn is_cut(text: &str, i: usize, rule: CutRule) -> bool {
     let b = text.as_bytes();
     let not_space = |c: u8| !c.is_ascii_whitespace() && c < 0x80;
-    if i == 0 || i >= b.len() || b[i - 1] != b'\n' {
+    if i == 0 || i >= b.len() {
         return false;
     }
     match rule {
-        CutRule::AfterLineBreak => not_space(b[i]),
-        CutRule::AfterLoneLineBreak => not_space(b[i]) && !follows_space(text, i - 1),
+        CutRule::AfterLineBreak => b[i - 1] == b'\n' && not_space(b[i]),
+        CutRule::BeforeLineBreak => b[i] == b'\n' && b.get(i + 1).copied().is_some_and(not_space),
         CutRule::AfterLineBreakBeforeSpace => {
-            b[i] == b' ' && i + 1 < b.len() && not_space(b[i + 1])
+            b[i - 1] == b'\n' && b[i] == b' ' && b.get(i + 1).copied().is_some_and(not_space)
         }
     }
-}
-
-/// Whether the character before byte `i` (a char boundary) is whitespace as the split patterns
-/// define it (`\s`, Unicode's: a no-break space or U+3000 before a line break counts).
-fn follows_space(text: &str, i: usize) -> bool {
-    text[..i]
-        .chars()
-        .next_back()
-        .is_some_and(|c| class(c) == Class::Space)
 }
 
 #[cfg(test)]
