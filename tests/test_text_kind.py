@@ -499,3 +499,37 @@ def test_a_mixture_through_two_dataloader_workers_keeps_its_shares_and_order_and
     following = [b.input_ids.numpy().copy() for b in again]
     assert all(np.array_equal(a, b) for a, b in zip(following, whole[1], strict=True))
     assert len(following) == len(whole[1])
+
+
+def test_a_gpt2_tokenizer_without_a_prefix_space_keeps_every_token_of_long_documents(tmp_path):
+    """GPT-2's byte-level regex without a prefix space, trained here on real code: documents over
+    the 64 KiB piece size (the standard library's longest modules, and the issue's
+    ``"a = 1\\n\\n" x 10000``) give the package's ids, through ``packed_encode`` and
+    ``count_tokens``. A cut after a blank line once lost one ``\\n`` token per cut."""
+    import json
+
+    from tokenizers import models, pre_tokenizers, trainers
+
+    sources = [s for _, s in stdlib_sources(400)]
+    long_docs = [s for s in sources if 64 << 10 < len(s.encode()) < 256 << 10]
+    assert len(long_docs) >= 10, len(long_docs)
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(sources[:40] + ["a = 1\n\n"] * 100, trainer)
+    path = str(tmp_path / "gpt2-no-prefix.json")
+    tok.save(path)
+    texts = ["a = 1\n\n" * 10_000, *long_docs]
+    want = reference_ids(path, texts, "<|endoftext|>")
+    got = shardstream._core.packed_encode(path, texts, "<|endoftext|>", None)
+    for text, g, w in zip(texts, got, want, strict=True):
+        assert g == w, (text[:40], len(g), len(w))
+    corpus = tmp_path / "long.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    counted = count_tokens(str(corpus), tokenizer=path)
+    assert counted.total_tokens == sum(map(len, want))
