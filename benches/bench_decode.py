@@ -15,6 +15,12 @@ keeps its best round (as timeit does): on a shared machine the other processes o
 round down, and alternating keeps a slow spell from landing on one contender alone.
 
     python benches/bench_decode.py [--samples 2000] [--repeat 3] [--simd-python PATH]
+                                   [--baseline PYTHON_DIR]
+
+``--baseline`` runs another build of shardstream beside this one, 1 thread on 1 core, taking
+turns with it: the ``python/`` folder of a worktree at an earlier commit with its extension
+built (``cargo build --release --features python --lib``, ``libshardstream.so`` copied to
+``python/shardstream/_core.abi3.so``). The ratio printed is this build over that one.
 """
 
 from __future__ import annotations
@@ -121,6 +127,7 @@ def main() -> None:
         default=os.environ.get("PILLOW_SIMD_PYTHON"),
         help="python of a venv with pillow-simd + webdataset",
     )
+    ap.add_argument("--baseline", help="python/ folder of another shardstream build, run beside")
     ap.add_argument("--worker")
     ap.add_argument("--paths")
     ap.add_argument("--cpus")
@@ -140,21 +147,25 @@ def main() -> None:
         f"target {SIZE}x{SIZE}; cores: {len(cores)}"
     )
     runs = {
-        "webdataset + Pillow (1 core)": (sys.executable, "webdataset", one),
-        "simplejpeg decode-only ceiling (1 core)": (sys.executable, "simplejpeg", one),
-        "shardstream, 1 thread (1 core)": (sys.executable, "shardstream-1", one),
+        "webdataset + Pillow (1 core)": (sys.executable, "webdataset", one, None),
+        "simplejpeg decode-only ceiling (1 core)": (sys.executable, "simplejpeg", one, None),
+        "shardstream, 1 thread (1 core)": (sys.executable, "shardstream-1", one, None),
         f"shardstream, {len(cores)} threads ({len(cores)} cores)": (
             sys.executable,
             f"shardstream-{len(cores)}",
             cores,
+            None,
         ),
     }
     if args.simd_python:
-        runs["webdataset + pillow-simd AVX2 (1 core)"] = (args.simd_python, "webdataset", one)
+        runs["webdataset + pillow-simd AVX2 (1 core)"] = (args.simd_python, "webdataset", one, None)
+    if args.baseline:
+        env = {"PYTHONPATH": os.path.abspath(args.baseline)}
+        runs["baseline shardstream, 1 thread (1 core)"] = (sys.executable, "shardstream-1", one, env)
     rounds: dict[str, list[dict]] = {label: [] for label in runs}
     for _ in range(max(1, args.repeat)):
-        for label, (python, name, cpus) in runs.items():
-            r = try_worker(__file__, name, {"paths": paths, "cpus": cpus}, python=python)
+        for label, (python, name, cpus, env) in runs.items():
+            r = try_worker(__file__, name, {"paths": paths, "cpus": cpus}, python=python, env=env)
             if r:
                 r["rate"] = r["samples"] / r["seconds"]
                 rounds[label].append(r)
@@ -173,7 +184,7 @@ def main() -> None:
         return
     print("\nratios (samples/s):")
     for label, r in results.items():
-        if label != "shardstream, 1 thread (1 core)" and "shardstream" not in label:
+        if "shardstream" not in label or label.startswith("baseline"):
             print(f"  shardstream 1 thread / {label:40s} {ours1['rate'] / r['rate']:5.2f}x")
     for label, r in results.items():
         if label.startswith("shardstream,") and r is not ours1:

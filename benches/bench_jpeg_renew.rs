@@ -28,7 +28,10 @@ fn arg(name: &str, default: usize) -> usize {
 fn photos() -> Vec<::image::RgbImage> {
     let venv = std::env::var("VIRTUAL_ENV").expect("run from the venv scripts/env.sh makes");
     let mut out = Vec::new();
-    for python in std::fs::read_dir(PathBuf::from(venv).join("lib")).unwrap().flatten() {
+    for python in std::fs::read_dir(PathBuf::from(venv).join("lib"))
+        .unwrap()
+        .flatten()
+    {
         let site = python.path().join("site-packages");
         for dir in ["skimage/data", "sklearn/datasets/images"] {
             let Ok(entries) = std::fs::read_dir(site.join(dir)) else {
@@ -121,8 +124,13 @@ fn main() {
             drop(std::hint::black_box(Handle::new().unwrap()));
         }
     }) / renewals as f64;
-    println!("{count} JPEGs cut from real photos, 224 px centre crops, one thread, best of {repeat}");
-    println!("  per image, the whole path (prepare_image): {:8.2} us", decode * 1e6);
+    println!(
+        "{count} JPEGs cut from real photos, 224 px centre crops, one thread, best of {repeat}"
+    );
+    println!(
+        "  per image, the whole path (prepare_image): {:8.2} us",
+        decode * 1e6
+    );
     println!(
         "  new libjpeg decompressor (raw planes):      {:8.3} us = {:.2} % of an image",
         renew * 1e6,

@@ -12,10 +12,9 @@ import random
 
 import numpy as np
 import pytest
+import shardstream
 from corpus import _photos_rgb, sample_members, tar_bytes, write_file
 from PIL import Image
-
-import shardstream
 
 DHT, DQT = 0xC4, 0xDB
 

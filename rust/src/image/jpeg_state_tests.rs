@@ -60,7 +60,13 @@ fn kinds(pixels: &[u8], w: u32, h: u32, components: u32) -> Vec<(String, Vec<u8>
     let encode = |s: JpegSettings| encode_jpeg(pixels, w, h, components, s);
     let standard = encode(base);
     let mut out = vec![
-        ("optimized".to_string(), encode(JpegSettings { optimize: true, ..base })),
+        (
+            "optimized".to_string(),
+            encode(JpegSettings {
+                optimize: true,
+                ..base
+            }),
+        ),
         (
             "optimized, quality 100, 4:4:4".into(),
             encode(JpegSettings {
@@ -74,11 +80,17 @@ fn kinds(pixels: &[u8], w: u32, h: u32, components: u32) -> Vec<(String, Vec<u8>
         ("no DQT".into(), without(&standard, DQT)),
         (
             "progressive".into(),
-            encode(JpegSettings { progressive: true, ..base }),
+            encode(JpegSettings {
+                progressive: true,
+                ..base
+            }),
         ),
         (
             "arithmetic".into(),
-            encode(JpegSettings { arithmetic: true, ..base }),
+            encode(JpegSettings {
+                arithmetic: true,
+                ..base
+            }),
         ),
         (
             "restart markers, quality 60".into(),
@@ -132,7 +144,13 @@ fn every_kind_of_jpeg_decodes_the_same_after_every_other_kind() {
     for (photo, pixels, w, h, components) in picked {
         let kinds = kinds(pixels, *w, *h, *components);
         for whole in [false, true] {
-            let new_worker = || if whole { Worker::validating() } else { Worker::default() };
+            let new_worker = || {
+                if whole {
+                    Worker::validating()
+                } else {
+                    Worker::default()
+                }
+            };
             let alone: Vec<_> = kinds
                 .iter()
                 .map(|(_, jpeg)| decode(jpeg, &mut new_worker()))
@@ -140,14 +158,23 @@ fn every_kind_of_jpeg_decodes_the_same_after_every_other_kind() {
             let by_name = |name: &str| &alone[kinds.iter().position(|(n, _)| n == name).unwrap()];
             // What each kind must give on its own: the standard tables are libjpeg's defaults,
             // and a JPEG without quantization tables cannot be decoded.
-            assert!(by_name("standard").is_ok(), "{photo}: {:?}", by_name("standard"));
+            assert!(
+                by_name("standard").is_ok(),
+                "{photo}: {:?}",
+                by_name("standard")
+            );
             assert_eq!(by_name("no DHT"), by_name("standard"), "{photo}");
             assert_eq!(by_name("rotated, no DHT"), by_name("rotated"), "{photo}");
             for name in ["no DQT", "rotated, no DQT"] {
                 let (reason, detail) = by_name(name).as_ref().unwrap_err();
                 assert_eq!(reason.as_str(), "corrupt_image", "{photo} {name}: {detail}");
             }
-            for name in ["optimized", "progressive", "arithmetic", "rotated, optimized"] {
+            for name in [
+                "optimized",
+                "progressive",
+                "arithmetic",
+                "rotated, optimized",
+            ] {
                 assert!(by_name(name).is_ok(), "{photo} {name}: {:?}", by_name(name));
             }
             for (before, before_jpeg) in &kinds {

@@ -12,8 +12,8 @@ pub mod decode;
 pub mod jpeg;
 #[cfg(test)]
 mod jpeg_entropy_tests;
+pub mod jpeg_raw;
 #[cfg(test)]
 mod jpeg_state_tests;
-pub mod jpeg_raw;
 pub mod patches;
 pub mod resize;

@@ -128,16 +128,16 @@ fn pre_tokenizer_splits_lines(p: &Value, steps: &mut Steps) -> bool {
             }
             let first_is_gpt2 = steps.gpt2_regex;
             let rest_keep_cuts = rest.iter().all(|s| match s["type"].as_str() {
-                    Some("ByteLevel") => {
-                        steps.prefix_space |= s["add_prefix_space"].as_bool().unwrap_or(false);
-                        // Its regex, if on, splits the first step's pre-tokens further: those
-                        // are the same in a piece as in the whole document, and so are its
-                        // splits of them.
-                        true
-                    }
-                    Some("Digits" | "Punctuation") => true,
-                    _ => pre_tokenizer_splits_lines(s, steps),
-                });
+                Some("ByteLevel") => {
+                    steps.prefix_space |= s["add_prefix_space"].as_bool().unwrap_or(false);
+                    // Its regex, if on, splits the first step's pre-tokens further: those
+                    // are the same in a piece as in the whole document, and so are its
+                    // splits of them.
+                    true
+                }
+                Some("Digits" | "Punctuation") => true,
+                _ => pre_tokenizer_splits_lines(s, steps),
+            });
             // Only the first step's look-ahead moves the cut: later steps split its pre-tokens.
             steps.gpt2_regex = first_is_gpt2;
             rest_keep_cuts

@@ -35,7 +35,10 @@ fn with_whitespace_merges(mut json: Value) -> Value {
         if !vocab.contains_key(&merged) {
             vocab.insert(merged, next.into());
             next += 1;
-            model["merges"].as_array_mut().unwrap().push(serde_json::json!([a, b]));
+            model["merges"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!([a, b]));
         }
     }
     json
@@ -80,12 +83,7 @@ fn tokenizers() -> Vec<(&'static str, Value, CutRule, &'static str)> {
             CutRule::AfterLineBreakBeforeSpace,
             "</s>",
         ),
-        (
-            "llama3",
-            llama3,
-            CutRule::AfterLineBreak,
-            "<|end_of_text|>",
-        ),
+        ("llama3", llama3, CutRule::AfterLineBreak, "<|end_of_text|>"),
         (
             "llama3 then a gpt2 regex",
             llama3_then_gpt2,
