@@ -315,6 +315,15 @@ class TextLoader(UnitPlanLoader):
     global batch are the remainder (``stats["remainder_tokens"]``). A unit whose documents no
     longer encode to its counted tokens (a file changed, another tokenizer) fails the pass
     naming the file.
+
+    Attributes:
+        counts: The :class:`TokenCounts` the epoch is planned from.
+        fast_path: True when documents are encoded by shardstream's own byte-level BPE (for
+            ``tokenizer.json`` files of the GPT-2, Llama 3 and Qwen2 kinds, with the same ids as
+            the ``tokenizers`` library); False when by the ``tokenizers`` library itself.
+        fast_path_reason: Why not the fast path (e.g. the pre-tokenizer or normalizer it does
+            not handle), in one line; empty when ``fast_path`` is True.
+        epoch: The epoch the next pass reads (see :meth:`set_epoch`).
     """
 
     def __init__(
