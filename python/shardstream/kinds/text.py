@@ -483,9 +483,12 @@ class TextLoader(UnitPlanLoader):
     def stats(self) -> dict[str, Any]:
         """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
         ``tokens`` (written into rows), ``documents`` (begun in rows), ``skipped`` documents by
-        reason, ``bytes``, ``retries``, ``tokenize_seconds``; and for the epoch:
-        ``remainder_tokens`` (read by no rank), ``exact`` (True) and ``encoder`` (``"fast_bpe"``
-        or ``"tokenizers"``, see :attr:`fast_path`)."""
+        reason and ``skipped_total``, ``faults`` (the first 1,000 skips, each a dict of
+        ``reason``, ``url``, ``key`` and ``detail``), ``bytes``, ``retries`` (``throttled``:
+        those that waited for a ``Retry-After``), ``resumes`` (reads resumed mid-file),
+        ``tokenize_seconds``; and for the epoch: ``remainder_tokens`` (read by no rank),
+        ``exact`` (True) and ``encoder`` (``"fast_bpe"`` or ``"tokenizers"``, see
+        ``fast_path``)."""
         stats = dict(self._last_stats)
         stats["encoder"] = "fast_bpe" if self.fast_path else "tokenizers"
         stats["remainder_tokens"] = self._plan_counts()[2]
