@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from shardstream import TextLoader, count_tokens
+from shardstream import TextLoader, UnreadableUnitsWarning, count_tokens
 from shardstream.urls import SHARD_SUFFIXES, TEXT_SUFFIXES, expand_urls
 from text_corpus import (
     GPT2_STYLE,
@@ -204,7 +204,8 @@ def test_a_truncated_stream_fails_its_file_by_name(tmp_path, docs):
         data = open(path, "rb").read()
         open(path, "wb").write(data[: len(data) // 2])
         cut.append(path)
-    counts = count_tokens([whole, *cut], tokenizer=GPT2_STYLE)
+    with pytest.warns(UnreadableUnitsWarning, match=r"cut\.jsonl\.gz: corrupt_stream"):
+        counts = count_tokens([whole, *cut], tokenizer=GPT2_STYLE)
     assert [os.path.basename(u["url"]) for u in counts.units] == ["whole.jsonl"]
     assert [(os.path.basename(f["url"]), f["error"]["reason"]) for f in counts.failed] == [
         ("cut.jsonl.gz", "corrupt_stream"),

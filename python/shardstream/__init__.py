@@ -29,7 +29,8 @@ Raw samples, writing and indexing
 Errors
     :class:`ShardError` and its subclasses :class:`SourceError`, :class:`CredentialsError`,
     :class:`NotFoundError`, :class:`BadUrlError`, :class:`SampleError`; :class:`OptionError` (a
-    refused option value) and :class:`MissingDependencyError` (an optional package to install).
+    refused option value) and :class:`MissingDependencyError` (an optional package to install);
+    :class:`UnreadableUnitsWarning` (a count left out units it could not read).
 
 Framework adapters live in ``shardstream.integrations``; the CLIP trainer in ``shardstream.train``.
 """
@@ -49,6 +50,7 @@ from shardstream.errors import (
     SampleError,
     ShardError,
     SourceError,
+    UnreadableUnitsWarning,
 )
 from shardstream.index import build_index, write_index
 from shardstream.kinds import NaFlex, NaFlexBatch
@@ -97,6 +99,7 @@ __all__ = [
     "SampleError",
     "OptionError",
     "MissingDependencyError",
+    "UnreadableUnitsWarning",
     "__version__",
 ]
 

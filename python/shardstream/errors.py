@@ -17,6 +17,9 @@ faults), and says all three in its message.
                                ``option`` names it
     MissingDependencyError     (an ImportError) an optional package is not installed; the
                                one-line message names the pip extra that installs it
+
+    UnreadableUnitsWarning     (a UserWarning) count_tokens or count_patches could not read some
+                               units: they are left out of every epoch
 """
 
 from __future__ import annotations
@@ -122,6 +125,31 @@ class MissingDependencyError(ImportError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.module, self.extra, self.needed_for, self.cause))
+
+
+class UnreadableUnitsWarning(UserWarning):
+    """:func:`~shardstream.count_tokens` or :func:`~shardstream.count_patches` could not read some
+    units (a file unreadable, a corrupt Parquet footer or stream, a missing column): the counts
+    leave them out, so no epoch reads their documents or samples. The message names each unit
+    (URL redacted) with its reason, after a one-line summary; ``on_error="raise"`` raises a
+    :class:`ShardError` instead. Turn it into an error with
+    ``warnings.simplefilter("error", shardstream.UnreadableUnitsWarning)``.
+
+    Attributes:
+        failed: The units that failed, as the counts' ``failed`` list holds them (``url``,
+            ``display``, ``error``).
+
+    Args:
+        message: The warning's text.
+        failed: Sets ``failed``.
+    """
+
+    def __init__(self, message: str, failed: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.failed = list(failed or [])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failed))
 
 
 # The one table from the core's kind of source failure (``error::SourceKind``) to the class

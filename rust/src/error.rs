@@ -148,6 +148,24 @@ impl SourceKind {
     }
 }
 
+/// The most bytes of another library's error text a fault's detail keeps.
+pub const MAX_DETAIL_BYTES: usize = 512;
+
+/// `detail` cut to [`MAX_DETAIL_BYTES`] (at a character boundary), saying how much was cut: a
+/// detail names what went wrong and where (file, row, byte offset), never the data, and a
+/// library's error text that quotes a value (the parquet crate's once listed a whole document's
+/// bytes) must not put megabytes into an exception and a log line.
+pub fn capped_detail(detail: String) -> String {
+    if detail.len() <= MAX_DETAIL_BYTES {
+        return detail;
+    }
+    let mut end = MAX_DETAIL_BYTES;
+    while !detail.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes cut)", &detail[..end], detail.len() - end)
+}
+
 /// A rejected sample (or shard, when `key` is empty): what, where and why.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fault {
@@ -176,3 +194,25 @@ impl fmt::Display for Fault {
 }
 
 impl std::error::Error for Fault {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_detail_is_capped_at_a_character_boundary_and_says_so() {
+        assert_eq!(capped_detail("short".into()), "short");
+        let long = format!(
+            "{}é{}",
+            "a".repeat(MAX_DETAIL_BYTES - 1),
+            "b".repeat(1 << 20)
+        );
+        let capped = capped_detail(long.clone());
+        assert!(capped.len() < MAX_DETAIL_BYTES + 40, "{}", capped.len());
+        assert!(capped.starts_with(&"a".repeat(MAX_DETAIL_BYTES - 1)));
+        assert!(capped.ends_with(&format!(
+            "... ({} bytes cut)",
+            long.len() - (MAX_DETAIL_BYTES - 1)
+        )));
+    }
+}

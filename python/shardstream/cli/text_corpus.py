@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -41,17 +42,21 @@ def add_text_options(p: argparse.ArgumentParser) -> None:
 
 
 def _counts(args: argparse.Namespace) -> Any:
+    from ..errors import UnreadableUnitsWarning
     from ..kinds.text import DEFAULT_MAX_DOCUMENT_BYTES, count_tokens
 
-    return count_tokens(
-        list(args.urls),
-        tokenizer=args.tokenizer,
-        text_key=args.text_key,
-        eos_token=args.eos_token,
-        bos_token=args.bos_token,
-        max_document_bytes=args.max_document_bytes or DEFAULT_MAX_DOCUMENT_BYTES,
-        threads=args.threads,
-    )
+    # The verbs say each failed unit themselves (`_summary`) and set the exit status by them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnreadableUnitsWarning)
+        return count_tokens(
+            list(args.urls),
+            tokenizer=args.tokenizer,
+            text_key=args.text_key,
+            eos_token=args.eos_token,
+            bos_token=args.bos_token,
+            max_document_bytes=args.max_document_bytes or DEFAULT_MAX_DOCUMENT_BYTES,
+            threads=args.threads,
+        )
 
 
 def _summary(verb: str, counts: Any, elapsed: float) -> list[str]:

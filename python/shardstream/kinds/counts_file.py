@@ -1,13 +1,20 @@
 """The one-off count files of the kinds planned over units (token counts, patch counts): JSON,
 gzip when the name ends in ``.gz``, written atomically and checked for their format and version
-when read."""
+when read; and what a count says about the units it could not read."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import warnings
 from typing import Any
+
+from shardstream.errors import OptionError, ShardError, UnreadableUnitsWarning, source_error_class
+from shardstream.urls import redact
+
+#: Failed units a warning lists one by one; the counts' ``failed`` list holds every one.
+LISTED_FAILURES = 20
 
 
 def save(path: str | os.PathLike[str], fmt: str, version: int, fields: dict[str, Any]) -> None:
@@ -58,3 +65,62 @@ def load(path: str | os.PathLike[str], fmt: str, version: int, what: str) -> dic
     data.pop("format")
     data.pop("version")
     return data
+
+
+def check_on_error(on_error: str) -> None:
+    """Refuses an ``on_error`` other than ``"skip"`` or ``"raise"`` (as ``LoaderConfig`` does).
+
+    Args:
+        on_error: The value given.
+
+    Raises:
+        OptionError: another value.
+    """
+    if on_error not in ("skip", "raise"):
+        raise OptionError("on_error", f"must be 'skip' or 'raise', got {on_error!r}")
+
+
+def report_failed(caller: str, failed: list[dict[str, Any]], counted: int, on_error: str) -> None:
+    """Says which units a count could not read, so that none is left out of the epochs unheard
+    of: with ``on_error="raise"`` raises the first one's typed error; else warns
+    (:class:`~shardstream.UnreadableUnitsWarning`) with a summary line, as ``shardstream index``
+    words it, and one line per unit (URL redacted) with its reason.
+
+    Args:
+        caller: The counting function's name, first on the summary line.
+        failed: The units that failed (``url``, ``display``, ``error``: reason, detail, kind).
+        counted: The units counted.
+        on_error: ``"skip"`` (warn) or ``"raise"``.
+
+    Raises:
+        ShardError: with ``on_error="raise"``, for the first failed unit (a
+            :class:`~shardstream.SourceError` subclass when it could not be fetched).
+    """
+    if not failed:
+        return
+    total = counted + len(failed)
+    summary = f"{len(failed)} of {total} units could not be read"
+    if on_error == "raise":
+        first = failed[0]
+        error = first["error"]
+        reason = str(error.get("reason", "unreadable"))
+        cls = source_error_class(str(error.get("kind", "other"))) if reason == "unreadable" else ShardError
+        raise cls(reason, _where(first), "", f"{error.get('detail', '')} ({summary})")
+    lines = [
+        f"{caller}: {summary}: the counts leave them out, so no epoch reads them "
+        "(on_error='raise' makes this an error)"
+    ]
+    for f in failed[:LISTED_FAILURES]:
+        error = f["error"]
+        lines.append(f"  cannot read {_where(f)}: {error.get('reason')}: {error.get('detail')}")
+    if len(failed) > LISTED_FAILURES:
+        more = len(failed) - LISTED_FAILURES
+        lines.append(f"  ... and {more} more (the counts' failed list names them all)")
+    # stacklevel 3: the user's call of count_tokens / count_patches, past this function.
+    warnings.warn(UnreadableUnitsWarning("\n".join(lines), failed), stacklevel=3)
+
+
+def _where(failed: dict[str, Any]) -> str:
+    """The failed unit's redacted name: the core's (a Parquet row group says its first row), else
+    the file's."""
+    return redact(str(failed["error"].get("url") or failed.get("display") or failed["url"]))

@@ -37,7 +37,7 @@ import numpy as np
 from shardstream import _core
 from shardstream._buffers import BufferPool
 from shardstream._system import default_loader_threads
-from shardstream.config import SourceOptions
+from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError, from_core_fault
 from shardstream.kinds import counts_file
 from shardstream.kinds.naflex import NaFlex, NaFlexBatch
@@ -194,6 +194,7 @@ def count_patches(
     threads: int | None = None,
     output: str | os.PathLike[str] | None = None,
     source: SourceOptions | None = None,
+    on_error: OnError = "skip",
 ) -> PatchCounts:
     """Counts the token-budget batches of every unit of an image-text dataset, once, for
     :class:`NaFlexBudgetLoader`.
@@ -223,6 +224,11 @@ def count_patches(
         threads: Threads reading (default: this process's share of the cores).
         output: If given, the counts are also saved there.
         source: How the files are fetched (S3 endpoint, cache, ...).
+        on_error: A unit that cannot be read at all: ``"skip"`` (default) leaves it out of the
+            counts (in :attr:`PatchCounts.failed`) and warns, an
+            :class:`~shardstream.UnreadableUnitsWarning` naming each such unit and its reason;
+            ``"raise"`` raises a :class:`~shardstream.ShardError` naming the first one (nothing
+            is saved). As :func:`~shardstream.count_tokens`.
 
     Returns:
         The counts.
@@ -231,6 +237,7 @@ def count_patches(
         OptionError: a budget under one image of ``max_num_patches``, or bad buckets.
         ValueError: no file matches, or no image of any unit can be used (the message names the
             most common reason).
+        ShardError: with ``on_error="raise"``, a unit could not be read.
     """
     from shardstream.config import DEFAULTS
     from shardstream.urls import expand_urls, source_config
@@ -250,6 +257,7 @@ def count_patches(
     buckets = default_buckets(naflex.max_num_patches, bucket_patches)
     if max_images_per_batch is None:
         max_images_per_batch = 4 * (max_patches_per_batch // naflex.max_num_patches)
+    counts_file.check_on_error(on_error)
     most = max_images_per_batch
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:
         raise OptionError("max_images_per_batch", f"must be a positive integer, not {max_images_per_batch!r}")
@@ -279,8 +287,11 @@ def count_patches(
             r["examples"] = r["examples"][:3]
             units.append(r)
     counts = PatchCounts(spec, max_patches_per_batch, buckets, max_images_per_batch, sample, units, failed)
+    if on_error == "raise":
+        counts_file.report_failed("count_patches", failed, len(units), on_error)
     if counts.total_batches == 0:
         raise ValueError(f"no image of {urls!r} can be used: {_top_reason(counts)}")
+    counts_file.report_failed("count_patches", failed, len(units), on_error)
     if output is not None:
         counts.save(output)
     return counts

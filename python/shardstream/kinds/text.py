@@ -33,7 +33,7 @@ import numpy as np
 
 from shardstream import _core
 from shardstream._system import default_loader_threads
-from shardstream.config import SourceOptions
+from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError, from_core_fault
 from shardstream.kinds import counts_file
 from shardstream.kinds.unit_plan import UnitPlanLoader
@@ -143,6 +143,7 @@ def count_tokens(
     threads: int | None = None,
     output: str | os.PathLike[str] | None = None,
     source: SourceOptions | None = None,
+    on_error: OnError = "skip",
 ) -> TokenCounts:
     """Counts the tokens of every unit of a text corpus, once, for :class:`TextLoader`.
 
@@ -174,6 +175,12 @@ def count_tokens(
         threads: Threads reading and tokenizing (default: this process's share of the cores).
         output: If given, the counts are also saved there (see :meth:`TokenCounts.save`).
         source: How the files are fetched (S3 endpoint, cache, ...).
+        on_error: A unit that cannot be read at all (a file unreadable, a corrupt footer or
+            stream, no ``text_key`` column): ``"skip"`` (default) leaves it out of the counts
+            (in :attr:`TokenCounts.failed`) and warns, an
+            :class:`~shardstream.UnreadableUnitsWarning` naming each such unit and its reason;
+            ``"raise"`` raises a :class:`~shardstream.ShardError` naming the first one (nothing
+            is saved). Documents skipped inside a unit are counted either way.
 
     Returns:
         The counts.
@@ -182,11 +189,13 @@ def count_tokens(
         ValueError: the tokenizer file does not load, ``text_key`` is empty, no file matches, or
             no unit holds a single token (every file failed, or every document was skipped): the
             message names the most common reason.
+        ShardError: with ``on_error="raise"``, a unit could not be read.
     """
     from shardstream.urls import TEXT_SUFFIXES, expand_urls, source_config
 
     if max_document_bytes <= 0:
         raise OptionError("max_document_bytes", f"must be positive, not {max_document_bytes}")
+    counts_file.check_on_error(on_error)
     options = (source or SourceOptions()).keywords()
     shards = expand_urls(urls, suffixes=TEXT_SUFFIXES, **options)
     if not shards:
@@ -219,11 +228,14 @@ def count_tokens(
     counts = TokenCounts(
         tokenizer, fingerprint, text_key, eos_token, bos_token, max_document_bytes, units, failed
     )
+    if on_error == "raise":
+        counts_file.report_failed("count_tokens", failed, len(units), on_error)
     if counts.total_tokens == 0:
         what = (
             repr(urls) if isinstance(urls, (str, os.PathLike)) or len(shards) == 1 else f"{len(shards)} files"
         )
         raise ValueError(f"no document of {what} encodes to a token: {_top_reason(counts)}")
+    counts_file.report_failed("count_tokens", failed, len(units), on_error)
     if output is not None:
         counts.save(output)
     return counts

@@ -126,7 +126,10 @@ mod tests {
     /// The schema of an empty file with these columns and, when given, this `huggingface`
     /// metadata.
     fn schema(message: &str, huggingface: Option<&str>) -> FileSchema {
-        let dir = scratch_dir("columns");
+        // A folder per call: `scratch_dir` empties its folder, and the tests run in parallel.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = scratch_dir(&format!("columns-{call}"));
         let path = dir.join("f.parquet");
         let kv = huggingface.map(|v| vec![KeyValue::new("huggingface".into(), v.to_string())]);
         let props = WriterProperties::builder()

@@ -58,7 +58,10 @@ pub fn count_unit(
                             reason: crate::error::Reason::Internal,
                             url: unit.display(),
                             key: String::new(),
-                            detail: format!("the tokenizer failed: {detail}"),
+                            detail: format!(
+                                "the tokenizer failed: {}",
+                                crate::error::capped_detail(detail.to_string())
+                            ),
                             kind: crate::error::SourceKind::Other,
                         })
                 })

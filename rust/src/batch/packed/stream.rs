@@ -250,7 +250,10 @@ impl TokenStream {
                             reason: Reason::Internal,
                             url: String::new(),
                             key: String::new(),
-                            detail: format!("the tokenizer failed: {detail}"),
+                            detail: format!(
+                                "the tokenizer failed: {}",
+                                crate::error::capped_detail(detail.to_string())
+                            ),
                             kind: SourceKind::Other,
                         })
                     })

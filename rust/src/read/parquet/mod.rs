@@ -3,7 +3,8 @@
 //! The column's name is the member's name, so `image_keys=["image"]` and `caption_key="text"`
 //! name columns here as they name extensions in a tar. An image is a binary column (img2dataset's
 //! `jpg`) or the struct Hugging Face `datasets` writes for its `Image` feature (`bytes`, `path`);
-//! text columns give their UTF-8 bytes. The sample key is the `key` or `__key__` column, else
+//! text columns give the bytes the file holds, unchecked (`values`): whoever uses a member checks
+//! its UTF-8, so one invalid value skips one sample, never its row group. The sample key is the `key` or `__key__` column, else
 //! `{file stem}/{row}`. A sample's ordinal is its row number in the file, which is also what the
 //! index records as its "offset": a run that starts mid-file skips whole row groups by the
 //! footer's row counts and reads only the rows it needs from the one it starts in.
@@ -14,29 +15,24 @@
 mod chunks;
 mod footers;
 pub mod schema;
+mod values;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::ReaderProperties;
-use parquet::file::reader::RowGroupReader;
 use parquet::file::serialized_reader::SerializedRowGroupReader;
-use parquet::record::reader::TreeBuilder;
-use parquet::record::{Field, Row};
-use parquet::schema::types::SchemaDescriptor;
 
 pub use chunks::RangedFile;
 pub use schema::{ColumnKind, Feature, FileSchema};
 
-use crate::error::{Reason, SourceKind};
+use crate::error::{capped_detail, Reason, SourceKind};
 use crate::read::group::{RawSample, ShardFault};
 use crate::read::source::{redact_url, Expected, SourceOptions, SourceStats};
 
 /// Footer bytes fetched at first: most footers fit, a larger one costs one more read.
 const FOOTER_GUESS: u64 = 64 << 10;
-/// The most values per column the record reader buffers at once (the crate's default).
-const ROW_BATCH_MAX: usize = 1024;
 
 /// Whether a URL names a Parquet file (by its path, case-insensitively).
 pub fn is_parquet_name(url: &str) -> bool {
@@ -227,9 +223,9 @@ impl ParquetSamples {
         f.file.release_before(f.footer_start);
         let rows = self.counts[self.group];
         let limit = chunk_limit(rows, self.max_member_bytes);
-        let mut ranges = Vec::with_capacity(self.columns.leaves.len());
-        for &c in &self.columns.leaves {
-            let (start, len) = meta.column(c).byte_range();
+        let mut ranges = Vec::with_capacity(self.columns.columns.len());
+        for c in &self.columns.columns {
+            let (start, len) = meta.column(c.leaf).byte_range();
             if len > limit {
                 return Err(ShardFault {
                     reason: Reason::MemberTooLarge,
@@ -256,48 +252,55 @@ impl ParquetSamples {
         let page_index = f.meta.page_index_for_row_group(self.group);
         let reader = SerializedRowGroupReader::new(f.file.clone(), meta, page_index, props)
             .map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
-        let reader: &dyn RowGroupReader = &reader;
-        // The record reader buffers this many values per column: 1024 by default, zeroed per
-        // row group, which cost more than a small row group's rows.
-        let batch = (rows as usize).clamp(1, ROW_BATCH_MAX);
-        let projection = Arc::new(SchemaDescriptor::new(Arc::new(
-            self.columns.projection.clone(),
-        )));
-        let row_iter = TreeBuilder::new()
-            .with_batch_size(batch)
-            .as_iter(projection, reader)
-            .map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
+        // Column by column, as bytes (`values`): one value's invalid UTF-8 is that sample's
+        // defect for its consumer to find, not the row group's failure.
+        let mut columns = Vec::with_capacity(self.columns.columns.len());
+        for c in &self.columns.columns {
+            let values = values::read_leaf(&reader, c.leaf, rows as usize).map_err(|e| {
+                self.corrupt(format!(
+                    "row group {}: column {:?}: {e}",
+                    self.group, c.name
+                ))
+            })?;
+            if values.len() as u64 != rows {
+                return Err(self.corrupt(format!(
+                    "row group {} holds {} rows in column {:?}, its footer says {rows}",
+                    self.group,
+                    values.len(),
+                    c.name
+                )));
+            }
+            columns.push(values.into_iter());
+        }
         let mut ordinal = self.group_first;
-        for row in row_iter {
-            let row = row.map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
+        for _ in 0..rows {
+            let row: Vec<Option<Vec<u8>>> = columns
+                .iter_mut()
+                .map(|c| c.next().expect("one value a row"))
+                .collect();
             if ordinal >= self.first {
-                self.ready.push_back(self.sample(&row, ordinal));
+                self.ready.push_back(self.sample(row, ordinal));
             }
             ordinal += 1;
-        }
-        if ordinal - self.group_first != self.counts[self.group] {
-            return Err(self.corrupt(format!(
-                "row group {} holds {} rows, its footer says {}",
-                self.group,
-                ordinal - self.group_first,
-                self.counts[self.group]
-            )));
         }
         self.group_first = ordinal;
         self.group += 1;
         Ok(())
     }
 
-    fn sample(&self, row: &Row, ordinal: u64) -> RawSample {
+    /// The sample of row `ordinal` from its `values`, one per column of `self.columns`.
+    fn sample(&self, values: Vec<Option<Vec<u8>>>, ordinal: u64) -> RawSample {
         let mut key = None;
         let mut members = Vec::with_capacity(3);
         let mut defect = None;
-        for (name, value) in row.get_column_iter() {
+        for (column, value) in self.columns.columns.iter().zip(values) {
+            let name = &column.name;
             if self.columns.key.as_deref() == Some(name.as_str()) {
-                key = key_text(value);
+                // A key that is not UTF-8 falls back to `{stem}/{row}`, as a null one does.
+                key = value.and_then(|b| String::from_utf8(b).ok());
                 continue;
             }
-            match member_bytes(value) {
+            match value {
                 Some(bytes) => members.push((name.clone(), bytes)),
                 None if self.columns.images.contains(name) && defect.is_none() => {
                     defect = Some((
@@ -367,36 +370,13 @@ fn fault(file: &RangedFile, display: &str, detail: String) -> ShardFault {
             detail: e.to_string(),
             offset: 0,
         },
+        // The crate's error text is capped: it is not ours to know that it never quotes values.
         None => ShardFault {
             reason: Reason::CorruptParquet,
             kind: SourceKind::Other,
-            detail: format!("{display}: {detail}"),
+            detail: format!("{display}: {}", capped_detail(detail)),
             offset: 0,
         },
-    }
-}
-
-/// A member's bytes: a binary or text value, or an image struct's `bytes`; None when null.
-fn member_bytes(value: &Field) -> Option<Vec<u8>> {
-    match value {
-        Field::Bytes(b) => Some(b.data().to_vec()),
-        Field::Str(s) => Some(s.as_bytes().to_vec()),
-        Field::Group(g) => g
-            .get_column_iter()
-            .find_map(|(n, v)| match (n.as_str(), v) {
-                ("bytes", Field::Bytes(b)) => Some(b.data().to_vec()),
-                _ => None,
-            }),
-        _ => None,
-    }
-}
-
-fn key_text(value: &Field) -> Option<String> {
-    match value {
-        Field::Str(s) => Some(s.clone()),
-        Field::Bytes(b) => std::str::from_utf8(b.data()).ok().map(str::to_owned),
-        Field::Null => None,
-        other => Some(other.to_string()),
     }
 }
 
@@ -411,4 +391,4 @@ fn file_stem(url: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,10 +1,10 @@
 //! What a Parquet file's top-level columns are, as members: which can be read as a member's
-//! bytes, which is the key, the feature Hugging Face `datasets` recorded for each, and the
-//! projection that reads just the wanted ones.
+//! bytes, which is the key, the feature Hugging Face `datasets` recorded for each, and the one
+//! leaf column each is read from.
 
 use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
 use parquet::file::metadata::ParquetMetaData;
-use parquet::schema::types::{Type, TypePtr};
+use parquet::schema::types::Type;
 
 /// The kind of a top-level column, as far as a sample is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,25 +57,30 @@ pub struct Column {
     /// Its `datasets` feature; None when the file records none for it (no `huggingface`
     /// metadata: pyarrow, img2dataset, Spark).
     pub feature: Option<Feature>,
-    field: TypePtr,
-    /// Leaf column indices (the chunks to fetch).
-    leaves: Vec<usize>,
+    /// The leaf column its value is read from: the column itself, or an image struct's
+    /// `bytes` field; None for a column that is never a member.
+    value_leaf: Option<usize>,
 }
 
 /// The top-level columns of a file.
 #[derive(Clone, Debug)]
 pub struct FileSchema {
     pub columns: Vec<Column>,
-    /// The root's name (pyarrow's `schema`, Spark's `spark_schema`, ...): a projection must
-    /// carry it, or the reader refuses it as not the file's.
-    root: String,
+}
+
+/// One column a read takes: its name (the member's), its kind and the leaf its value is in.
+#[derive(Clone, Debug)]
+pub struct MemberColumn {
+    pub name: String,
+    pub kind: ColumnKind,
+    pub leaf: usize,
 }
 
 /// What one read takes from a file.
 #[derive(Clone, Debug)]
 pub struct Members {
-    pub projection: Type,
-    pub leaves: Vec<usize>,
+    /// The columns read, in the file's order (the key column among them).
+    pub columns: Vec<MemberColumn>,
     /// Selected columns that may hold the image (a null there is a null image).
     pub images: Vec<String>,
     pub key: Option<String>,
@@ -96,20 +101,29 @@ impl FileSchema {
                     .as_ref()
                     .and_then(|f| f.get(field.name()))
                     .map(feature_of),
-                field: field.clone(),
-                leaves: Vec::new(),
+                value_leaf: None,
             })
             .collect();
         for leaf in 0..descr.num_columns() {
             let root = descr.get_column_root_idx(leaf);
-            if let Some(c) = columns.get_mut(root) {
-                c.leaves.push(leaf);
+            let Some(c) = columns.get_mut(root) else {
+                continue;
+            };
+            // A primitive column is its own one leaf; an image struct's value is the leaf at
+            // `NAME.bytes` (its `path` is never read).
+            let parts = descr.column(leaf).path().parts().len();
+            let wanted = match c.kind {
+                ColumnKind::Binary | ColumnKind::Text | ColumnKind::Number => parts == 1,
+                ColumnKind::ImageStruct => {
+                    parts == 2 && descr.column(leaf).path().parts()[1] == "bytes"
+                }
+                ColumnKind::Other => false,
+            };
+            if wanted {
+                c.value_leaf = Some(leaf);
             }
         }
-        Self {
-            columns,
-            root: descr.root_schema().name().to_string(),
-        }
+        Self { columns }
     }
 
     pub fn column(&self, name: &str) -> Option<&Column> {
@@ -142,13 +156,19 @@ impl FileSchema {
                     }
             })
             .collect();
-        let projection = Type::group_type_builder(&self.root)
-            .with_fields(chosen.iter().map(|c| c.field.clone()).collect())
-            .build()
-            .expect("a projection of the file's own fields");
         Members {
-            projection,
-            leaves: chosen.iter().flat_map(|c| c.leaves.clone()).collect(),
+            // A wanted column of another type has no value leaf: it reads as absent (the
+            // caller names the column's type before reading, `columns::resolve`).
+            columns: chosen
+                .iter()
+                .filter_map(|c| {
+                    Some(MemberColumn {
+                        name: c.name.clone(),
+                        kind: c.kind,
+                        leaf: c.value_leaf?,
+                    })
+                })
+                .collect(),
             images: chosen
                 .iter()
                 .filter(|c| c.kind.holds_image() && Some(&c.name) != key.as_ref())
@@ -205,8 +225,13 @@ fn kind_of(field: &Type) -> ColumnKind {
             _ => ColumnKind::Other,
         };
     }
+    // A repeated `bytes` is a list, not one image.
     let has_bytes = field.get_fields().iter().any(|f| {
-        f.name() == "bytes" && f.is_primitive() && f.get_physical_type() == PhysicalType::BYTE_ARRAY
+        f.name() == "bytes"
+            && f.is_primitive()
+            && f.get_physical_type() == PhysicalType::BYTE_ARRAY
+            && !(f.get_basic_info().has_repetition()
+                && f.get_basic_info().repetition() == parquet::basic::Repetition::REPEATED)
     });
     let info = field.get_basic_info();
     let repeated =

@@ -295,3 +295,133 @@ fn ranges_merge_where_they_overlap_or_lie_within_the_gap() {
         [(0, u64::MAX)]
     );
 }
+
+/// The first `n` real captions of the shared data (`SHARDSTREAM_TEST_DATA`, else
+/// `/work/shared/data`): img2dataset's test file, read with the crate's own row API.
+pub(crate) fn real_captions(n: usize) -> Vec<String> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let data =
+        std::env::var("SHARDSTREAM_TEST_DATA").unwrap_or_else(|_| "/work/shared/data".into());
+    let path = format!("{data}/img2dataset-test_1000.parquet");
+    let reader = SerializedFileReader::new(std::fs::File::open(&path).expect(&path)).unwrap();
+    let mut out = Vec::with_capacity(n);
+    for row in reader.get_row_iter(None).unwrap() {
+        for (name, field) in row.unwrap().get_column_iter() {
+            if let (true, parquet::record::Field::Str(s)) = (name == "TEXT", field) {
+                if !s.is_empty() && out.len() < n {
+                    out.push(s.clone());
+                }
+            }
+        }
+    }
+    assert_eq!(out.len(), n, "{path} holds {n} captions");
+    out
+}
+
+/// A FineWeb-style text file: a `text` string column (UTF-8 by its schema) holding `docs` as
+/// they are, whatever their bytes, in row groups of `rows_per_group`.
+pub(crate) fn write_text(path: &std::path::Path, docs: &[Vec<u8>], rows_per_group: usize) {
+    let schema = parse_message_type("message schema { optional binary text (STRING); }").unwrap();
+    let props = Arc::new(WriterProperties::builder().build());
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), props).unwrap();
+    for group_docs in docs.chunks(rows_per_group) {
+        let mut group = writer.next_row_group().unwrap();
+        let values: Vec<ByteArray> = group_docs
+            .iter()
+            .map(|d| ByteArray::from(d.clone()))
+            .collect();
+        let defs = vec![1; values.len()];
+        let mut c = group.next_column().unwrap().unwrap();
+        c.typed::<ByteArrayType>()
+            .write_batch(&values, Some(&defs), None)
+            .unwrap();
+        c.close().unwrap();
+        group.close().unwrap();
+    }
+    writer.close().unwrap();
+}
+
+/// 100 real captions in row groups of 50, the one at row 37 with an invalid byte at byte 5.
+pub(crate) fn write_one_bad_document(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let mut docs: Vec<Vec<u8>> = real_captions(100)
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
+    docs[37].insert(5, 0xff);
+    write_text(path, &docs, 50);
+    docs
+}
+
+#[test]
+fn one_value_of_invalid_utf8_is_its_rows_bytes_and_the_rest_of_its_row_group_reads() {
+    let dir = scratch_dir("parquet-bad-utf8");
+    let path = dir.join("docs.parquet");
+    let docs = write_one_bad_document(&path);
+    let stats = Arc::new(SourceStats::default());
+    let file = open(&path, &stats).unwrap();
+    assert_eq!(file.row_counts(), [50, 50]);
+    assert_eq!(file.schema.columns[0].kind, ColumnKind::Text);
+    let wanted = ["text".to_string()];
+    let samples: Vec<RawSample> = file
+        .samples(0, Some(&wanted))
+        .collect::<Result<_, _>>()
+        .expect("no row group fails");
+    assert_eq!(samples.len(), 100);
+    for (row, (sample, doc)) in samples.iter().zip(&docs).enumerate() {
+        assert_eq!(sample.ordinal, row as u64);
+        assert_eq!(sample.key, format!("docs/{row}"));
+        assert!(sample.defect.is_none());
+        assert_eq!(sample.get("text").unwrap(), &doc[..], "row {row}");
+    }
+}
+
+#[test]
+fn an_integer_key_an_image_struct_and_its_nulls_read_column_by_column() {
+    use parquet::data_type::Int64Type;
+    let dir = scratch_dir("parquet-struct");
+    let path = dir.join("hf.parquet");
+    // `datasets`' Image feature beside an integer key: row 0 has an image whose `path` is not
+    // UTF-8 (never read: only `bytes` is), row 1 a null image struct and a null caption.
+    let schema = parse_message_type(
+        "message schema { required int64 key; \
+         optional group image { optional binary bytes; optional binary path (UTF8); } \
+         optional binary caption (UTF8); }",
+    )
+    .unwrap();
+    let props = Arc::new(WriterProperties::builder().build());
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), props).unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    let mut c = group.next_column().unwrap().unwrap();
+    c.typed::<Int64Type>()
+        .write_batch(&[7, 8], None, None)
+        .unwrap();
+    c.close().unwrap();
+    let columns: [(&[u8], [i16; 2]); 3] =
+        [(b"jpeg", [2, 0]), (b"\xff.jpg", [2, 0]), (b"a cat", [1, 0])];
+    for (value, defs) in columns {
+        let mut c = group.next_column().unwrap().unwrap();
+        c.typed::<ByteArrayType>()
+            .write_batch(&[ByteArray::from(value.to_vec())], Some(&defs), None)
+            .unwrap();
+        c.close().unwrap();
+    }
+    group.close().unwrap();
+    writer.close().unwrap();
+
+    let stats = Arc::new(SourceStats::default());
+    let file = open(&path, &stats).unwrap();
+    assert_eq!(file.schema.columns[1].kind, ColumnKind::ImageStruct);
+    let samples: Vec<RawSample> = file
+        .samples(0, None)
+        .collect::<Result<_, _>>()
+        .expect("the path's bytes are never read");
+    let keys: Vec<&str> = samples.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["7", "8"]);
+    assert_eq!(samples[0].get("image").unwrap(), b"jpeg");
+    assert_eq!(samples[0].get("caption").unwrap(), b"a cat");
+    assert!(samples[0].defect.is_none());
+    assert!(samples[1].members.is_empty());
+    assert!(matches!(&samples[1].defect, Some((Reason::NullImage, d)) if d.contains("row 1")));
+}
