@@ -10,14 +10,15 @@ source scripts/env.sh
 
 echo "== lint"
 # Python files only: ruff would also format the README's code samples.
-PY_PATHS=(python tests benches train_clip.py docs/hooks.py)
+PY_PATHS=(python tests benches train_clip.py docs/hooks.py scripts/*.py)
 ruff check -q "${PY_PATHS[@]}"
 ruff format -q --check "${PY_PATHS[@]}"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
 cargo clippy --release --quiet --all-targets --features python,fuzzing -- -D warnings
 
-echo "== docs (mkdocs build --strict: no broken link, no missing reference)"
+echo "== docs (generated reference pages current; mkdocs build --strict: no broken link)"
+python scripts/gen_reference.py --check
 # Into target/ (git-ignored); tests/test_docs_site.py builds its own copy to open in a browser.
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir target/docs-site
 

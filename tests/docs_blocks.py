@@ -10,16 +10,19 @@ Rules (each enforced by the tests):
 * any other language needs the marker too.
 
 A page's blocks run in order in one scratch folder, so a page reads as a session: the shards the
-first block writes are there for the next. A line ``--8<-- "FILE:SECTION"`` (pymdownx.snippets,
-which the site uses to state the install steps and the quickstart once, in the README) is
-replaced by that section, as the site renders it.
+first block writes are there for the next. A span ``<!-- include: FILE#SECTION -->`` ...
+``<!-- end include -->`` (expanded by docs/hooks.py when the site is built, so the install steps
+and the quickstart are written once, in the README) is replaced by that section, as the site
+renders it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNABLE = ("python", "bash")
@@ -28,8 +31,6 @@ NOT_CODE = ("text",)
 
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*not-run:(.*?)-->\s*$")
-_SNIPPET = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$')
-_SECTION = re.compile(r"--8<--\s*\[(start|end):([\w-]+)\]")
 
 
 @dataclass(frozen=True)
@@ -49,38 +50,22 @@ def docs_files() -> list[Path]:
     return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def snippet_section(spec: str) -> list[tuple[str, str, int]]:
-    """The lines that ``--8<-- "spec"`` stands for, each with its file and line number."""
-    name, _, section = spec.partition(":")
-    path = ROOT / name
-    lines = path.read_text(encoding="utf-8").splitlines()
-    relative = path.relative_to(ROOT).as_posix()
-    if not section:
-        return [(line, relative, number) for number, line in enumerate(lines, 1)]
-    out: list[tuple[str, str, int]] = []
-    inside = False
-    for number, line in enumerate(lines, 1):
-        found = _SECTION.search(line)
-        if found and found.group(2) == section:
-            inside = found.group(1) == "start"
-            continue
-        if inside:
-            out.append((line, relative, number))
-    if not out:
-        raise DocsError(f"{relative}: no section {section!r} (--8<-- [start:{section}] ... [end:{section}])")
-    return out
+def _hooks() -> Any:
+    """docs/hooks.py, the one reader of include spans (the site's and these tests')."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def expanded_lines(path: Path) -> list[tuple[str, str, int]]:
     relative = path.relative_to(ROOT).as_posix()
-    out: list[tuple[str, str, int]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        snippet = _SNIPPET.match(line)
-        if snippet:
-            out.extend(snippet_section(snippet.group(1)))
-        else:
-            out.append((line, relative, number))
-    return out
+    lines = [(line, relative, n) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)]
+    try:
+        return _hooks().expand_includes(lines)
+    except ValueError as e:
+        raise DocsError(str(e)) from None
 
 
 def parse_blocks(lines: list[tuple[str, str, int]]) -> list[Block]:

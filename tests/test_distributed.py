@@ -172,10 +172,15 @@ def test_without_index_fewer_shards_than_readers(dataset, jobs):
 
 
 def test_without_index_or_samples_per_epoch_is_a_clear_error(dataset, tmp_path):
+    """The webdataset habit, ``ShardLoader(urls, batch_size=...)`` on 2 ranks: refused when the
+    loader is made (not at the first batch), with both ways out in the message."""
     paths, _, _ = dataset
     rc, stdout, stderr, seconds = torchrun(2, ["--batch-size", str(B), *paths], str(tmp_path / "out"))
     assert rc != 0
-    assert "ValueError: several readers without an index need samples_per_epoch" in stderr, stderr[-3000:]
+    assert "OptionError: samples_per_epoch: several readers without an index" in stderr, stderr[-3000:]
+    assert "shardstream index URLS -o INDEX" in stderr and "samples_per_epoch=N" in stderr
+    # Raised by the constructor: no reader was started, no batch was asked for.
+    assert "in __init__" in stderr and "_core_loader" not in stderr and "__iter__" not in stderr
     assert seconds < 120, "failed fast, no hang"
 
 

@@ -106,7 +106,7 @@ def test_page_examples_run(page: Path, tmp_path: Path) -> None:
 
 def test_readme_quickstart_prints_batches(tmp_path: Path) -> None:
     """The quickstart does what it says: two epochs of 64-image batches at 224 px from 300
-    samples, the 44 samples short of a batch left over and reported."""
+    samples, the 44 samples short of a batch reported as the epoch's remainder."""
     blocks = [b for b in page_blocks(ROOT / "README.md") if b.not_run is None and b.language in RUNNABLE]
     output = ""
     for number, block in enumerate(blocks):
@@ -119,7 +119,7 @@ def test_readme_quickstart_prints_batches(tmp_path: Path) -> None:
     ]
     assert len(batch_lines) == 2 * (300 // 64), output
     assert {line.split()[0] for line in batch_lines} == {"0", "1"}, output
-    assert "44 left for the next epoch" in output, output
+    assert "44 in the epoch's remainder, which no rank yields" in output, output
 
 
 def _lines(text: str) -> list[tuple[str, str, int]]:

@@ -252,19 +252,32 @@ def test_search_finds_pages(browser: DevTools, server: str) -> None:
 
 
 def test_api_reference_renders_code(browser: DevTools, server: str) -> None:
+    """The generated reference (plain Markdown, scripts/gen_reference.py) renders as headings and
+    highlighted signatures, with no directive left raw."""
     browser.open(server + "/reference/api-loader/")
-    headings = browser.evaluate(
-        "[...document.querySelectorAll('.doc-heading')].map(h => h.textContent.trim())"
-    )
+    headings = browser.evaluate("[...document.querySelectorAll('h2')].map(h => h.textContent.trim())")
     assert any(h.startswith("ShardLoader") for h in headings), headings
-    # The signature is rendered as highlighted Python code, with the loader's arguments.
-    signature = browser.evaluate(
-        "[...document.querySelectorAll('.doc-signature')].map(s => s.textContent).join('\\n')"
+    # The signature is rendered as highlighted Python code, with the loader's arguments and
+    # their real default values.
+    code = browser.evaluate(
+        "[...document.querySelectorAll('.highlight code')].map(s => s.textContent).join('\\n')"
     )
-    assert "batch_size" in signature and "index" in signature, signature[:500]
-    assert browser.evaluate(
-        "document.querySelectorAll('.doc-signature .highlight, .doc-signature code').length"
-    )
+    assert "batch_size" in code and "index" in code and "image_size: int = 224" in code, code[:500]
+    text = browser.evaluate("document.querySelector('article').textContent")
+    assert ":::" not in text and "--8<--" not in text
+    # Inherited members are documented on the class that inherits them.
+    browser.open(server + "/reference/api-text/")
+    headings = browser.evaluate("[...document.querySelectorAll('h3')].map(h => h.textContent.trim())")
+    for member in ("set_epoch", "state_dict", "dataloader", "batches_per_epoch"):
+        assert any(h.startswith(f"TextLoader.{member}") for h in headings), (member, headings)
+
+
+def test_getting_started_includes_the_readme_sections(browser: DevTools, server: str) -> None:
+    """docs/hooks.py puts the README's install and quickstart into the page (GitHub shows links)."""
+    browser.open(server + "/getting-started/")
+    text = browser.evaluate("document.querySelector('article').textContent")
+    assert "pip install '.[train,s3]'" in text and "shardstream index" in text, text[:1000]
+    assert "include:" not in text
 
 
 def _hooks() -> Any:
@@ -278,23 +291,28 @@ def _hooks() -> Any:
 
 
 def test_generated_references_cover_the_code() -> None:
-    """The CLI and configuration pages are rendered from the code: every verb and option, and
+    """The CLI and configuration pages are generated from the code: every verb and option, and
     every configuration field, is on them."""
     import argparse
     import dataclasses
+    import sys
 
     from shardstream.cli import build_parser
     from shardstream.train.config import SECTIONS
 
-    hooks = _hooks()
-    cli = hooks.cli_reference()
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gen_reference
+    finally:
+        sys.path.pop(0)
+    cli = "\n".join(gen_reference.render_cli())
     (verbs,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     for name, parser in verbs.choices.items():
         assert f"## `shardstream {name}`" in cli
         for action in parser._actions:
             for flag in action.option_strings:
                 assert f"`{flag}`" in cli, (name, flag)
-    config = hooks.config_reference()
+    config = "\n".join(gen_reference.render_config())
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             assert f"| `{section}.{f.name}` |" in config

@@ -102,8 +102,10 @@ class ShardLoader:
         urls: The shards: a path, a folder (its ``.tar``/``.tar.gz``/``.tgz``/``.parquet``
             files), a glob, a URL (``file://``, ``http(s)://``, ``s3://``,
             ``hf://datasets/ORG/NAME[@REV]/PATH``) with brace ranges (``{000000..000099}``) and
-            ``::``-separated lists, or a list of those. With an ``index``: optional, the same
-            shards at another location (matched by name). ``pipe:`` URLs are refused.
+            ``::``-separated lists, or a list of those. With an ``index``: optional; if given,
+            the same shards the index names (its URLs; a relative local path matches the
+            absolute one the index records). Shards moved elsewhere need ``shardstream index``
+            again. ``pipe:`` URLs are refused.
         batch_size: See :class:`~shardstream.LoaderConfig` (required).
         image_size: See :class:`~shardstream.LoaderConfig`.
         seed: See :class:`~shardstream.LoaderConfig`.
@@ -148,8 +150,11 @@ class ShardLoader:
 
     Raises:
         OptionError: A :class:`~shardstream.LoaderConfig` or :class:`~shardstream.SourceOptions`
-            value is out of range (a ``ValueError``; ``option`` names it), or a square-image
-            argument is given with ``sample=NaFlex(...)``.
+            value is out of range (a ``ValueError``; ``option`` names it), a square-image
+            argument is given with ``sample=NaFlex(...)``, or several ranks (``world_size``,
+            ``torch.distributed`` or ``WORLD_SIZE``) are given no ``index``, ``sources`` or
+            ``samples_per_epoch`` (``option`` is ``"samples_per_epoch"``; the message says how
+            to pass either).
         ValueError: Neither ``urls``, ``index`` nor ``sources`` is given, ``sources`` is given
             with ``urls`` or ``index``, no shard matches ``urls``, or the index and ``urls``
             name different shards.
@@ -287,6 +292,9 @@ class ShardLoader:
         self._warned_inexact = False
         self._num_workers = 0
         self._worker_sync: _WorkerSync | None = None
+        # Several ranks known now (an argument, torch.distributed, or torchrun's WORLD_SIZE):
+        # refused here, not at the first batch, which under DDP may be minutes of setup later.
+        self._require_quota(self.world_size)
 
     # -- distribution -------------------------------------------------------------------
     @property
@@ -415,11 +423,18 @@ class ShardLoader:
         return [(self._shards[s].url, s, 0, 0, 0, None, stride) for s, stride in spans], extra
 
     def _require_quota(self, readers: int) -> None:
-        """Without an index, several readers only step equally with a fixed quota."""
+        """Without an index, several readers (ranks x DataLoader workers) only step equally with
+        a fixed quota: refused with the two ways out, as an :class:`OptionError`."""
         if self._plan is None and self.samples_per_epoch is None and readers > 1:
-            raise ValueError(
-                "several readers without an index need samples_per_epoch (equal batches on every rank); "
-                "or build an index with `shardstream index` for exact epochs"
+            world = self.world_size
+            who = f"{world} ranks" if readers == world else f"{world} rank(s) x {readers // world} workers"
+            raise OptionError(
+                "samples_per_epoch",
+                f"several readers without an index need samples_per_epoch ({readers} readers: {who}), "
+                "so that every rank yields the same number of batches. Either pass "
+                "index=INDEX, built once with `shardstream index URLS -o INDEX` (exact epochs, "
+                "mid-epoch resume), or samples_per_epoch=N, the samples of one epoch over all "
+                "ranks (shard-level streaming, not exact, as open_clip's --train-num-samples)",
             )
 
     def _core_loader(self, worker: int, workers: int) -> tuple[Any, int]:
@@ -551,10 +566,31 @@ class ShardLoader:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Counters of the last (or current) pass: samples, bytes, skipped by reason, retries
-        (``throttled``: those that waited for a server's ``Retry-After``), decode seconds,
-        replaced/padded samples, and the dropped remainder with its keys (with an index: the
-        epoch's remainder across all ranks, from the plan)."""
+        """Counters of the last (or current) pass of this rank (summed over its DataLoader
+        workers), as a plain dict. Empty before the first pass. The keys:
+
+        - ``samples``: samples yielded in batches; ``batches``: batches yielded;
+          ``bytes``: bytes read from the sources.
+        - ``retries``: requests retried after a reset, a timeout or a 5xx; ``throttled``: those
+          of them that waited for a server's ``Retry-After`` (429/503 SlowDown); ``resumes``:
+          shard reads resumed mid-way with a range request after a dropped connection.
+        - ``cache_hits``, ``cache_misses``, ``cache_errors``: shards served from, fetched into,
+          or failing to go into the shard cache (``SourceOptions(cache_dir=...)``; 0 without).
+        - ``decode_seconds``: thread-seconds spent decoding and resizing.
+        - ``skipped``: samples skipped, by reason (``corrupt_image``, ``missing_caption``, ...);
+          ``skipped_total``: their sum; ``shard_errors``: shards that could not be read, by
+          reason; ``faults``: the first 1,000 of those events, each a dict of ``reason``,
+          ``url`` (redacted), ``key`` and ``detail``.
+        - ``replaced``: samples that failed at run time and were replaced from the rank's
+          reserve; ``padded``: batch slots filled by repeating a sample when the reserve ran
+          out (both keep every rank's batch count equal).
+        - ``remainder``: the samples of the epoch that no rank yields (``drop_last``: fewer than
+          one global batch); ``remainder_keys``: their keys. With an index these are the
+          epoch's, across all ranks, from the plan; without one, this reader's.
+        - ``samples_by_source``: with ``sources=``, samples yielded per source name.
+        - ``exact``: True with an index or ``sources`` (exact epochs), False when streaming
+          without an index.
+        """
         stats = dict(self._last_stats)
         by_source = stats.pop("samples_by_source", None)
         if self._source_names is not None:
@@ -661,10 +697,13 @@ class ShardLoader:
             The dataset view.
 
         Raises:
+            OptionError: Several readers (ranks x ``num_workers``) without an index or
+                ``samples_per_epoch`` (a ``ValueError``).
             MissingDependencyError: torch is not installed.
         """
         if torch is None:
             raise MissingDependencyError("torch", "torch", "DataLoader worker processes")
+        self._require_quota(self.world_size * max(int(num_workers), 1))
         self._num_workers = int(num_workers)
         if self._worker_sync is None:
             self._worker_sync = _WorkerSync()
@@ -721,7 +760,8 @@ class ShardLoader:
         Raises:
             TypeError: ``collate_fn`` (or ``batch_size``/``sampler``) is given; or, when
                 iterated, ``batch_transform`` returned something other than a :class:`Batch`.
-            ValueError: Several readers without an index or ``samples_per_epoch``.
+            OptionError: Several readers (ranks x ``num_workers``) without an index or
+                ``samples_per_epoch`` (a ``ValueError``).
             MissingDependencyError: torch is not installed.
         """
         if torch is None:

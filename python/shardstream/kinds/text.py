@@ -327,6 +327,15 @@ class TextLoader(UnitPlanLoader):
     global batch are the remainder (``stats["remainder_tokens"]``). A unit whose documents no
     longer encode to its counted tokens (a file changed, another tokenizer) fails the pass
     naming the file.
+
+    Attributes:
+        counts: The :class:`TokenCounts` the epoch is planned from.
+        fast_path: True when documents are encoded by shardstream's own byte-level BPE (for
+            ``tokenizer.json`` files of the GPT-2, Llama 3 and Qwen2 kinds, with the same ids as
+            the ``tokenizers`` library); False when by the ``tokenizers`` library itself.
+        fast_path_reason: Why not the fast path (e.g. the pre-tokenizer or normalizer it does
+            not handle), in one line; empty when ``fast_path`` is True.
+        epoch: The epoch the next pass reads (see :meth:`set_epoch`).
     """
 
     def __init__(
@@ -486,9 +495,12 @@ class TextLoader(UnitPlanLoader):
     def stats(self) -> dict[str, Any]:
         """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
         ``tokens`` (written into rows), ``documents`` (begun in rows), ``skipped`` documents by
-        reason, ``bytes``, ``retries``, ``tokenize_seconds``; and for the epoch:
-        ``remainder_tokens`` (read by no rank), ``exact`` (True) and ``encoder`` (``"fast_bpe"``
-        or ``"tokenizers"``, see :attr:`fast_path`)."""
+        reason and ``skipped_total``, ``faults`` (the first 1,000 skips, each a dict of
+        ``reason``, ``url``, ``key`` and ``detail``), ``bytes``, ``retries`` (``throttled``:
+        those that waited for a ``Retry-After``), ``resumes`` (reads resumed mid-file),
+        ``tokenize_seconds``; and for the epoch: ``remainder_tokens`` (read by no rank),
+        ``exact`` (True) and ``encoder`` (``"fast_bpe"`` or ``"tokenizers"``, see
+        ``fast_path``)."""
         stats = dict(self._last_stats)
         stats["encoder"] = "fast_bpe" if self.fast_path else "tokenizers"
         stats["remainder_tokens"] = self._plan_counts()[2]
