@@ -12,14 +12,9 @@
 use shardstream::tokenize::bpe::FastBpe;
 use std::time::Instant;
 
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::arg;
 
 fn corpus(mb: f64) -> Vec<String> {
     let out = std::process::Command::new("python3")

@@ -15,14 +15,9 @@ use shardstream::batch::sample::{prepare_image, SampleSpec, Worker};
 use shardstream::image::jpeg::Handle;
 use shardstream::image::jpeg_raw::RawDecoder;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::arg;
 
 /// The colour photos of the venv's scikit-image and scikit-learn wheels, as RGB.
 fn photos() -> Vec<::image::RgbImage> {

@@ -50,7 +50,7 @@ def docs_files() -> list[Path]:
     return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def _hooks() -> Any:
+def docs_hooks() -> Any:
     """docs/hooks.py, the one reader of include spans (the site's and these tests')."""
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
     assert spec and spec.loader
@@ -63,7 +63,7 @@ def expanded_lines(path: Path) -> list[tuple[str, str, int]]:
     relative = path.relative_to(ROOT).as_posix()
     lines = [(line, relative, n) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)]
     try:
-        return _hooks().expand_includes(lines)
+        return docs_hooks().expand_includes(lines)
     except ValueError as e:
         raise DocsError(str(e)) from None
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docs_blocks import docs_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 300
@@ -280,16 +281,6 @@ def test_getting_started_includes_the_readme_sections(browser: DevTools, server:
     assert "include:" not in text
 
 
-def _hooks() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_generated_references_cover_the_code() -> None:
     """The CLI and configuration pages are generated from the code: every verb and option, and
     every configuration field, is on them."""
@@ -319,7 +310,7 @@ def test_generated_references_cover_the_code() -> None:
 
 
 def test_a_table_naming_a_missing_config_field_is_reported() -> None:
-    hooks = _hooks()
+    hooks = docs_hooks()
     assert hooks.unknown_config_fields("| `--batch-size` | `train.batch_size` |\n") == []
     assert hooks.unknown_config_fields("| `--batch-size` | `train.batch_sise` |\n") == [
         "`train.batch_sise` is not a field of the trainer's configuration"
