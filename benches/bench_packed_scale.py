@@ -13,7 +13,7 @@ tenth as many units; for each, in --repeat fresh processes (medians), one rank o
   len()          ``len(loader)`` (``packed_plan_counts`` through the loader, with the counts' total
                  summed over the units on every call)
   plan_counts    ``shardstream._core.packed_plan_counts`` alone
-  reader plan    ``_core.PackedLoader(...)`` built and closed at once: the rank's share planned
+  reader plan    ``_core.packed_pipeline(...)`` built and closed at once: the rank's share planned
                  (what ``iter(loader)`` does first)
   state_dict     ``loader.state_dict()`` (hashes every unit for the counts' identity)
   RSS added      peak RSS (VmHWM) over the process's RSS after its imports, and per unit
@@ -152,15 +152,10 @@ def worker_startup(o: dict) -> dict:
     _core.packed_plan_counts(total, 0, 0, [], (world, 0, 8, 2048, 256))
     plan_counts_s = time.perf_counter() - t
     t = time.perf_counter()
-    core = _core.PackedLoader(
+    core = _core.packed_pipeline(
         loader._units,
         loader._tokens,
-        loader.seed,
-        loader.epoch,
-        [],
-        loader._shape(),
-        0,
-        0,
+        loader._reader(0),
         dict(loader._config, threads=1),
     )
     reader_s = time.perf_counter() - t

@@ -86,3 +86,18 @@ _TORCH_DTYPES: dict[np.dtype, Any] = (
         np.dtype(np.int64): torch.int64,
     }
 )
+
+
+def address(buf: Any) -> tuple[int, int]:
+    """The (address, bytes) of a contiguous torch tensor or numpy array."""
+    if torch is not None and isinstance(buf, torch.Tensor):
+        return buf.data_ptr(), buf.numel() * buf.element_size()
+    return buf.ctypes.data, buf.nbytes
+
+
+def lend(core: Any, *buffers: Any) -> bool:
+    """Lends a running pipeline (``_core.Pipeline``) one batch's buffers, one per region of its
+    ``region_bytes`` (None for a region this configuration does not use). The pipeline keeps
+    them alive while it may write there; False once it has ended."""
+    regions = [address(b) if b is not None else (0, 0) for b in buffers]
+    return bool(core.submit(tuple(b for b in buffers if b is not None), regions))

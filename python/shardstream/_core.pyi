@@ -97,11 +97,55 @@ class SampleIter:
         """Samples skipped (with ``on_error="skip"``) so far."""
 
 @final
-class Loader:
-    """The running pipeline of one reader.
+class Pipeline:
+    """The running pipeline of one reader, of any kind (started by :func:`sample_pipeline`,
+    :func:`packed_pipeline` or :func:`budget_pipeline`).
 
-    Python lends output buffers (``submit``) and takes back finished batches (``next_batch``) in
-    the same order. ``config`` keys: ``batch_size``, ``image_size``, ``threads``, ``read_ahead``,
+    Python lends buffers (``submit``) and takes back finished batches (``next_batch``) in the
+    same order; every wait releases the GIL."""
+
+    @property
+    def region_bytes(self) -> list[int]:
+        """Bytes each region of a lent buffer must hold, in ``submit``'s order (0: not used in
+        this configuration). Sample kinds: pixels, int64 tokens. Packed text: ids, int64
+        positions. Token budget: patches, int64 tokens."""
+    @property
+    def batches_left(self) -> int | None:
+        """Batches this reader yields from its position on, when its plan knows (else None)."""
+    def submit(self, owner: object, regions: Sequence[tuple[int, int]]) -> bool:
+        """Lends one batch's buffer: ``regions`` are (address, bytes) pairs in ``region_bytes``'
+        order ((0, 0) for a region not used), inside ``owner`` (the tensors or arrays holding
+        that memory; the pipeline keeps a reference while it may write there). Raises
+        ``ValueError`` naming a region too small for a batch; False once the pipeline ended."""
+    def next_batch(self) -> tuple[Any, ...] | None:
+        """The next batch's metadata, or None at the end of the pass. Sample kinds: (n, keys,
+        texts, shard_urls, reserve_used, grids), where ``reserve_used`` counts the reserve
+        positions this reader consumed up to it and ``grids`` is the NaFlex kind's patch grid
+        (rows, columns) per sample, None for square images. Packed text: (rows, cu_seqlens,
+        max_seqlen). Token budget: (images, length, grids, texts, keys, urls).
+
+        Raises ``CoreFault`` when the pass fails (``on_error="raise"``, a unit that cannot be
+        read or no longer matches its counts, a panic)."""
+    def stats(self) -> dict[str, Any]:
+        """What the pipeline counted. Sample kinds: samples, batches, bytes, retries, throttled,
+        resumes, decode_seconds, skipped (by reason), skipped_total, shard_errors, replaced,
+        padded, remainder, remainder_keys, faults. Packed text: batches, rows, tokens,
+        documents, bytes, retries, throttled, resumes, tokenize_seconds, skipped, skipped_total,
+        faults. Token budget: batches, images, patches, slots, decode_seconds, bytes, retries,
+        skipped."""
+    def close(self) -> None:
+        """Stops every thread; afterwards no lent buffer is written any more."""
+
+def sample_pipeline(
+    spans_list: PlannedSpans | Sequence[SpanTuple],
+    config: dict[str, Any],
+    display_urls: Sequence[str] = ...,
+) -> Pipeline:
+    """Starts the pipeline of one reader of the sample kinds (square images; NaFlex at a fixed
+    count). ``spans_list``: a planned reader's spans (``EpochPlanView.reader(...)["spans"]``), or
+    streaming span tuples whose shard numbers index ``display_urls``.
+
+    ``config`` keys: ``batch_size``, ``image_size``, ``threads``, ``read_ahead``,
     ``span_queue``, ``block_size``, ``shuffle_seed``, ``first_block``, ``crop_seed``,
     ``skip_emitted``, ``planned``, ``cycle``, ``drop_last``, ``max_member_bytes``,
     ``num_batches``, ``last_batch_size``, ``on_error``, ``caption_key``, ``image_keys``,
@@ -111,40 +155,7 @@ class Loader:
     ``tokenizer``, ``naflex`` ((patch_size, max_num_patches, min_num_patches, (scale, ratio) or
     None): the NaFlex kind; ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers). A key that
     is absent or None keeps the core's default (rust/src/defaults.rs);
-    ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
-    """
-
-    def __new__(
-        cls,
-        spans_list: PlannedSpans | Sequence[SpanTuple],
-        config: dict[str, Any],
-        display_urls: Sequence[str] = ...,
-    ) -> Loader:
-        """``spans_list``: a planned reader's spans (``EpochPlanView.reader(...)["spans"]``), or
-        streaming span tuples whose shard numbers index ``display_urls``."""
-    @property
-    def batch_bytes(self) -> int:
-        """Bytes one batch needs: batch_size * 3 * image_size * image_size."""
-    @property
-    def token_len(self) -> int: ...
-    def submit(self, owner: object, ptr: int, nbytes: int, tokens_ptr: int = 0, tokens_len: int = 0) -> bool:
-        """Lends ``nbytes`` at address ``ptr`` inside ``owner`` (the tensor or array holding that
-        memory; the pipeline keeps a reference to it while it may write there). False once the
-        loader is closed."""
-    def next_batch(
-        self,
-    ) -> tuple[int, list[str], list[str], list[str], int, list[tuple[int, int]] | None] | None:
-        """(n, keys, texts, shard_urls, reserve_used, grids) of the next batch, or None at the end
-        of the epoch; ``reserve_used`` counts the reserve positions this reader consumed up to it;
-        ``grids`` is the NaFlex kind's patch grid (rows, columns) per sample, None for square
-        images.
-
-        Raises ``CoreFault`` with ``on_error="raise"``."""
-    def stats(self) -> dict[str, Any]:
-        """samples, batches, bytes, retries, throttled, resumes, decode_seconds, skipped (by reason),
-        skipped_total, shard_errors, replaced, padded, remainder, remainder_keys, faults."""
-    def close(self) -> None:
-        """Stops every thread; afterwards no lent buffer is written any more."""
+    ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them."""
 
 @final
 class MixturePlan:
@@ -274,7 +285,7 @@ class EpochPlanView:
 
 @final
 class PlannedSpans:
-    """The spans and reserve spans of one planned reader, built in Rust for :class:`Loader`."""
+    """The spans and reserve spans of one planned reader, built in Rust for :func:`sample_pipeline`."""
 
 def scan_shard(
     url: str,
@@ -355,6 +366,9 @@ class ClipTokenizer:
 
 #: (world_size, workers, batch_size, seq_len, block_rows) of a packed plan's phase.
 PackShape = tuple[int, int, int, int, int]
+#: (seed, epoch, earlier phases with their batches done, current shape, rank, worker): one
+#: reader of one epoch's plan over unit weights.
+PlanReader = tuple[int, int, Sequence[tuple[PackShape, int]], PackShape, int, int]
 
 def packed_encoder(
     tokenizer: str, eos_token: str | None = None, bos_token: str | None = None
@@ -393,40 +407,16 @@ def packed_plan_counts(
     """(batches per rank left from the recorded position, the current phase's batches per rank,
     tokens of the remainder) of an epoch's packed plan."""
 
-@final
-class PackedLoader:
-    """The running packed pipeline of one reader (rank, worker). ``config`` keys: tokenizer,
-    text_key, eos_token, bos_token, max_document_bytes, threads, int32, boundaries, and the source
-    options."""
-
-    def __new__(
-        cls,
-        units: Sequence[tuple[str, int, int | None, str | None]],
-        counts: Sequence[int],
-        seed: int,
-        epoch: int,
-        phases: Sequence[tuple[PackShape, int]],
-        current: PackShape,
-        rank: int,
-        worker: int,
-        config: dict[str, Any],
-    ) -> PackedLoader: ...
-    @property
-    def batches_left(self) -> int:
-        """Batches this reader yields from its position on."""
-    def submit(
-        self, owner: object, ids_ptr: int, ids_bytes: int, positions_ptr: int = 0, positions_len: int = 0
-    ) -> bool:
-        """Lends a batch's ids buffer (and int64 positions with boundaries) inside ``owner``."""
-    def next_batch(self) -> tuple[int, list[int], int] | None:
-        """(rows, cu_seqlens, max_seqlen) of the next batch, or None at the end of the share.
-        Raises ``CoreFault`` naming the unit when it cannot be read or its tokens differ from the
-        counts."""
-    def stats(self) -> dict[str, Any]:
-        """batches, rows, tokens, documents, bytes, retries, throttled, resumes,
-        tokenize_seconds, skipped (by reason), skipped_total, faults."""
-    def close(self) -> None:
-        """Stops every thread; afterwards no lent buffer is written any more."""
+def packed_pipeline(
+    units: Sequence[tuple[str, int, int | None, str | None]],
+    counts: Sequence[int],
+    reader: PlanReader,
+    config: dict[str, Any],
+) -> Pipeline:
+    """Starts the packed text pipeline of one ``reader``. ``config`` keys: tokenizer,
+    text_key, eos_token, bos_token, max_document_bytes, threads, int32, boundaries, and the
+    source options. Its batches fail with ``CoreFault`` naming the unit when it cannot be read or
+    its tokens differ from the counts."""
 
 def count_patches(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
     """Per unit (tar shard or Parquet row group), in file order, under the NaFlex grid rule and a
@@ -434,41 +424,14 @@ def count_patches(urls: list[str], config: dict[str, Any], threads: int = 1) -> 
     max_pixels, max_member_bytes and the source options): url, first_row, rows, identity,
     samples, batches, patches, slots, fixed_slots, skipped (by reason), examples, error."""
 
-@final
-class BudgetLoader:
-    """The running token-budget pipeline of one reader (rank, worker): a packed plan over batches
+def budget_pipeline(
+    units: Sequence[tuple[str, int, int | None, str | None]],
+    counts: Sequence[int],
+    reader: PlanReader,
+    config: dict[str, Any],
+) -> Pipeline:
+    """Starts the token-budget pipeline of one ``reader``: a packed plan over batches
     per unit (batch_size, seq_len and block_rows 1). ``config``: the count's keys, threads,
-    crop_seed, tokenizer (kind, path, context_length) or None, and the source options."""
-
-    def __new__(
-        cls,
-        units: Sequence[tuple[str, int, int | None, str | None]],
-        counts: Sequence[int],
-        seed: int,
-        epoch: int,
-        phases: Sequence[tuple[PackShape, int]],
-        current: PackShape,
-        rank: int,
-        worker: int,
-        config: dict[str, Any],
-    ) -> BudgetLoader: ...
-    @property
-    def batches_left(self) -> int:
-        """Batches this reader yields from its position on."""
-    @property
-    def batch_bytes(self) -> int:
-        """Bytes a lent buffer must hold: max_patches_per_batch x 3 p p."""
-    @property
-    def token_len(self) -> int:
-        """int64 elements a lent token buffer must hold (0 without a tokenizer)."""
-    def submit(self, owner: object, ptr: int, nbytes: int, tokens_ptr: int = 0, tokens_len: int = 0) -> bool:
-        """Lends a uint8 buffer of ``nbytes`` at ``ptr`` (and the token buffer, with a tokenizer)
-        inside ``owner``."""
-    def next_batch(self) -> tuple[int, int, list[tuple[int, int]], list[str], list[str], list[str]] | None:
-        """(images, length, grids, texts, keys, urls) of the next batch, or None at the end of the
-        share. Raises ``CoreFault`` naming the unit when it cannot be read or no longer makes its
-        counted batches."""
-    def stats(self) -> dict[str, Any]:
-        """batches, images, patches, slots, decode_seconds, bytes, retries, skipped (by reason)."""
-    def close(self) -> None:
-        """Stops every thread; afterwards no lent buffer is written any more."""
+    crop_seed, tokenizer (kind, path, context_length) or None, and the source options. Its
+    batches fail with ``CoreFault`` naming the unit when it cannot be read or no longer makes
+    its counted batches."""

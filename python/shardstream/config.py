@@ -189,7 +189,7 @@ class LoaderConfig:
         object.__setattr__(self, "random_crop_ratio", ratio)
 
     def core_config(self) -> dict[str, Any]:
-        """The options the Rust pipeline reads (``_core.Loader``'s config), by its key names.
+        """The options the Rust pipeline reads (``_core.sample_pipeline``'s config), by its key names.
         What the loader itself handles (seed, shuffle buffer, threads, prefetch, pinning, the
         tokenizer's resolution) is left out: the loader passes those in their resolved form."""
         handled_by_loader = (

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardstream import _core
-from shardstream._buffers import BufferPool
+from shardstream._buffers import BufferPool, lend
 from shardstream._system import default_loader_threads, torchrun_rank_world
 from shardstream.config import Crop, LoaderConfig, OnError, SourceOptions, resolve_source_options
 from shardstream.errors import MissingDependencyError, OptionError, SampleError, ShardError, from_core_fault
@@ -262,7 +262,7 @@ class ShardLoader:
         self._pin = (
             pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
         )
-        # What the Rust pipeline of every reader is started with (_core.Loader's config).
+        # What the Rust pipeline of every reader is started with (_core.sample_pipeline's config).
         self._config: dict[str, Any] = self.config.core_config()
         self.sample = sample
         if sample is not None:
@@ -463,7 +463,7 @@ class ShardLoader:
             config.update(source_config(self._shards, config))  # an explicit ca_bundle wins
             display = [s.display for s in self._shards]
         config["crop_seed"] = _seed(self.seed, self.epoch)
-        return _core.Loader(spans, config, display), phase_reader
+        return _core.sample_pipeline(spans, config, display), phase_reader
 
     def _pinning(self) -> bool:
         # Inside a DataLoader worker (a forked process) CUDA must not be touched: the
@@ -484,19 +484,9 @@ class ShardLoader:
     def _lend(self, core: Any) -> tuple[Any, Any]:
         """Lends the pipeline a fresh image buffer (and token buffer, with a tokenizer)."""
         buf = self._alloc()
-        if self._tokenizer is None:
-            core.submit(buf, *self._address(buf))
-            return buf, None
-        toks = self._alloc_tokens()
-        ptr, _ = self._address(toks)
-        core.submit((buf, toks), *self._address(buf), ptr, self.batch_size * self._tokenizer[2])
+        toks = None if self._tokenizer is None else self._alloc_tokens()
+        lend(core, buf, toks)
         return buf, toks
-
-    @staticmethod
-    def _address(buf: Any) -> tuple[int, int]:
-        if torch is not None and isinstance(buf, torch.Tensor):
-            return buf.data_ptr(), buf.numel()
-        return buf.ctypes.data, buf.nbytes
 
     def __iter__(self) -> Iterator[Batch]:
         worker, workers = _worker()

@@ -134,7 +134,7 @@ class NaFlex:
         return (batch_size, self.max_num_patches, self.patch_len)
 
     def core_config(self) -> dict[str, Any]:
-        """What the Rust pipeline reads of this kind (``_core.Loader``'s ``naflex`` key).
+        """What the Rust pipeline reads of this kind (``_core.sample_pipeline``'s ``naflex`` key).
 
         Returns:
             ``{"naflex": (patch_size, max_num_patches, min_num_patches or 0, crop)}``, crop being

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from shardstream import _core
-from shardstream._buffers import BufferPool
+from shardstream._buffers import BufferPool, lend
 from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError, from_core_fault
@@ -422,11 +422,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         rows = (self._max_images, self._tokenizer[2]) if self._tokenizer is not None else None
         buf = self._buffers.empty(self._batch_bytes, np.uint8, pin=pin)
         toks = self._buffers.empty(rows, np.int64, pin=pin) if rows else None
-        ptr, nbytes = self._address(buf)
-        if toks is None:
-            core.submit(buf, ptr, nbytes)
-        else:
-            core.submit((buf, toks), ptr, nbytes, self._address(toks)[0], toks.shape[0] * toks.shape[1])
+        lend(core, buf, toks)
         return buf, toks
 
     def _iterate(self) -> Iterator[NaFlexBatch]:
@@ -435,15 +431,10 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         from shardstream.loader import _seed
 
         config = dict(self._config, threads=self.threads, crop_seed=_seed(self.seed, self.epoch))
-        core = _core.BudgetLoader(
+        core = _core.budget_pipeline(
             self._units,
             self._weights,
-            self.seed,
-            self.epoch,
-            self._phases(),
-            self._shape(),
-            self.rank,
-            worker,
+            self._reader(worker),
             config,
         )
         lent: deque[tuple[Any, Any]] = deque()

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardstream import _core
+from shardstream._buffers import lend
 from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError, from_core_fault
@@ -435,26 +436,16 @@ class TextLoader(UnitPlanLoader):
 
     def _lend(self, core: Any) -> tuple[Any, Any]:
         ids, pos = self._alloc()
-        ptr, nbytes = self._address(ids)
-        if pos is None:
-            core.submit(ids, ptr, nbytes)
-        else:
-            pos_ptr, pos_bytes = self._address(pos)
-            core.submit((ids, pos), ptr, nbytes, pos_ptr, pos_bytes // 8)
+        lend(core, ids, pos)
         return ids, pos
 
     def _iterate(self) -> Iterator[TextBatch]:
         worker_info = torch.utils.data.get_worker_info() if torch is not None else None
         worker = 0 if worker_info is None else worker_info.id
-        core = _core.PackedLoader(
+        core = _core.packed_pipeline(
             self._units,
             self._tokens,
-            self.seed,
-            self.epoch,
-            self._phases(),
-            self._shape(),
-            self.rank,
-            worker,
+            self._reader(worker),
             dict(self._config, threads=self.threads),
         )
         lent: deque[tuple[Any, Any]] = deque()

@@ -80,6 +80,11 @@ class UnitPlanLoader:
             return []
         return [(tuple(p["shape"]), int(p["batches_done"])) for p in self._resume["phases"]]  # type: ignore[misc]
 
+    def _reader(self, worker: int) -> tuple[int, int, list[tuple[Shape, int]], Shape, int, int]:
+        """Which reader of which epoch's plan the pipeline of DataLoader worker ``worker`` is:
+        (seed, epoch, phases, current shape, rank, worker)."""
+        return (self.seed, self.epoch, self._phases(), self._shape(), self.rank, worker)
+
     def _plan_counts(self) -> tuple[int, int, int]:
         return _core.packed_plan_counts(self._total, self.seed, self.epoch, self._phases(), self._shape())
 
@@ -111,12 +116,6 @@ class UnitPlanLoader:
         self._batches_done = 0
 
     # -- iteration ------------------------------------------------------------------------
-    @staticmethod
-    def _address(buf: Any) -> tuple[int, int]:
-        if torch is not None and isinstance(buf, torch.Tensor):
-            return buf.data_ptr(), buf.numel() * buf.element_size()
-        return buf.ctypes.data, buf.nbytes
-
     def __iter__(self) -> Iterator[Any]:
         self._begin_pass()
         return self._iterate()

@@ -9,19 +9,19 @@
 //! 5. assemble: good slots moved forward, replacements and padding counted, the batch's
 //!    metadata out; with a tokenizer the captions are tokenized into the token buffer.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
 use rayon::prelude::*;
 
 use crate::batch::config::{OnError, PipelineConfig, SampleKind};
 use crate::batch::panics::{panic_fault, panic_message};
-use crate::batch::pipeline::{BatchMeta, BatchResult, OutBuffer};
+use crate::batch::pipeline::{Kind, Lent};
 use crate::batch::reader::{Item, StreamError};
 use crate::batch::reserve::ReserveReader;
 use crate::batch::sample::{prepare, Rejection, Worker};
+use crate::batch::sample_batches::BatchMeta;
 use crate::batch::shuffle::{ItemSource, ShuffledItems};
 use crate::batch::stats::Stats;
 use crate::error::{Fault, Reason, SourceKind};
@@ -116,12 +116,14 @@ fn guarded<T>(
 
 /// The batcher thread's state: the stream it takes items from, the reserve, and the copy of
 /// the last batch's good sample.
-pub(super) struct Batcher {
+pub struct Batcher {
     cfg: PipelineConfig,
     stats: Arc<Stats>,
-    stop: Arc<AtomicBool>,
-    /// Taken by `run`.
+    /// Taken when the stream is built, on the first batch.
     main: Option<ItemSource>,
+    stream: Option<ShuffledItems>,
+    /// Batches made so far.
+    produced: u64,
     reserve: ReserveReader,
     slot_len: usize,
     /// A copy of one good sample of the last batch (its slot and pixels): what pads a planned
@@ -173,7 +175,6 @@ impl Batcher {
     pub(super) fn new(
         cfg: PipelineConfig,
         stats: Arc<Stats>,
-        stop: Arc<AtomicBool>,
         main: Option<ItemSource>,
         reserve: ReserveReader,
     ) -> Self {
@@ -181,104 +182,75 @@ impl Batcher {
             slot_len: cfg.slot_len(),
             cfg,
             stats,
-            stop,
             main,
+            stream: None,
+            produced: 0,
             reserve,
             last_good: None,
             rejected_run: 0,
         }
     }
 
-    /// Fills each lent buffer with the next batch until the batches, the stream or the
-    /// caller end.
-    pub(super) fn run(&mut self, buffers: Receiver<OutBuffer>, out: Sender<BatchResult>) {
-        let Some(main) = self.main.take() else { return };
-        let mut stream = ShuffledItems::new(main, &self.cfg);
-        for _ in 0..self.cfg.skip_emitted {
+    /// The stream, built on first use: shuffled, and past the batches a resumed pass emitted.
+    fn stream(&mut self) -> Option<&mut ShuffledItems> {
+        if self.stream.is_none() {
+            let mut stream = ShuffledItems::new(self.main.take()?, &self.cfg);
+            for _ in 0..self.cfg.skip_emitted {
+                match stream.next() {
+                    Ok(Some(_)) => {}
+                    _ => break,
+                }
+            }
+            self.stream = Some(stream);
+        }
+        self.stream.as_mut()
+    }
+
+    /// The next batch's items (fewer at the end of the stream), or the fault that ends the pass.
+    fn gather(&mut self, target: usize) -> Result<Vec<Item>, Fault> {
+        let stats = self.stats.clone();
+        let Some(stream) = self.stream() else {
+            return Ok(Vec::new());
+        };
+        let mut items: Vec<Item> = Vec::with_capacity(target);
+        while items.len() < target {
             match stream.next() {
-                Ok(Some(_)) => {}
-                _ => break,
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => break,
+                Err(StreamError::ReaderLost(message)) => {
+                    let message = message.unwrap_or_else(|| "it sent no message".into());
+                    return Err(panic_fault("shard reading", &message));
+                }
+                Err(StreamError::Failed(fault)) => return Err(fault),
+                Err(StreamError::Starved) => {
+                    return Err(Fault {
+                        reason: stats.top_skip().map_or(Reason::Unreadable, |t| t.0),
+                        url: String::new(),
+                        key: String::new(),
+                        detail: "a full pass over this reader's shards produced no sample, so its batch quota \
+                                 (samples_per_epoch) cannot be met: too few samples for the ranks x workers \
+                                 sharing these shards, or every sample failed; build an index \
+                                 (`shardstream index`) or use fewer workers"
+                            .into(),
+                        kind: SourceKind::Other,
+                    })
+                }
             }
         }
-        let b = self.cfg.batch_size;
-        let mut produced = 0u64;
-        loop {
-            if self.stop.load(Ordering::Relaxed)
-                || self.cfg.num_batches.is_some_and(|n| produced >= n)
-            {
-                return;
-            }
-            // Gather the batch's items first, so a short final batch is known before a buffer
-            // is taken.
-            let target = match (self.cfg.num_batches, self.cfg.last_batch_size) {
-                (Some(n), Some(last)) if self.cfg.planned && produced + 1 == n => last.min(b),
-                _ => b,
-            };
-            let mut items: Vec<Item> = Vec::with_capacity(target);
-            while items.len() < target {
-                match stream.next() {
-                    Ok(Some(item)) => items.push(item),
-                    Ok(None) => break,
-                    Err(StreamError::ReaderLost(message)) => {
-                        let message = message.unwrap_or_else(|| "it sent no message".into());
-                        let _ = out.send(Err(panic_fault("shard reading", &message)));
-                        return;
-                    }
-                    Err(StreamError::Failed(fault)) => {
-                        let _ = out.send(Err(fault));
-                        return;
-                    }
-                    Err(StreamError::Starved) => {
-                        let _ = out.send(Err(Fault {
-                            reason: self.stats.top_skip().map_or(Reason::Unreadable, |t| t.0),
-                            url: String::new(),
-                            key: String::new(),
-                            detail: "a full pass over this reader's shards produced no sample, so its batch quota \
-                                     (samples_per_epoch) cannot be met: too few samples for the ranks x workers \
-                                     sharing these shards, or every sample failed; build an index \
-                                     (`shardstream index`) or use fewer workers"
-                                .into(),
-                            kind: SourceKind::Other,
-                        }));
-                        return;
-                    }
-                }
-            }
-            if items.is_empty() {
-                return;
-            }
-            let Ok(buffer) = buffers.recv() else { return };
-            assert!(buffer.len >= b * self.slot_len, "output buffer too small");
-            // SAFETY: see OutBuffer; the caller keeps the memory alive until this batch returns.
-            let memory = unsafe { std::slice::from_raw_parts_mut(buffer.ptr, b * self.slot_len) };
-            match self.fill(items, memory, &mut stream, target) {
-                Ok(Some(meta)) => {
-                    if let (Some(tok), Some((ptr, len))) = (&self.cfg.tokenizer, buffer.tokens) {
-                        let ctx = tok.context_length.max(1);
-                        assert!(len >= b * ctx, "token buffer too small");
-                        // SAFETY: as for the pixels (see OutBuffer).
-                        let tokens = unsafe { std::slice::from_raw_parts_mut(ptr, b * ctx) };
-                        tokens
-                            .par_chunks_mut(ctx)
-                            .zip(meta.texts.par_iter())
-                            .for_each(|(row, text)| tok.tokenize_into(text, row));
-                    }
-                    produced += 1;
-                    self.stats.record_sources(&self.cfg, &meta.shards);
-                    self.stats.batches.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .samples
-                        .fetch_add(meta.len as u64, Ordering::Relaxed);
-                    if out.send(Ok(meta)).is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(fault) => {
-                    let _ = out.send(Err(fault));
-                    return;
-                }
-            }
+        Ok(items)
+    }
+
+    /// Tokenizes the batch's captions into the lent token region, with a tokenizer.
+    fn tokenize(&self, lent: &mut Lent, texts: &[String]) {
+        let Some(tok) = &self.cfg.tokenizer else {
+            return;
+        };
+        let ctx = tok.context_length.max(1);
+        if let Some(tokens) = lent.values::<i64>(1, self.cfg.batch_size * ctx) {
+            tokens
+                .par_chunks_mut(ctx)
+                .zip(texts.par_iter())
+                .for_each(|(row, text)| tok.tokenize_into(text, row));
         }
     }
 
@@ -288,16 +260,21 @@ impl Batcher {
         &mut self,
         items: Vec<Item>,
         memory: &mut [u8],
-        stream: &mut ShuffledItems,
         target: usize,
     ) -> Result<Option<BatchMeta>, Fault> {
         let first_shard = items.first().map(Item::shard);
         let decoded = self.decode(items, memory);
         let mut slots = self.classify(decoded)?;
-        for slot in &slots {
-            self.count_verdict(slot.is_some(), stream)?;
-        }
-        self.refill(&mut slots, memory, stream)?;
+        let mut stream = self
+            .stream
+            .take()
+            .expect("a batch is filled from the stream");
+        let refilled = slots
+            .iter()
+            .try_for_each(|slot| self.count_verdict(slot.is_some(), &stream))
+            .and_then(|()| self.refill(&mut slots, memory, &mut stream));
+        self.stream = Some(stream);
+        refilled?;
         if self.cfg.planned {
             self.pad(&mut slots, memory, target);
         }
@@ -526,12 +503,14 @@ impl Batcher {
         if len == 0 {
             return Ok(None);
         }
-        if cfg.planned {
+        if self.cfg.planned {
             let grid = grids.first().copied();
             self.keep_last_good(&memory[..slot_len], shards[0], &keys[0], &texts[0], grid);
         }
+        let urls = shards.iter().map(|&s| self.cfg.display(s)).collect();
         Ok(Some(BatchMeta {
             len,
+            urls,
             keys,
             texts,
             shards,
@@ -568,6 +547,46 @@ impl Batcher {
     }
 }
 
+impl Kind for Batcher {
+    type Meta = BatchMeta;
+
+    /// Gathers the batch's items first, so a short final batch is known before a buffer is
+    /// taken; then decodes, refills, pads and assembles them into it.
+    fn next_batch(
+        &mut self,
+        lend: &mut dyn FnMut() -> Option<Lent>,
+    ) -> Option<Result<BatchMeta, Fault>> {
+        let (b, produced) = (self.cfg.batch_size, self.produced);
+        if self.cfg.num_batches.is_some_and(|n| produced >= n) {
+            return None;
+        }
+        let target = match (self.cfg.num_batches, self.cfg.last_batch_size) {
+            (Some(n), Some(last)) if self.cfg.planned && produced + 1 == n => last.min(b),
+            _ => b,
+        };
+        let items = match self.gather(target) {
+            Ok(items) if items.is_empty() => return None,
+            Ok(items) => items,
+            Err(fault) => return Some(Err(fault)),
+        };
+        let mut lent = lend()?;
+        let memory = lent.values::<u8>(0, b * self.slot_len)?;
+        let meta = match self.fill(items, memory, target) {
+            Ok(Some(meta)) => meta,
+            Ok(None) => return None,
+            Err(fault) => return Some(Err(fault)),
+        };
+        self.tokenize(&mut lent, &meta.texts);
+        self.produced += 1;
+        self.stats.record_sources(&self.cfg, &meta.shards);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .samples
+            .fetch_add(meta.len as u64, Ordering::Relaxed);
+        Some(Ok(meta))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,7 +599,7 @@ mod tests {
     /// A batcher on its own (no reader threads), for its phases.
     fn batcher(cfg: PipelineConfig, reserve: Vec<ShardSpan>) -> Batcher {
         let reserve = ReserveReader::new(reserve);
-        Batcher::new(cfg, Arc::default(), Arc::default(), None, reserve)
+        Batcher::new(cfg, Arc::default(), None, reserve)
     }
 
     /// A stream with nothing in it.

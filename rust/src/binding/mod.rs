@@ -1,8 +1,10 @@
 //! The PyO3 layer: thin wrappers that convert arguments, release the GIL around Rust work, and
 //! turn faults into Python exceptions. No logic lives here. One file a Python-facing area:
-//! `loader` (the running pipeline), `plan` (plans, mixtures, the spans a reader reads),
+//! `pipeline` (the running pipeline of any kind), `loader` (starting the sample kinds'),
+//! `plan` (plans, mixtures, the spans a reader reads),
 //! `index` (indexes and their subsets), `scan` (raw samples, shard validation, one image on its
-//! own), `text` (the tokenizer), `packed` (the packed text kind), `budget` (the NaFlex kind's token-budget batches), `errors` (the exception and the errors it carries) and
+//! own), `text` (the tokenizer), `packed` (the packed text kind), `budget` (the NaFlex kind's token-budget batches),
+//! `units` (what the kinds planned over unit weights share), `errors` (the exception and the errors it carries) and
 //! `convert` (config dicts and JSON to and from Rust types).
 
 use pyo3::prelude::*;
@@ -13,16 +15,16 @@ mod errors;
 mod index;
 mod loader;
 mod packed;
+mod pipeline;
 mod plan;
 mod scan;
 mod text;
+mod units;
 
-use budget::BudgetLoader;
 use convert::defaults_dict;
 use errors::CoreFault;
 use index::DatasetIndex;
-use loader::Loader;
-use packed::PackedLoader;
+use pipeline::Pipeline;
 use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
 use scan::SampleIter;
 use text::PyClipTokenizer;
@@ -33,15 +35,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
     m.add("DEFAULTS", defaults_dict(m.py())?)?;
     m.add_class::<SampleIter>()?;
-    m.add_class::<Loader>()?;
+    m.add_class::<Pipeline>()?;
+    m.add_function(wrap_pyfunction!(loader::sample_pipeline, m)?)?;
     m.add_class::<DatasetIndex>()?;
     m.add_class::<PlanRequest>()?;
     m.add_class::<EpochPlanView>()?;
     m.add_class::<MixturePlan>()?;
     m.add_class::<PlannedSpans>()?;
     m.add_class::<PyClipTokenizer>()?;
-    m.add_class::<PackedLoader>()?;
-    m.add_class::<BudgetLoader>()?;
+    m.add_function(wrap_pyfunction!(packed::packed_pipeline, m)?)?;
+    m.add_function(wrap_pyfunction!(budget::budget_pipeline, m)?)?;
     m.add_function(wrap_pyfunction!(budget::count_patches, m)?)?;
     m.add_function(wrap_pyfunction!(packed::count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_plan_counts, m)?)?;

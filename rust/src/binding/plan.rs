@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 use super::convert::source_options;
 use super::errors::plan_err;
 use super::index::DatasetIndex;
-use crate::batch::pipeline::MainSpans;
+use crate::batch::sample_batches::MainSpans;
 use crate::batch::span::ShardSpan;
 use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
 use crate::read::spans::PlannedShards;

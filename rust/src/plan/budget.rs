@@ -49,6 +49,17 @@ impl BudgetShape {
         }
     }
 
+    /// A budget plan has one batch per position: a plan shape's (batch_size, seq_len,
+    /// block_rows) must be all 1.
+    pub fn one_batch_a_position(plan: (u32, u32, u32)) -> Result<(), String> {
+        if plan != (1, 1, 1) {
+            return Err(format!(
+                "a budget plan has one batch per position: batch_size, seq_len and block_rows 1, not {plan:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// What this shape cannot batch with: no bucket, unsorted buckets, or a budget that holds
     /// not even one image of the largest bucket.
     pub fn validate(&self) -> Result<(), String> {

@@ -11,5 +11,5 @@ mod pipeline;
 mod samples;
 
 pub use count::{count_unit, BudgetCount};
-pub use pipeline::{BudgetBatchMeta, BudgetBuffer, BudgetInput, BudgetPipeline};
+pub use pipeline::{start, BudgetBatchMeta, BudgetBatches, BudgetInput, BudgetPipeline};
 pub use samples::BudgetSpec;

@@ -16,7 +16,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -26,8 +25,7 @@ use super::samples::{open_samples, patches_of, BudgetSpec};
 use crate::batch::naflex::prepare_image;
 use crate::batch::packed::stream::{visits, Visit};
 use crate::batch::packed::TextUnit;
-use crate::batch::panics::panic_fault;
-use crate::batch::pipeline::finish_batcher;
+use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::batch::sample::{caption, image_bytes, Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::decode::Decoder;
@@ -62,19 +60,6 @@ impl BudgetInput {
         self.spec.shape.capacity(0)
     }
 }
-
-/// A caller-provided batch buffer of `max_patches_per_batch * 3 p p` bytes; the caller keeps it
-/// alive and untouched until the batch filled into it comes back.
-pub struct BudgetBuffer {
-    pub ptr: *mut u8,
-    pub bytes: usize,
-    /// With a tokenizer: `max_images * context_length` int64 for the captions' tokens.
-    pub tokens: Option<(*mut i64, usize)>,
-    pub owner: Option<Box<dyn std::any::Any + Send>>,
-}
-
-// SAFETY: as `pipeline::OutBuffer`: one batch writes a buffer at a time, `owner` keeps it alive.
-unsafe impl Send for BudgetBuffer {}
 
 /// One finished batch: its first `images * length * 3 p p` bytes hold `[images, length, 3 p p]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,87 +113,98 @@ struct ReadBatch {
     display: Arc<str>,
 }
 
-pub struct BudgetPipeline {
-    buffers: Option<Sender<BudgetBuffer>>,
-    batches: Receiver<BudgetResult>,
-    stop: Arc<AtomicBool>,
-    pub stats: Arc<BudgetStats>,
-    batcher: Option<JoinHandle<()>>,
-    pub batches_left: u64,
+impl KindStats for BudgetStats {
+    fn snapshot(&self) -> serde_json::Value {
+        self.to_json()
+    }
 }
 
-impl BudgetPipeline {
-    /// The pipeline of `reader` (a packed plan over batches: one position per batch).
-    pub fn start(
-        input: Arc<BudgetInput>,
-        order: &UnitOrder,
-        reader: PackedReader,
-        threads: usize,
-    ) -> Self {
-        let stats = Arc::new(BudgetStats::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let ranges = slice(&reader.ranges, reader.skip_rows, reader.rows);
-        let planned = visits(order, &ranges);
-        let batches_left = reader.rows - reader.skip_rows;
-        let (buf_tx, buf_rx) = bounded::<BudgetBuffer>(64);
-        let (out_tx, out_rx) = bounded::<BudgetResult>(64);
-        let (read_tx, read_rx) = bounded::<Result<ReadBatch, Fault>>(BATCHES_AHEAD);
+/// The running token-budget pipeline of one reader.
+pub type BudgetPipeline = Pipeline<BudgetBatches, BudgetStats>;
+
+/// The token-budget kind on the pipeline: the planned batches its read thread sends, decoded
+/// into lent buffers of two regions, the `[images, length, 3 p p]` patches and, with a
+/// tokenizer, the `[images, context_length]` int64 caption tokens.
+pub struct BudgetBatches {
+    batches_left: u64,
+    input: Arc<BudgetInput>,
+    stats: Arc<BudgetStats>,
+    read: Receiver<Result<ReadBatch, Fault>>,
+}
+
+/// Starts the pipeline of `reader` (a packed plan over batches: one position per batch).
+pub fn start(
+    input: Arc<BudgetInput>,
+    order: &UnitOrder,
+    reader: PackedReader,
+    threads: usize,
+) -> BudgetPipeline {
+    let stats = Arc::new(BudgetStats::default());
+    let ranges = slice(&reader.ranges, reader.skip_rows, reader.rows);
+    let planned = visits(order, &ranges);
+    let batches_left = reader.rows - reader.skip_rows;
+    let token_bytes = input
+        .tokenizer
+        .as_ref()
+        .map_or(0, |t| input.max_images() * t.context_length.max(1) * 8);
+    let setup = Setup {
+        threads,
+        stage: "decode",
+        needs: vec![
+            Need {
+                name: "patch",
+                bytes: input.spec.shape.max_patches_per_batch as usize
+                    * input.spec.naflex.patch_len(),
+            },
+            Need {
+                name: "token",
+                bytes: token_bytes,
+            },
+        ],
+        batches_left: Some(batches_left),
+    };
+    let batch_stats = stats.clone();
+    Pipeline::start(setup, stats, move |stop| {
+        let (read_tx, read) = bounded::<Result<ReadBatch, Fault>>(BATCHES_AHEAD);
         {
-            let (input, stats, stop) = (input.clone(), stats.clone(), stop.clone());
+            let (input, stats) = (input.clone(), batch_stats.clone());
             std::thread::Builder::new()
                 .name("shardstream-budget-read".into())
                 .spawn(move || read_visits(&planned, &input, &stats, &stop, &read_tx))
                 .expect("a read thread");
         }
-        let batcher = {
-            let (stats, stop) = (stats.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads.max(1))
-                    .thread_name(|i| format!("shardstream-decode-{i}"))
-                    .build()
-                    .expect("decode thread pool");
-                let faults = out_tx.clone();
-                let run = std::panic::AssertUnwindSafe(|| {
-                    pool.install(|| {
-                        run_batcher(batches_left, &input, &stats, &stop, buf_rx, read_rx, out_tx)
-                    })
-                });
-                if let Err(panic) = std::panic::catch_unwind(run) {
-                    let _ = faults.send(Err(panic_fault("budget batching", panic.as_ref())));
-                }
-            })
-        };
-        Self {
-            buffers: Some(buf_tx),
-            batches: out_rx,
-            stop,
-            stats,
-            batcher: Some(batcher),
+        BudgetBatches {
             batches_left,
+            input,
+            stats: batch_stats,
+            read,
         }
-    }
-
-    pub fn submit(&self, buffer: BudgetBuffer) -> bool {
-        self.buffers
-            .as_ref()
-            .is_some_and(|b| b.send(buffer).is_ok())
-    }
-
-    /// The next batch; None at the end of the reader's share.
-    pub fn next_batch(&self) -> Option<BudgetResult> {
-        self.batches.recv().ok()
-    }
+    })
 }
 
-impl Drop for BudgetPipeline {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.buffers.take();
-        let Some(batcher) = self.batcher.take() else {
-            return;
-        };
-        finish_batcher(batcher, &self.batches);
+impl Kind for BudgetBatches {
+    type Meta = BudgetBatchMeta;
+
+    fn next_batch(
+        &mut self,
+        lend: &mut dyn FnMut() -> Option<Lent>,
+    ) -> Option<Result<BudgetBatchMeta, Fault>> {
+        if self.batches_left == 0 {
+            return None;
+        }
+        let mut lent = lend()?;
+        self.batches_left -= 1;
+        Some(match self.read.recv() {
+            Ok(Ok(batch)) => fill(&mut lent, batch, &self.input, &self.stats),
+            Ok(Err(fault)) => Err(fault),
+            Err(_) => Err(Fault {
+                reason: Reason::Internal,
+                url: String::new(),
+                key: String::new(),
+                detail: "the read thread ended before the planned batches".into(),
+                kind: SourceKind::Other,
+            }),
+        })
     }
 }
 
@@ -311,42 +307,9 @@ fn read_visit(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_batcher(
-    batches: u64,
-    input: &BudgetInput,
-    stats: &BudgetStats,
-    stop: &AtomicBool,
-    buffers: Receiver<BudgetBuffer>,
-    read: Receiver<Result<ReadBatch, Fault>>,
-    out: Sender<BudgetResult>,
-) {
-    for _ in 0..batches {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(buffer) = buffers.recv() else { return };
-        let result = match read.recv() {
-            Ok(Ok(batch)) => fill(&buffer, batch, input, stats),
-            Ok(Err(fault)) => Err(fault),
-            Err(_) => Err(Fault {
-                reason: Reason::Internal,
-                url: String::new(),
-                key: String::new(),
-                detail: "the read thread ended before the planned batches".into(),
-                kind: SourceKind::Other,
-            }),
-        };
-        let failed = result.is_err();
-        if out.send(result).is_err() || failed {
-            return;
-        }
-    }
-}
-
 /// Decodes `batch` into `buffer`; an image that fails is dropped and the rest moved up.
 fn fill(
-    buffer: &BudgetBuffer,
+    lent: &mut Lent,
     batch: ReadBatch,
     input: &BudgetInput,
     stats: &BudgetStats,
@@ -354,21 +317,10 @@ fn fill(
     let spec = &input.spec;
     let length = spec.shape.length(batch.bucket as usize);
     let slot = length as usize * spec.naflex.patch_len();
-    let need = slot * batch.samples.len();
-    if need > buffer.bytes {
-        return Err(Fault {
-            reason: Reason::Internal,
-            url: batch.display.to_string(),
-            key: String::new(),
-            detail: format!(
-                "a batch of {need} bytes does not fit the lent buffer of {}",
-                buffer.bytes
-            ),
-            kind: SourceKind::Other,
-        });
-    }
-    // SAFETY: the caller lent `bytes` writable bytes, untouched until this batch comes back.
-    let out = unsafe { std::slice::from_raw_parts_mut(buffer.ptr, need) };
+    // The budget bounds a batch's patches, and the pipeline checked the lent region against it.
+    let out = lent
+        .values::<u8>(0, slot * batch.samples.len())
+        .expect("a lent patch region");
     let started = Instant::now();
     let results: Vec<Result<Decoded, Rejection>> = out
         .par_chunks_mut(slot.max(1))
@@ -428,20 +380,11 @@ fn fill(
             }
         }
     }
-    if let (Some(tok), Some((ptr, len))) = (&input.tokenizer, buffer.tokens) {
+    let tokens = input.tokenizer.as_ref().and_then(|tok| {
         let ctx = tok.context_length.max(1);
-        let need = meta.images * ctx;
-        if len < need {
-            return Err(Fault {
-                reason: Reason::Internal,
-                url: batch.display.to_string(),
-                key: String::new(),
-                detail: format!("a token buffer of {len} int64; the batch needs {need}"),
-                kind: SourceKind::Other,
-            });
-        }
-        // SAFETY: as for the pixels: lent, untouched until this batch comes back.
-        let tokens = unsafe { std::slice::from_raw_parts_mut(ptr, need) };
+        Some((tok, ctx, lent.values::<i64>(1, meta.images * ctx)?))
+    });
+    if let Some((tok, ctx, tokens)) = tokens {
         tokens
             .par_chunks_mut(ctx)
             .zip(meta.texts.par_iter())

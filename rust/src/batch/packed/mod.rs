@@ -22,5 +22,5 @@ pub mod stream;
 
 pub use count::{count_unit, UnitCount};
 pub use documents::{TextSpec, TextUnit};
-pub use pipeline::{PackedConfig, PackedPipeline, RowsBuffer, RowsMeta};
+pub use pipeline::{start, PackedConfig, PackedPipeline, RowBatcher, RowsMeta};
 pub use stream::StreamInput;

@@ -9,17 +9,13 @@
 //! Memory is bounded by configuration: one block (`block_rows x seq_len` tokens), a few chunks
 //! of documents (`stream`), and the buffers the caller lends.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-
-use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::rows::{segment_lengths, write_ids, write_positions, Block, IdsOut};
 use super::stats::PackedStats;
 use super::stream::{visits, StreamInput, TokenStream};
-use crate::batch::panics::panic_fault;
-use crate::batch::pipeline::finish_batcher;
+use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::error::Fault;
 use crate::plan::block_order;
 use crate::plan::packed::{slice, PackedReader, UnitOrder};
@@ -36,18 +32,6 @@ pub struct PackedConfig {
     pub boundaries: bool,
 }
 
-/// A caller-provided batch: `[B, L]` ids, and `[B, L]` int64 positions with boundaries. The
-/// caller keeps the memory alive and untouched until the batch filled into it comes back.
-pub struct RowsBuffer {
-    pub ids: *mut u8,
-    pub ids_bytes: usize,
-    pub positions: Option<(*mut i64, usize)>,
-    pub owner: Option<Box<dyn std::any::Any + Send>>,
-}
-
-// SAFETY: as `pipeline::OutBuffer`: one batch writes a buffer at a time, `owner` keeps it alive.
-unsafe impl Send for RowsBuffer {}
-
 /// One finished batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowsMeta {
@@ -60,131 +44,91 @@ pub struct RowsMeta {
 
 pub type RowsResult = Result<RowsMeta, Fault>;
 
-pub struct PackedPipeline {
-    buffers: Option<Sender<RowsBuffer>>,
-    batches: Receiver<RowsResult>,
-    stop: Arc<AtomicBool>,
-    pub stats: Arc<PackedStats>,
-    batcher: Option<JoinHandle<()>>,
-    pub batches_left: u64,
+impl KindStats for PackedStats {
+    fn snapshot(&self) -> serde_json::Value {
+        PackedStats::snapshot(self)
+    }
 }
 
-impl PackedPipeline {
-    pub fn start(
-        input: Arc<StreamInput>,
-        order: &UnitOrder,
-        reader: PackedReader,
-        encoder: Arc<DocumentEncoder>,
-        cfg: PackedConfig,
-    ) -> Self {
-        let stats = Arc::new(PackedStats::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let seq_len = reader.seq_len as u64;
-        let block = reader.block_rows as u64;
-        let first_block = reader.skip_rows / block;
-        let ranges = slice(
-            &reader.ranges,
-            first_block * block * seq_len,
-            reader.rows * seq_len,
-        );
-        let planned = visits(order, &ranges);
-        let batches_left = reader.batches_left(cfg.batch_size as u32);
-        let (buf_tx, buf_rx) = bounded::<RowsBuffer>(64);
-        let (out_tx, out_rx) = bounded::<RowsResult>(64);
-        let batcher = {
-            let stats = stats.clone();
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(cfg.threads.max(1))
-                    .thread_name(|i| format!("shardstream-tokenize-{i}"))
-                    .build()
-                    .expect("tokenizer thread pool");
-                let faults = out_tx.clone();
-                let run = std::panic::AssertUnwindSafe(|| {
-                    pool.install(|| {
-                        let stream = TokenStream::start(
-                            planned,
-                            input,
-                            encoder,
-                            stats.clone(),
-                            stop.clone(),
-                        );
-                        let mut batcher = RowBatcher {
-                            stream,
-                            block: Block::default(),
-                            reader,
-                            next_block: first_block,
-                            cfg,
-                            stats,
-                            stop,
-                        };
-                        batcher.run(batches_left, buf_rx, out_tx)
-                    })
-                });
-                if let Err(panic) = std::panic::catch_unwind(run) {
-                    let _ = faults.send(Err(panic_fault("packing", panic.as_ref())));
-                }
-            })
-        };
-        Self {
-            buffers: Some(buf_tx),
-            batches: out_rx,
-            stop,
-            stats,
-            batcher: Some(batcher),
+/// The running packed pipeline of one reader.
+pub type PackedPipeline = Pipeline<RowBatcher, PackedStats>;
+
+/// Starts the pipeline of `reader`. A lent buffer has two regions: the `[B, L]` ids (int32 or
+/// int64), and with boundaries the `[B, L]` int64 position ids.
+pub fn start(
+    input: Arc<StreamInput>,
+    order: &UnitOrder,
+    reader: PackedReader,
+    encoder: Arc<DocumentEncoder>,
+    cfg: PackedConfig,
+) -> PackedPipeline {
+    let stats = Arc::new(PackedStats::default());
+    let seq_len = reader.seq_len as u64;
+    let block = reader.block_rows as u64;
+    let first_block = reader.skip_rows / block;
+    let ranges = slice(
+        &reader.ranges,
+        first_block * block * seq_len,
+        reader.rows * seq_len,
+    );
+    let planned = visits(order, &ranges);
+    let batches_left = reader.batches_left(cfg.batch_size as u32);
+    let tokens = cfg.batch_size * reader.seq_len as usize;
+    let setup = Setup {
+        threads: cfg.threads,
+        stage: "tokenize",
+        needs: vec![
+            Need {
+                name: "ids",
+                bytes: tokens * if cfg.int32 { 4 } else { 8 },
+            },
+            Need {
+                name: "positions",
+                bytes: if cfg.boundaries { tokens * 8 } else { 0 },
+            },
+        ],
+        batches_left: Some(batches_left),
+    };
+    let batch_stats = stats.clone();
+    Pipeline::start(setup, stats, move |stop| {
+        let stream = TokenStream::start(planned, input, encoder, batch_stats.clone(), stop);
+        RowBatcher {
+            stream,
+            block: Block::default(),
+            reader,
+            next_block: first_block,
             batches_left,
+            cfg,
+            stats: batch_stats,
         }
-    }
+    })
+}
 
-    pub fn submit(&self, buffer: RowsBuffer) -> bool {
-        self.buffers
-            .as_ref()
-            .is_some_and(|b| b.send(buffer).is_ok())
-    }
+impl Kind for RowBatcher {
+    type Meta = RowsMeta;
 
-    /// The next batch; None at the end of the reader's share.
-    pub fn next_batch(&self) -> Option<RowsResult> {
-        self.batches.recv().ok()
+    fn next_batch(&mut self, lend: &mut dyn FnMut() -> Option<Lent>) -> Option<RowsResult> {
+        if self.batches_left == 0 {
+            return None;
+        }
+        let mut lent = lend()?;
+        self.batches_left -= 1;
+        Some(self.fill(&mut lent))
     }
 }
 
-impl Drop for PackedPipeline {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.buffers.take();
-        let Some(batcher) = self.batcher.take() else {
-            return;
-        };
-        finish_batcher(batcher, &self.batches);
-    }
-}
-
-struct RowBatcher {
+/// The packed kind on the pipeline: blocks of rows cut from the reader's token stream.
+pub struct RowBatcher {
     stream: TokenStream,
     block: Block,
     reader: PackedReader,
     next_block: u64,
+    batches_left: u64,
     cfg: PackedConfig,
     stats: Arc<PackedStats>,
-    stop: Arc<AtomicBool>,
 }
 
 impl RowBatcher {
-    fn run(&mut self, batches: u64, buffers: Receiver<RowsBuffer>, out: Sender<RowsResult>) {
-        for _ in 0..batches {
-            if self.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let Ok(buffer) = buffers.recv() else { return };
-            let result = self.fill(&buffer);
-            let failed = result.is_err();
-            if out.send(result).is_err() || failed {
-                return;
-            }
-        }
-    }
-
     /// Loads the next block of rows from the stream.
     fn load_block(&mut self) -> Result<(), Fault> {
         let block = self.reader.block_rows as u64;
@@ -210,32 +154,16 @@ impl RowBatcher {
         Ok(())
     }
 
-    fn fill(&mut self, buffer: &RowsBuffer) -> RowsResult {
+    fn fill(&mut self, lent: &mut Lent) -> RowsResult {
         let (b, seq_len) = (self.cfg.batch_size, self.reader.seq_len as usize);
-        let width = if self.cfg.int32 { 4 } else { 8 };
-        assert!(
-            buffer.ids_bytes >= b * seq_len * width,
-            "ids buffer too small"
-        );
-        // SAFETY: see RowsBuffer; the caller keeps the memory alive until this batch returns.
-        let mut ids = unsafe {
-            if self.cfg.int32 {
-                IdsOut::I32(std::slice::from_raw_parts_mut(
-                    buffer.ids as *mut i32,
-                    b * seq_len,
-                ))
-            } else {
-                IdsOut::I64(std::slice::from_raw_parts_mut(
-                    buffer.ids as *mut i64,
-                    b * seq_len,
-                ))
-            }
+        let n = b * seq_len;
+        let (mut ids, mut positions) = if self.cfg.int32 {
+            let (ids, positions) = lent.pair::<i32, i64>((0, n), (1, n));
+            (IdsOut::I32(ids.expect("a lent ids region")), positions)
+        } else {
+            let (ids, positions) = lent.pair::<i64, i64>((0, n), (1, n));
+            (IdsOut::I64(ids.expect("a lent ids region")), positions)
         };
-        let mut positions = buffer.positions.map(|(ptr, len)| {
-            assert!(len >= b * seq_len, "positions buffer too small");
-            // SAFETY: as for the ids.
-            unsafe { std::slice::from_raw_parts_mut(ptr, b * seq_len) }
-        });
         let mut cu_seqlens = vec![0i32];
         let mut max_seqlen = 0u32;
         let mut documents = 0u64;

@@ -1,0 +1,94 @@
+//! What the kinds that plan over unit weights share at the boundary: units and plans from their
+//! tuples, a reader's share, and a count pass's results as the dicts Python records.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::convert::json_to_py;
+use crate::batch::packed::TextUnit;
+use crate::batch::units::{Counted, UnitShare};
+use crate::error::Fault;
+use crate::plan::packed::{PackPhase, PackShape, PackedPlan};
+
+/// (world_size, workers, batch_size, seq_len, block_rows)
+pub(super) type ShapeTuple = (u32, u32, u32, u32, u32);
+/// (url, first_row, rows or None, identity or None)
+pub(super) type UnitTuple = (String, u64, Option<u64>, Option<String>);
+/// (seed, epoch, earlier phases with their batches done, current shape, rank, worker): which
+/// reader of which epoch's plan.
+pub(super) type ReaderTuple = (u64, u64, Vec<(ShapeTuple, u64)>, ShapeTuple, u32, u32);
+
+fn shape(t: ShapeTuple) -> PackShape {
+    PackShape {
+        world_size: t.0,
+        workers: t.1,
+        batch_size: t.2,
+        seq_len: t.3,
+        block_rows: t.4,
+    }
+}
+
+/// The epoch's plan over `total` weight.
+pub(super) fn plan(
+    total: u64,
+    seed: u64,
+    epoch: u64,
+    phases: Vec<(ShapeTuple, u64)>,
+    current: ShapeTuple,
+) -> PyResult<PackedPlan> {
+    let phases = phases
+        .into_iter()
+        .map(|(s, batches_done)| PackPhase {
+            shape: shape(s),
+            batches_done,
+        })
+        .collect();
+    PackedPlan::new(total, seed, epoch, phases, shape(current))
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The share of `reader` of the plan over `units` weighted by `weights` (count order).
+pub(super) fn share(
+    units: Vec<UnitTuple>,
+    weights: Vec<u64>,
+    reader: ReaderTuple,
+) -> PyResult<UnitShare> {
+    let (seed, epoch, phases, current, rank, worker) = reader;
+    let p = plan(weights.iter().sum(), seed, epoch, phases, current)?;
+    let units = units
+        .into_iter()
+        .map(|(url, first_row, rows, identity)| TextUnit {
+            url,
+            first_row,
+            rows,
+            identity,
+        })
+        .collect();
+    UnitShare::new(units, weights, &p, (seed, epoch), (rank, worker)).map_err(PyValueError::new_err)
+}
+
+/// A count pass's results as dicts in file order: url, first_row, rows, identity, error (None
+/// or the fault), and what `fields` sets from the kind's count (its zero count for a unit that
+/// could not be counted).
+pub(super) fn count_list<'py, C: Default>(
+    py: Python<'py>,
+    counted: Vec<Counted<C>>,
+    fields: impl Fn(&Bound<'py, PyDict>, &C) -> PyResult<()>,
+) -> PyResult<Bound<'py, PyList>> {
+    let zero = C::default();
+    let out = PyList::empty(py);
+    for Counted { url, unit, result } in counted {
+        let unit = unit.as_ref();
+        let d = PyDict::new(py);
+        d.set_item("url", unit.map_or(url.as_str(), |u| u.url.as_str()))?;
+        d.set_item("first_row", unit.map_or(0, |u| u.first_row))?;
+        d.set_item("rows", unit.and_then(|u| u.rows))?;
+        d.set_item("identity", unit.and_then(|u| u.identity.clone()))?;
+        fields(&d, result.as_ref().unwrap_or(&zero))?;
+        let error = result.err().map(|f: Fault| serde_json::json!(f));
+        d.set_item("error", error.map(|e| json_to_py(py, &e)).transpose()?)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
