@@ -86,3 +86,20 @@ _TORCH_DTYPES: dict[np.dtype, Any] = (
         np.dtype(np.int64): torch.int64,
     }
 )
+
+
+def address(buf: Any) -> tuple[int, int]:
+    """``(address, bytes)`` of a torch tensor's or a numpy array's memory."""
+    if torch is not None and isinstance(buf, torch.Tensor):
+        return buf.data_ptr(), buf.numel() * buf.element_size()
+    return buf.ctypes.data, buf.nbytes
+
+
+def lend(core: Any, owner: Any, regions: list[tuple[int, int]]) -> None:
+    """Lends a running pipeline (``_core.Loader``, ``BudgetLoader``, ``PackedLoader``) the memory
+    of one batch: ``regions`` are ``(address, size)`` pairs, the batch's main buffer first (its
+    size in bytes) and at most one second buffer (token rows or position ids: its size, today, a
+    count of int64 elements); ``owner`` keeps them alive until the pipeline hands them back. Every
+    ``submit`` goes through here, so a change of the binding's signature is made once."""
+    (ptr, nbytes), *rest = regions
+    core.submit(owner, ptr, nbytes, *(rest[0] if rest else ()))
