@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
     torch = None  # type: ignore[assignment]
 
 #: What a loader makes itself, so a DataLoader must not be given it.
-REFUSED = ("batch_size", "collate_fn", "sampler", "batch_sampler")
+REFUSED = ("batch_sampler", "batch_size", "collate_fn", "sampler")
 
 
 def worker() -> tuple[int, int]:
