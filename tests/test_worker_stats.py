@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import shardstream
-import shardstream.loader
+import shardstream._workers
 from corpus import runtime_corrupt_shards
 from shardstream.loader import add_stats_delta, merge_stats, stats_delta
 
@@ -37,7 +37,7 @@ def _worker_stats_at_last_batch(dataset, worker: int, monkeypatch) -> dict:
     same reader, run in this process."""
     loader = _loader(dataset)
     loader.dataset_view(2)
-    monkeypatch.setattr(shardstream.loader, "_worker", lambda: (worker, 2))
+    monkeypatch.setattr(shardstream._workers, "worker", lambda: (worker, 2))
     last: dict = {}
     for _ in loader:
         last = dict(loader._last_stats)
@@ -75,7 +75,7 @@ def test_a_batch_carries_only_the_new_faults(corrupt_dataset, monkeypatch):
         finally:
             depth[0] -= 1
 
-    monkeypatch.setattr(shardstream.loader, "add_stats_delta", record)
+    monkeypatch.setattr(shardstream._workers, "add_stats_delta", record)
     loader = _loader(corrupt_dataset)
     batches = sum(1 for _ in loader.dataloader(num_workers=2))
     faults = loader.stats["faults"]

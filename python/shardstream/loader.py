@@ -7,21 +7,31 @@ in place, so a batch reaches Python without a copy.
 
 from __future__ import annotations
 
-import json
+import functools
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from shardstream import _core
-from shardstream._buffers import BufferPool, lend
-from shardstream._system import default_loader_threads, torchrun_rank_world
+from shardstream._loader_base import LoaderBase, distributed_rank_world
+from shardstream._stats import add_stats_delta, is_skip_reason, merge_stats, raise_if_all_skipped, stats_delta
 from shardstream.config import Crop, LoaderConfig, OnError, SourceOptions, resolve_source_options
-from shardstream.errors import MissingDependencyError, OptionError, SampleError, ShardError, from_core_fault
+from shardstream.errors import OptionError, ShardError
 from shardstream.kinds.naflex import NaFlex, NaFlexBatch
 from shardstream.urls import source_config
+
+# Where they were defined before shardstream._stats, _workers and _loader_base: still importable.
+__all__ = [
+    "Batch",
+    "ShardLoader",
+    "add_stats_delta",
+    "distributed_rank_world",
+    "merge_stats",
+    "raise_if_all_skipped",
+    "stats_delta",
+]
 
 try:  # torch is optional: without it, batches are numpy arrays.
     import torch
@@ -55,26 +65,7 @@ class Batch(NamedTuple):
     tokens: Any = None
 
 
-def distributed_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values first, then torch.distributed when initialised, then RANK/WORLD_SIZE."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    else:
-        r, w = torchrun_rank_world()
-    return (r if rank is None else rank), (w if world_size is None else world_size)
-
-
-def _worker() -> tuple[int, int]:
-    """(worker id, workers) inside a torch DataLoader worker process, else (0, 1)."""
-    if torch is None:
-        return 0, 1
-    info = torch.utils.data.get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-class ShardLoader:
+class ShardLoader(LoaderBase):
     """Iterable of :class:`Batch`: decoded, resized images and their captions, streamed from
     WebDataset shards (or Parquet files) by the Rust core, exactly once per epoch across ranks.
 
@@ -242,26 +233,13 @@ class ShardLoader:
         self._shards = expand_urls(urls, **source_options) if urls is not None else None
         if self._shards is not None and not self._shards:
             raise ValueError(f"no shards match {urls!r}")
+        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
         self.batch_size = batch_size
         self.image_size = image_size
         self.seed = seed
         self.shuffle_buffer = max(1, shuffle_buffer)
-        self.threads = threads or default_loader_threads()
-        self._rank_arg, self._world_arg = rank, world_size
         self.drop_last = drop_last
         self.samples_per_epoch = samples_per_epoch
-        self.prefetch = max(1, prefetch)
-        # The batches in flight, the one in use and the one just let go.
-        self._buffers = BufferPool(keep=self.prefetch + 2)
-        self.epoch = 0
-        self._resume: dict[str, Any] | None = None
-        # Set when a pass reads its epoch (or the rest of a resumed one) to the end.
-        self._pass_completed = False
-        self._reset_progress()
-        self._last_stats: dict[str, Any] = {}
-        self._pin = (
-            pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
-        )
         # What the Rust pipeline of every reader is started with (_core.sample_pipeline's config).
         self._config: dict[str, Any] = self.config.core_config()
         self.sample = sample
@@ -290,99 +268,17 @@ class ShardLoader:
             self._plan = EpochPlanner(index, self._shards, **source_options)
             self._shards = None  # the index names them (in Rust): nothing per shard here
         self._warned_inexact = False
-        self._num_workers = 0
-        self._worker_sync: _WorkerSync | None = None
         # Several ranks known now (an argument, torch.distributed, or torchrun's WORLD_SIZE):
         # refused here, not at the first batch, which under DDP may be minutes of setup later.
-        self._require_quota(self.world_size)
-
-    # -- distribution -------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        """This process's rank: the ``rank`` argument, else ``torch.distributed``'s, else
-        ``RANK``, else 0 (read each time: a process group made after the loader counts)."""
-        return distributed_rank_world(self._rank_arg, self._world_arg)[0]
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks, resolved as :attr:`rank` is (``WORLD_SIZE``, else 1)."""
-        return distributed_rank_world(self._rank_arg, self._world_arg)[1]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Makes the next pass read epoch ``epoch`` from its beginning (each epoch has its own
-        order, derived from ``seed`` and ``epoch``).
-
-        Right after :meth:`load_state_dict` of a state in that same epoch, the loaded position
-        is kept instead: frameworks (HF Trainer, accelerate) restore the loader first and then
-        set the epoch they resume in.
-
-        Args:
-            epoch: The epoch number, from 0.
-        """
-        epoch = int(epoch)
-        if self._resume_pending() and int(self._resume["epoch"]) == epoch:
-            return
-        self.epoch = epoch
-        self._resume = None
-        self._pass_completed = False
-        self._reset_progress()
-        self._publish_position()
-
-    def _resume_pending(self) -> bool:
-        """A state was loaded and no pass has yielded a batch of it yet."""
-        return self._resume is not None and self._batches_done == 0 and not self._pass_completed
-
-    def _publish_position(self) -> None:
-        """Tells DataLoader worker processes the epoch and resume state to read next."""
-        if self._worker_sync is not None:
-            self._worker_sync.publish(self.epoch, self._resume)
-
-    def _follow_main_process(self) -> None:
-        """In a DataLoader worker: adopt the position the main process published. A persistent
-        worker keeps the copy of the loader it was started with, so without this every epoch
-        would replay the one it was started in."""
-        if self._worker_sync is None or torch is None or torch.utils.data.get_worker_info() is None:
-            return
-        self.epoch, self._resume = self._worker_sync.read()
-        self._reset_progress()
-
-    def _reset_progress(self) -> None:
-        """Forgets the batches yielded since the epoch (or resume) began."""
-        self._batches_done = 0
-        # Per yielded batch: (phase reader, reserve positions it had used by then).
-        self._reserve_marks: list[tuple[int, int]] = []
+        self._check_readers(self.world_size)
 
     def __len__(self) -> int:
         """Batches this rank yields in the current pass: after a resume, those left in the epoch."""
         if self._plan is not None:
             return self._plan.plan(self._plan_params(self._num_workers), self._resume).num_batches
-        return self.batches_per_epoch
-
-    @property
-    def batches_per_epoch(self) -> int:
-        """The steps of this epoch as a framework counts them (``len()`` counts what is left after
-        a resume): a whole epoch at this world size; resumed, the batches per rank done before
-        the loaded position (at the world sizes they were done at) plus those left. Lightning
-        and Trainer, restored at step n of an epoch, stop it after this many."""
-        if self._plan is not None:
-            params = self._plan_params(self._num_workers)
-            if self._resume is None or int(self._resume["epoch"]) != self.epoch:
-                return self._plan.plan(params, None).num_batches
-            done = sum(int(phase["batches_done"]) for phase in self._resume["phases"])
-            return done + self._plan.plan(params, self._resume).num_batches
         if self.samples_per_epoch is not None:
             return self.samples_per_epoch // (self.world_size * self.batch_size)
         raise TypeError("len() needs an index or samples_per_epoch")
-
-    def _begin_pass(self) -> None:
-        """A new pass counts its batches from where it starts (the epoch's beginning, or the
-        loaded position). A pass after one that read a resumed epoch to its end reads the epoch
-        whole, as a StatefulDataLoader's next iterator does: the loaded position is used once."""
-        if self._pass_completed and self._resume is not None:
-            self._resume = None
-            self._publish_position()
-        self._pass_completed = False
-        self._reset_progress()
 
     # -- iteration ------------------------------------------------------------------------
     def _plan_params(self, workers: int) -> dict[str, Any]:
@@ -422,7 +318,7 @@ class ShardLoader:
         extra = {"num_batches": quota, "cycle": quota is not None, "shuffle_seed": shuffle_seed}
         return [(self._shards[s].url, s, 0, 0, 0, None, stride) for s, stride in spans], extra
 
-    def _require_quota(self, readers: int) -> None:
+    def _check_readers(self, readers: int) -> None:
         """Without an index, several readers (ranks x DataLoader workers) only step equally with
         a fixed quota: refused with the two ways out, as an :class:`OptionError`."""
         if self._plan is None and self.samples_per_epoch is None and readers > 1:
@@ -456,7 +352,7 @@ class ShardLoader:
                 raise ValueError(
                     "mid-epoch resume needs an index (exact epochs); build one with `shardstream index`"
                 )
-            self._require_quota(world * max(workers, 1))
+            self._check_readers(world * max(workers, 1))
             spans, extra = self._streaming_reader(worker, workers)
             phase_reader = worker
             config.update(extra, block_size=self.shuffle_buffer, first_block=0)
@@ -465,94 +361,33 @@ class ShardLoader:
         config["crop_seed"] = _seed(self.seed, self.epoch)
         return _core.sample_pipeline(spans, config, display), phase_reader
 
-    def _pinning(self) -> bool:
-        # Inside a DataLoader worker (a forked process) CUDA must not be touched: the
-        # DataLoader pins batches in the main process instead (dataloader() asks it to).
-        return self._pin and torch is not None and torch.utils.data.get_worker_info() is None
-
-    def _alloc(self) -> Any:
+    def _layout(self) -> tuple[tuple[tuple[int, ...], Any], tuple[tuple[int, ...], Any] | None]:
         shape: tuple[int, ...] = (self.batch_size, 3, self.image_size, self.image_size)
         if self.sample is not None:
             shape = self.sample.buffer_shape(self.batch_size)
-        return self._buffers.empty(shape, np.uint8, pin=self._pinning())
-
-    def _alloc_tokens(self) -> Any:
-        assert self._tokenizer is not None
-        shape = (self.batch_size, self._tokenizer[2])
-        return self._buffers.empty(shape, np.int64, pin=self._pinning())
-
-    def _lend(self, core: Any) -> tuple[Any, Any]:
-        """Lends the pipeline a fresh image buffer (and token buffer, with a tokenizer)."""
-        buf = self._alloc()
-        toks = None if self._tokenizer is None else self._alloc_tokens()
-        lend(core, buf, toks)
-        return buf, toks
-
-    def __iter__(self) -> Iterator[Batch]:
-        worker, workers = _worker()
-        if workers > 1 and self._num_workers != workers:
-            raise RuntimeError(
-                f"this loader runs in a DataLoader with {workers} workers: make it with "
-                f"loader.dataloader(num_workers={workers}) or loader.dataset_view(num_workers={workers})"
-            )
-        if torch is None or torch.utils.data.get_worker_info() is None:
-            self._begin_pass()
-        self._follow_main_process()
-        return self._iterate(worker, workers)
+        tokens = (self.batch_size, self._tokenizer[2]) if self._tokenizer is not None else None
+        return (shape, np.uint8), ((tokens, np.int64) if tokens is not None else None)
 
     def _iterate(self, worker: int, workers: int) -> Iterator[Batch]:
         core, phase_reader = self._core_loader(worker, workers)
-        lent: deque[Any] = deque()
-        yielded = 0
-        try:
-            # A caller may keep a yielded batch: its buffer is lent again only once nothing
-            # refers to it (_buffers.BufferPool), and the pipeline never writes to a buffer
-            # after handing it back.
-            for _ in range(self.prefetch):
-                lent.append(self._lend(core))
-            while True:
-                try:
-                    result = core.next_batch()
-                except _core.CoreFault as fault:
-                    error = from_core_fault(fault)
-                    # A planned pass whose first batch failed whole fails in the core, named by
-                    # its top skip reason: the same error as an all-skipped streaming pass.
-                    if yielded == 0 and _is_skip_reason(error.reason, core.stats()):
-                        raise_if_all_skipped(core.stats())
-                    raise error from None
-                if result is None:
-                    self._pass_completed = True
-                    break
-                n, keys, texts, urls, reserve_used, grids = result
-                buf, toks = lent.popleft()
-                self._batches_done += 1
-                self._reserve_marks.append((phase_reader, reserve_used))
-                if workers > 1:  # a DataLoader worker: the main process reads stats per batch
-                    self._last_stats = core.stats()
-                if toks is not None and n < self.batch_size:
-                    toks = toks[:n]
-                yielded += 1
-                pixels = buf[:n] if n < self.batch_size else buf
-                if self.sample is not None:
-                    yield self.sample.make_batch(pixels, grids, texts, keys, urls, toks)
-                else:
-                    yield Batch(pixels, texts, keys, urls, toks)
-                lent.append(self._lend(core))
-            # A DataLoader worker sees only its part of the pass: the main process decides, from
-            # every worker's stats (_DatasetView._with_stats, _CountingIterable).
-            if yielded == 0 and (torch is None or torch.utils.data.get_worker_info() is None):
-                raise_if_all_skipped(core.stats())
-        finally:
-            try:
-                self._last_stats = core.stats()
-            except ImportError:  # the interpreter is shutting down with this iterator still open
-                pass
-            core.close()
-            # The pass's freed batch buffers stay in the C allocator's arenas until trimmed: without
-            # this a DataLoader worker's RSS climbs for epochs (benches/soak.py).
-            from shardstream.memory import release_memory
+        yield from self._pass(core, workers, functools.partial(self._make_batch, phase_reader))
 
-            release_memory()
+    def _make_batch(self, phase_reader: int, result: Any, buf: Any, toks: Any) -> tuple[Any, tuple[int, int]]:
+        n, keys, texts, urls, reserve_used, grids = result
+        if toks is not None and n < self.batch_size:
+            toks = toks[:n]
+        pixels = buf[:n] if n < self.batch_size else buf
+        if self.sample is not None:
+            batch = self.sample.make_batch(pixels, grids, texts, keys, urls, toks)
+        else:
+            batch = Batch(pixels, texts, keys, urls, toks)
+        return batch, (phase_reader, reserve_used)
+
+    def _no_batch(self, error: ShardError | None) -> None:
+        # A planned pass whose first batch failed whole fails in the core, named by its top skip
+        # reason: the same error as an all-skipped streaming pass.
+        if error is None or is_skip_reason(error.reason, self._last_stats):
+            raise_if_all_skipped(self._last_stats)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -623,7 +458,7 @@ class ShardLoader:
         Raises:
             RuntimeError: ``gather=True`` with several ranks but no initialised process group.
         """
-        done = self._batches_done if batches is None else int(batches)
+        done = self._batches_consumed(batches)
         if self._plan is None:
             return {"epoch": self.epoch, "batches": done, "exact": False}
         uses = self.reserve_use(done)
@@ -668,37 +503,7 @@ class ShardLoader:
                 "mid-epoch resume needs an index (exact epochs); build one with `shardstream index`"
             )
         self.epoch = int(state["epoch"])
-        self._resume = state
-        self._pass_completed = False
-        self._reset_progress()
-        self._publish_position()
-
-    def dataset_view(self, num_workers: int) -> Any:
-        """A ``torch.utils.data.IterableDataset`` for a DataLoader of your own, made with
-        ``batch_size=None`` and ``num_workers`` worker processes: each worker reads its own part
-        of this rank's share. Prefer :meth:`dataloader`, which also keeps the batch count and
-        the workers' stats; with this view the count for :meth:`state_dict` is yours to pass
-        (``state_dict(batches=n)``).
-
-        Args:
-            num_workers: The DataLoader's ``num_workers`` (0: read in the main process).
-
-        Returns:
-            The dataset view.
-
-        Raises:
-            OptionError: Several readers (ranks x ``num_workers``) without an index or
-                ``samples_per_epoch`` (a ``ValueError``).
-            MissingDependencyError: torch is not installed.
-        """
-        if torch is None:
-            raise MissingDependencyError("torch", "torch", "DataLoader worker processes")
-        self._require_quota(self.world_size * max(int(num_workers), 1))
-        self._num_workers = int(num_workers)
-        if self._worker_sync is None:
-            self._worker_sync = _WorkerSync()
-        self._publish_position()
-        return _DatasetView(self)
+        self._load_position(state)
 
     def dataloader(
         self,
@@ -754,50 +559,9 @@ class ShardLoader:
                 ``samples_per_epoch`` (a ``ValueError``).
             MissingDependencyError: torch is not installed.
         """
-        if torch is None:
-            raise MissingDependencyError("torch", "torch", "DataLoader worker processes")
-        refused = sorted({"collate_fn", "batch_size", "sampler", "batch_sampler"} & set(kwargs))
-        if refused:
-            raise TypeError(
-                f"dataloader() does not take {refused[0]}: the loader makes the batches itself; "
-                "transform them with batch_transform=fn (fn(Batch) -> Batch, run in the workers)"
-            )
-        self._require_quota(self.world_size * max(num_workers, 1))
-        view = self.dataset_view(num_workers)
-        view.with_stats = True
-        view.batch_transform = batch_transform
-        kwargs.setdefault("pin_memory", self._pin)
-        loader = torch.utils.data.DataLoader(view, batch_size=None, num_workers=num_workers, **kwargs)
-        return _CountingIterable(self, loader)
-
-
-class _WorkerSync:
-    """The epoch and resume state, in shared memory that the main process writes and DataLoader
-    workers read each time they start an iteration (forked workers inherit it, spawned ones get
-    it through torch's shared-memory pickling). JSON behind an 8-byte length: a resume state is a
-    few hundred bytes per phase."""
-
-    CAPACITY = 1 << 20
-
-    def __init__(self) -> None:
-        self._buffer = torch.zeros(self.CAPACITY, dtype=torch.uint8).share_memory_()
-
-    def publish(self, epoch: int, resume: dict[str, Any] | None) -> None:
-        data = json.dumps({"epoch": epoch, "resume": resume}).encode()
-        if len(data) + 8 > self.CAPACITY:
-            raise ValueError(
-                f"resume state of {len(data)} bytes is too large to hand to DataLoader workers "
-                f"(at most {self.CAPACITY - 8})"
-            )
-        view = self._buffer.numpy()
-        view[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        view[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
-
-    def read(self) -> tuple[int, dict[str, Any] | None]:
-        view = self._buffer.numpy()
-        length = int.from_bytes(view[:8].tobytes(), "little")
-        position = json.loads(view[8 : 8 + length].tobytes())
-        return int(position["epoch"]), position["resume"]
+        transform = functools.partial(_transformed, batch_transform) if batch_transform is not None else None
+        hint = "; transform them with batch_transform=fn (fn(Batch) -> Batch, run in the workers)"
+        return self._open_workers(num_workers, kwargs, transform=transform, hint=hint)
 
 
 def _refuse_square_arguments(sample: NaFlex, image_size: int, crop: Crop, scale: Any, ratio: Any) -> None:
@@ -847,164 +611,6 @@ def _gather_from_ranks(uses: list[dict[str, int]], readers: int) -> list[dict[st
     ]
 
 
-def raise_if_all_skipped(stats: dict[str, Any]) -> None:
-    """Raises for a pass that yielded no batch and read no good sample but skipped samples or
-    lost shards: every sample it read was skipped, which a training loop would otherwise meet as
-    an epoch that never steps.
-
-    Args:
-        stats: The pass's stats (merged over its DataLoader workers).
-
-    Raises:
-        SampleError: ``reason`` is the most frequent reason samples were skipped for (without
-            skipped samples: shards failed for); the message gives its count, the others and one
-            fault's detail.
-    """
-    if stats.get("samples", 0):  # a good sample read (dropped with a short remainder): not this
-        return
-    skipped = {reason: n for reason, n in (stats.get("skipped") or {}).items() if n}
-    failed = {reason: n for reason, n in (stats.get("shard_errors") or {}).items() if n}
-    counts, unit = (skipped, "samples") if skipped else (failed, "shards")
-    if not counts:
-        return
-    reason, count = max(counts.items(), key=lambda item: (item[1], item[0]))
-    example = next((f for f in stats.get("faults") or [] if f.get("reason") == reason), None)
-    seen = ""
-    if example is not None:
-        where = f"key {example['key']!r} of {example['url']}" if example.get("key") else example["url"]
-        seen = f"; e.g. {where}: {example['detail']}"
-    others = [f"{r}: {n:,} {unit}" for r, n in sorted(counts.items()) if r != reason]
-    if skipped and failed:
-        others += [f"{r}: {n:,} shards" for r, n in sorted(failed.items())]
-    raise SampleError(
-        reason,
-        detail=f"the pass yielded no batch, every sample it read was skipped: {count:,} of "
-        f"{sum(counts.values()):,} {unit} for {reason}"
-        + (f" (also {', '.join(others)})" if others else "")
-        + seen,
-    )
-
-
-def _is_skip_reason(reason: str, stats: dict[str, Any]) -> bool:
-    """Whether the pass skipped samples (or lost shards) for ``reason``: the core names a pass
-    that cannot go on because everything failed by its top skip reason."""
-    return reason in (stats.get("skipped") or {}) or reason in (stats.get("shard_errors") or {})
-
-
-def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sums the counters of several readers: numbers add, dicts add per key, lists concatenate."""
-    merged: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            if isinstance(value, dict):
-                target = merged.setdefault(key, {})
-                for k, v in value.items():
-                    target[k] = target.get(k, 0) + v
-            elif isinstance(value, list):
-                merged.setdefault(key, []).extend(value)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                merged[key] = merged.get(key, 0) + value
-            else:
-                merged[key] = value
-    return merged
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def stats_delta(current: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
-    """What changed in a reader's stats since the ones recorded in ``sent``, which is updated to
-    ``current``: counters as increments, lists (faults, remainder keys: they only grow) as their
-    new items, anything else (seconds) as its new value; what did not change is left out. A
-    DataLoader worker sends this with each batch instead of its whole stats, whose fault list
-    alone may hold a thousand entries."""
-    delta: dict[str, Any] = {}
-    for key, value in current.items():
-        new = key not in sent  # sent whole the first time, so that every key reaches the totals
-        if isinstance(value, dict):
-            change: Any = stats_delta(value, sent.setdefault(key, {}))
-            if change or new:
-                delta[key] = change
-        elif isinstance(value, list):
-            if len(value) > sent.get(key, 0) or new:
-                delta[key] = value[sent.get(key, 0) :]
-            sent[key] = len(value)
-        elif _is_count(value):
-            if value != sent.get(key, 0) or new:
-                delta[key] = value - sent.get(key, 0)
-            sent[key] = value
-        else:
-            if new or sent[key] != value:
-                delta[key] = value
-            sent[key] = value
-    return delta
-
-
-def add_stats_delta(total: dict[str, Any], delta: dict[str, Any]) -> None:
-    """Applies a :func:`stats_delta` to the totals it was taken against (the inverse)."""
-    for key, change in delta.items():
-        if isinstance(change, dict):
-            add_stats_delta(total.setdefault(key, {}), change)
-        elif isinstance(change, list):
-            total.setdefault(key, []).extend(change)
-        elif _is_count(change):
-            total[key] = total.get(key, 0) + change
-        else:
-            total[key] = change
-
-
-class _CountingIterable:
-    """A DataLoader over the dataset view that counts batches for ``state_dict`` and merges the
-    workers' stats (each worker sends what changed in its stats with every batch).
-
-    It follows torchdata's StatefulDataLoader contract as :class:`ShardLoader` does with no
-    workers: ``state_dict()`` is the position after the batches this iterable has yielded (the
-    torch DataLoader's own read-ahead into its workers' queues is not counted), and
-    ``load_state_dict`` makes the next pass continue there, on any worker count."""
-
-    def __init__(self, owner: ShardLoader, inner: Any) -> None:
-        self.owner, self.inner = owner, inner
-
-    def __len__(self) -> int:
-        return len(self.owner)
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.owner.batches_per_epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.owner.set_epoch(epoch)
-
-    def state_dict(self, batches: int | None = None, *, gather: bool = False) -> dict[str, Any]:
-        return self.owner.state_dict(batches, gather=gather)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.owner.load_state_dict(state)
-
-    def __iter__(self) -> Iterator[Batch]:
-        self.owner._begin_pass()
-        # Each worker's stats, rebuilt from its deltas: what it would have sent whole.
-        per_worker: dict[int, dict[str, Any]] = {}
-        yielded = 0
-        for batch, worker, delta, mark in self.inner:
-            add_stats_delta(per_worker.setdefault(worker, {}), delta)
-            self.owner._last_stats = merge_stats(list(per_worker.values()))
-            if batch is None:  # the stats of a worker that yielded no batch, sent as it ended
-                continue
-            if isinstance(batch, ShardError):  # a worker's error, with its stats
-                if yielded == 0 and _is_skip_reason(batch.reason, self.owner._last_stats):
-                    raise_if_all_skipped(self.owner._last_stats)
-                raise batch
-            self.owner._batches_done += 1
-            self.owner._reserve_marks.append(mark)
-            yielded += 1
-            yield batch
-        self.owner._pass_completed = True
-        if yielded == 0:
-            raise_if_all_skipped(self.owner._last_stats)
-
-
 def _transformed(transform: Callable[[Batch], Batch], batch: Batch) -> Batch:
     """``transform(batch)``, which must stay a Batch: the counting, pinning and framework
     adapters downstream rely on its fields."""
@@ -1015,41 +621,3 @@ def _transformed(transform: Callable[[Batch], Batch], batch: Batch) -> Batch:
             f"got {type(result).__name__}"
         )
     return result
-
-
-if torch is not None:
-
-    class _DatasetView(torch.utils.data.IterableDataset):
-        def __init__(self, loader: ShardLoader) -> None:
-            self.loader = loader
-            self.with_stats = False
-            self.batch_transform: Callable[[Batch], Batch] | None = None
-
-        def __iter__(self) -> Iterator[Any]:
-            if not self.with_stats:
-                return iter(self.loader)
-            return self._with_stats()
-
-        def _with_stats(self) -> Iterator[tuple[Batch, int, dict[str, Any], tuple[int, int]]]:
-            worker = _worker()[0]
-            sent: dict[str, Any] = {}
-            yielded = 0
-            try:
-                for batch in self.loader:
-                    delta = stats_delta(self.loader._last_stats, sent)
-                    if self.batch_transform is not None:
-                        batch = _transformed(self.batch_transform, batch)
-                    yielded += 1
-                    yield batch, worker, delta, self.loader._reserve_marks[-1]
-            except ShardError as error:
-                # Sent as an item, the error reaches the main process whole (torch re-raises a
-                # worker's exception as ``type(msg)``: a ShardError's reason would be the text).
-                yield error, worker, stats_delta(self.loader._last_stats, sent), None
-                return
-            if yielded == 0:
-                # Without a batch to carry them, this worker's stats (what it skipped) would
-                # never reach the main process, which raises when no worker yielded a batch.
-                yield None, worker, stats_delta(self.loader._last_stats, sent), None
-
-        def __len__(self) -> int:
-            return len(self.loader)

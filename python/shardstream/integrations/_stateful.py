@@ -5,12 +5,10 @@ the framework's checkpoint hook, and whose batches may be turned into the framew
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from shardstream.loader import Batch, ShardLoader
-
-if TYPE_CHECKING:
-    from shardstream.kinds.unit_plan import UnitPlanLoader
+from shardstream._loader_base import LoaderBase
+from shardstream.loader import Batch
 
 
 class FrameworkLoader:
@@ -31,7 +29,7 @@ class FrameworkLoader:
 
     def __init__(
         self,
-        loader: ShardLoader | UnitPlanLoader,
+        loader: LoaderBase,
         *,
         num_workers: int = 0,
         convert: Callable[[Batch], Any] | None = None,
@@ -39,9 +37,7 @@ class FrameworkLoader:
         epoch_of: Callable[[], int] | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
-        from shardstream.kinds.unit_plan import UnitPlanLoader
-
-        if not isinstance(loader, (ShardLoader, UnitPlanLoader)):
+        if not isinstance(loader, LoaderBase):
             raise TypeError(
                 "expected a shardstream.ShardLoader, TextLoader or NaFlexBudgetLoader, "
                 f"got {type(loader).__name__}"
@@ -79,7 +75,7 @@ class FrameworkLoader:
             yield batch if self.convert is None else self.convert(batch)
 
 
-def check_rank(loader: ShardLoader | UnitPlanLoader, rank: int, world_size: int, framework: str) -> None:
+def check_rank(loader: LoaderBase, rank: int, world_size: int, framework: str) -> None:
     """The loader must read this process's share: one clear error where it would read another's."""
     if (loader.rank, loader.world_size) != (rank, world_size):
         raise ValueError(

@@ -5,16 +5,82 @@ when read; and what a count says about the units it could not read."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import warnings
-from typing import Any
+from collections import Counter
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from shardstream.errors import OptionError, ShardError, UnreadableUnitsWarning, source_error_class
 from shardstream.urls import redact
 
 #: Failed units a warning lists one by one; the counts' ``failed`` list holds every one.
 LISTED_FAILURES = 20
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+class CountsFile:
+    """What the counts of every kind planned over units share (:class:`~shardstream.TokenCounts`,
+    :class:`~shardstream.PatchCounts`): saving and loading as a checked JSON file, and the
+    identity a resume state records. A subclass (a dataclass with a ``units`` field) names its
+    file's format and version, what it is called, its units' weight field and what else the
+    identity covers."""
+
+    FORMAT: ClassVar[str]
+    VERSION: ClassVar[int]
+    WHAT: ClassVar[str]
+    WEIGHT: ClassVar[str]
+    units: list[dict[str, Any]]
+
+    def _sum(self, key: str) -> int:
+        """The units' ``key`` (tokens, documents, batches...), summed."""
+        return sum(int(u[key]) for u in self.units)
+
+    def _skipped(self) -> dict[str, int]:
+        """What the units skipped, by reason, summed."""
+        total: Counter[str] = Counter()
+        for u in self.units:
+            total.update(u.get("skipped", {}))
+        return dict(total)
+
+    def _identity_head(self) -> bytes:
+        """What the identity covers besides each unit's weight (the tokenizer, the budget)."""
+        raise NotImplementedError
+
+    def identity(self) -> str:
+        """A short hash of the counts and what they were counted under (the tokenizer; the
+        grids and budget): a resume state made over other counts is refused."""
+        digest = hashlib.sha256(self._identity_head())
+        for u in self.units:
+            digest.update(f"{u['url']}|{u['first_row']}|{u[self.WEIGHT]}\n".encode())
+        return digest.hexdigest()[:16]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the counts as JSON, atomically.
+
+        Args:
+            path: Where; gzip-compressed when it ends in ``.gz``.
+        """
+        save(path, self.FORMAT, self.VERSION, self.__dict__)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Self:
+        """Reads counts written by :meth:`save`.
+
+        Args:
+            path: A file :meth:`save` wrote (plain or gzip JSON).
+
+        Returns:
+            The counts.
+
+        Raises:
+            ValueError: the file is not a counts file of this kind, of a version this package
+                reads.
+        """
+        return cls(**load(path, cls.FORMAT, cls.VERSION, cls.WHAT))
 
 
 def save(path: str | os.PathLike[str], fmt: str, version: int, fields: dict[str, Any]) -> None:

@@ -24,29 +24,22 @@ order, as img2dataset writes them, mix well); the order of units is shuffled eve
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from shardstream import _core
-from shardstream._buffers import BufferPool, lend
 from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
-from shardstream.errors import OptionError, from_core_fault
+from shardstream.errors import OptionError
 from shardstream.kinds import counts_file
 from shardstream.kinds.naflex import NaFlex, NaFlexBatch
 from shardstream.kinds.unit_plan import UnitPlanLoader
-
-try:  # torch is optional: without it, batches are numpy arrays.
-    import torch
-except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
-    torch = None  # type: ignore[assignment]
 
 COUNTS_FORMAT = "shardstream-patch-counts"
 COUNTS_VERSION = 1
@@ -72,7 +65,7 @@ def default_buckets(max_num_patches: int, bucket_patches: int | None) -> list[in
 
 
 @dataclass
-class PatchCounts:
+class PatchCounts(counts_file.CountsFile):
     """How many token-budget batches every unit of an image dataset makes: what
     :class:`NaFlexBudgetLoader` plans an epoch with. Made by :func:`count_patches`; saved and
     loaded as JSON (gzip when the path ends in ``.gz``).
@@ -99,10 +92,18 @@ class PatchCounts:
     units: list[dict[str, Any]]
     failed: list[dict[str, Any]] = field(default_factory=list)
 
+    FORMAT: ClassVar[str] = COUNTS_FORMAT
+    VERSION: ClassVar[int] = COUNTS_VERSION
+    WHAT: ClassVar[str] = "patch counts"
+    WEIGHT: ClassVar[str] = "batches"
+
+    def __post_init__(self) -> None:
+        self.naflex = tuple(self.naflex)  # type: ignore[assignment]  # a list, read from JSON
+
     @property
     def total_batches(self) -> int:
         """Batches of the whole dataset under the budget."""
-        return sum(int(u["batches"]) for u in self.units)
+        return self._sum("batches")
 
     @property
     def images(self) -> int:
@@ -112,15 +113,12 @@ class PatchCounts:
     @property
     def samples(self) -> int:
         """Samples read."""
-        return sum(int(u["samples"]) for u in self.units)
+        return self._sum("samples")
 
     @property
     def skipped(self) -> dict[str, int]:
         """Samples that cannot be used, by reason (``corrupt_image``, ``too_few_patches``, ...)."""
-        total: Counter[str] = Counter()
-        for u in self.units:
-            total.update(u.get("skipped", {}))
-        return dict(total)
+        return self._skipped()
 
     @property
     def padding(self) -> float:
@@ -135,39 +133,9 @@ class PatchCounts:
         slots = sum(int(u["fixed_slots"]) for u in self.units)
         return 1 - sum(int(u["patches"]) for u in self.units) / slots if slots else 0.0
 
-    def identity(self) -> str:
-        """A short hash of the counts and their budget: a resume state made over other counts is
-        refused."""
+    def _identity_head(self) -> bytes:
         shape = [self.naflex, self.max_patches_per_batch, self.buckets, self.max_images_per_batch]
-        digest = hashlib.sha256(json.dumps([*shape, self.sample]).encode())
-        for u in self.units:
-            digest.update(f"{u['url']}|{u['first_row']}|{u['batches']}\n".encode())
-        return digest.hexdigest()[:16]
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the counts as JSON, atomically.
-
-        Args:
-            path: Where; gzip-compressed when it ends in ``.gz``.
-        """
-        counts_file.save(path, COUNTS_FORMAT, COUNTS_VERSION, self.__dict__)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> PatchCounts:
-        """Reads counts written by :meth:`save`.
-
-        Args:
-            path: A file :meth:`save` wrote (plain or gzip JSON).
-
-        Returns:
-            The counts.
-
-        Raises:
-            ValueError: the file is not a patch counts file of a version this package reads.
-        """
-        data = counts_file.load(path, COUNTS_FORMAT, COUNTS_VERSION, "patch counts")
-        data["naflex"] = tuple(data["naflex"])
-        return cls(**data)
+        return json.dumps([*shape, self.sample]).encode()
 
 
 def _core_config(counts: PatchCounts) -> dict[str, Any]:
@@ -382,14 +350,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
             random_crop_ratio=random_crop_ratio,
         )
         self.seed = seed
-        self.threads = threads or default_loader_threads()
-        self.prefetch = max(1, prefetch)
-        # The batches in flight, the one in use and the one just let go (_buffers).
-        self._buffers = BufferPool(keep=self.prefetch + 2)
-        self._rank_arg, self._world_arg = rank, world_size
-        self._pin = (
-            pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
-        )
+        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
         options = (source or SourceOptions()).keywords()
         signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
         shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
@@ -407,7 +368,6 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         self._weights = [int(u["batches"]) for u in c.units]
         self._total = sum(self._weights)
         self._batch_bytes = c.max_patches_per_batch * self.naflex.patch_len
-        self._init_position()
         if len(self) == 0 and self._resume is None:
             raise ValueError(
                 f"the dataset makes {self._total} batches under max_patches_per_batch="
@@ -417,54 +377,28 @@ class NaFlexBudgetLoader(UnitPlanLoader):
     def _shape(self) -> tuple[int, int, int, int, int]:
         return (self.world_size, self._num_workers, 1, 1, 1)
 
-    def _lend(self, core: Any) -> tuple[Any, Any]:
-        pin = self._pin and torch is not None and torch.utils.data.get_worker_info() is None
-        rows = (self._max_images, self._tokenizer[2]) if self._tokenizer is not None else None
-        buf = self._buffers.empty(self._batch_bytes, np.uint8, pin=pin)
-        toks = self._buffers.empty(rows, np.int64, pin=pin) if rows else None
-        lend(core, buf, toks)
-        return buf, toks
+    def _layout(self) -> tuple[tuple[tuple[int, ...], Any], tuple[tuple[int, ...], Any] | None]:
+        tokens = ((self._max_images, self._tokenizer[2]), np.int64) if self._tokenizer is not None else None
+        return ((self._batch_bytes,), np.uint8), tokens
 
-    def _iterate(self) -> Iterator[NaFlexBatch]:
-        worker_info = torch.utils.data.get_worker_info() if torch is not None else None
-        worker = 0 if worker_info is None else worker_info.id
-        from shardstream.loader import _seed
+    def _iterate(self, worker: int, workers: int) -> Iterator[NaFlexBatch]:
+        from shardstream.plan import derive_seed
 
-        config = dict(self._config, threads=self.threads, crop_seed=_seed(self.seed, self.epoch))
+        config = dict(self._config, threads=self.threads, crop_seed=derive_seed([self.seed, self.epoch]))
         core = _core.budget_pipeline(
             self._units,
             self._weights,
             self._reader(worker),
             config,
         )
-        lent: deque[tuple[Any, Any]] = deque()
-        try:
-            for _ in range(self.prefetch):
-                lent.append(self._lend(core))
-            while True:
-                try:
-                    result = core.next_batch()
-                except _core.CoreFault as fault:
-                    raise from_core_fault(fault) from None
-                if result is None:
-                    self._pass_completed = True
-                    break
-                images, length, grids, texts, keys, urls = result
-                buf, toks = lent.popleft()
-                self._batches_done += 1
-                if worker_info is not None:  # the main process reads a worker's stats per batch
-                    self._last_stats = core.stats()
-                shape = (images, length, self.naflex.patch_len)
-                pixels = buf[: images * length * self.naflex.patch_len].reshape(shape)
-                tokens = toks[:images] if toks is not None else None
-                yield self.naflex.make_batch(pixels, grids, texts, keys, urls, tokens, length=length)
-                lent.append(self._lend(core))
-        finally:
-            try:
-                self._last_stats = core.stats()
-            except ImportError:  # the interpreter is shutting down with this iterator open
-                pass
-            core.close()
+        yield from self._pass(core, workers, self._make_batch)
+
+    def _make_batch(self, result: Any, buf: Any, toks: Any) -> tuple[NaFlexBatch, None]:
+        images, length, grids, texts, keys, urls = result
+        shape = (images, length, self.naflex.patch_len)
+        pixels = buf[: images * length * self.naflex.patch_len].reshape(shape)
+        tokens = toks[:images] if toks is not None else None
+        return self.naflex.make_batch(pixels, grids, texts, keys, urls, tokens, length=length), None
 
     @property
     def stats(self) -> dict[str, Any]:

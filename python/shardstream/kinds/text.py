@@ -22,20 +22,18 @@ into rows, as Megatron and LitData pack; a document longer than a row spans rows
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from shardstream import _core
-from shardstream._buffers import lend
 from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
-from shardstream.errors import OptionError, from_core_fault
+from shardstream.errors import OptionError
 from shardstream.kinds import counts_file
 from shardstream.kinds.unit_plan import UnitPlanLoader
 
@@ -51,7 +49,7 @@ DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
-class TokenCounts:
+class TokenCounts(counts_file.CountsFile):
     """How many tokens every unit of a corpus encodes to under one tokenizer: what
     :class:`TextLoader` plans an epoch with. Made by :func:`count_tokens`; saved and loaded as
     JSON (gzip when the path ends in ``.gz``).
@@ -82,55 +80,28 @@ class TokenCounts:
     units: list[dict[str, Any]]
     failed: list[dict[str, Any]] = field(default_factory=list)
 
+    FORMAT: ClassVar[str] = COUNTS_FORMAT
+    VERSION: ClassVar[int] = COUNTS_VERSION
+    WHAT: ClassVar[str] = "token counts"
+    WEIGHT: ClassVar[str] = "tokens"
+
     @property
     def total_tokens(self) -> int:
         """Tokens of the whole corpus (every document, with its EOS/BOS)."""
-        return sum(int(u["tokens"]) for u in self.units)
+        return self._sum("tokens")
 
     @property
     def documents(self) -> int:
         """Documents that encode to tokens (skipped ones not counted)."""
-        return sum(int(u["documents"]) for u in self.units)
+        return self._sum("documents")
 
     @property
     def skipped(self) -> dict[str, int]:
         """Documents skipped while counting, by reason (``bad_utf8``, ``missing_text``, ...)."""
-        total: Counter[str] = Counter()
-        for u in self.units:
-            total.update(u.get("skipped", {}))
-        return dict(total)
+        return self._skipped()
 
-    def identity(self) -> str:
-        """A short hash of the counts and their tokenizer: a resume state made over other counts
-        is refused."""
-        digest = hashlib.sha256(self.fingerprint.encode())
-        for u in self.units:
-            digest.update(f"{u['url']}|{u['first_row']}|{u['tokens']}\n".encode())
-        return digest.hexdigest()[:16]
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the counts as JSON, atomically.
-
-        Args:
-            path: Where; gzip-compressed when it ends in ``.gz``.
-        """
-        counts_file.save(path, COUNTS_FORMAT, COUNTS_VERSION, self.__dict__)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> TokenCounts:
-        """Reads counts written by :meth:`save`.
-
-        Args:
-            path: A file :meth:`save` wrote (plain or gzip JSON).
-
-        Returns:
-            The counts.
-
-        Raises:
-            ValueError: the file is not a token counts file of a version this package reads.
-        """
-        data = counts_file.load(path, COUNTS_FORMAT, COUNTS_VERSION, "token counts")
-        return cls(**data)
+    def _identity_head(self) -> bytes:
+        return self.fingerprint.encode()
 
 
 def count_tokens(
@@ -376,18 +347,12 @@ class TextLoader(UnitPlanLoader):
         self.fast_path, self.fast_path_reason = _core.packed_fast_path(c.tokenizer, c.eos_token, c.bos_token)
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.block_rows, self.boundaries, self.dtype = block_rows, boundaries, dtype
-        self.threads = threads or default_loader_threads()
-        self.prefetch = max(1, prefetch)
-        self._rank_arg, self._world_arg = rank, world_size
-        self._pin = (
-            pin_memory if pin_memory is not None else bool(torch is not None and torch.cuda.is_available())
-        )
+        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
         options = (source or SourceOptions()).keywords()
         self._config = self._core_config(options)
         self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
         self._tokens = [int(u["tokens"]) for u in c.units]
         self._total = sum(self._tokens)  # len() is called often by frameworks: summed once
-        self._init_position()
         if len(self) == 0 and self._resume is None:
             need = self.world_size * batch_size * seq_len
             raise ValueError(
@@ -421,66 +386,30 @@ class TextLoader(UnitPlanLoader):
         return (self.world_size, self._num_workers, self.batch_size, self.seq_len, self.block_rows)
 
     # -- iteration ------------------------------------------------------------------------
-    def _alloc(self) -> tuple[Any, Any]:
+    def _layout(self) -> tuple[tuple[tuple[int, ...], Any], tuple[tuple[int, ...], Any] | None]:
         shape = (self.batch_size, self.seq_len)
-        if torch is not None:
-            dtype = torch.int32 if self.dtype == "int32" else torch.int64
-            # A DataLoader worker (a forked process) must not touch CUDA: the DataLoader pins.
-            pin = self._pin and torch.utils.data.get_worker_info() is None
-            ids = torch.empty(shape, dtype=dtype, pin_memory=pin)
-            pos = torch.empty(shape, dtype=torch.int64, pin_memory=pin) if self.boundaries else None
-        else:
-            ids = np.empty(shape, dtype=np.int32 if self.dtype == "int32" else np.int64)
-            pos = np.empty(shape, dtype=np.int64) if self.boundaries else None
-        return ids, pos
+        ids = (shape, np.int32 if self.dtype == "int32" else np.int64)
+        return ids, ((shape, np.int64) if self.boundaries else None)
 
-    def _lend(self, core: Any) -> tuple[Any, Any]:
-        ids, pos = self._alloc()
-        lend(core, ids, pos)
-        return ids, pos
-
-    def _iterate(self) -> Iterator[TextBatch]:
-        worker_info = torch.utils.data.get_worker_info() if torch is not None else None
-        worker = 0 if worker_info is None else worker_info.id
+    def _iterate(self, worker: int, workers: int) -> Iterator[TextBatch]:
         core = _core.packed_pipeline(
             self._units,
             self._tokens,
             self._reader(worker),
             dict(self._config, threads=self.threads),
         )
-        lent: deque[tuple[Any, Any]] = deque()
-        try:
-            for _ in range(self.prefetch):
-                lent.append(self._lend(core))
-            while True:
-                try:
-                    result = core.next_batch()
-                except _core.CoreFault as fault:
-                    raise from_core_fault(fault) from None
-                if result is None:
-                    self._pass_completed = True
-                    break
-                _, cu_seqlens, max_seqlen = result
-                ids, pos = lent.popleft()
-                self._batches_done += 1
-                if worker_info is not None:  # the main process reads a worker's stats per batch
-                    self._last_stats = core.stats()
-                if self.boundaries:
-                    cu = (
-                        torch.tensor(cu_seqlens, dtype=torch.int32)
-                        if torch is not None
-                        else np.asarray(cu_seqlens, dtype=np.int32)
-                    )
-                    yield TextBatch(ids, pos, cu, int(max_seqlen))
-                else:
-                    yield TextBatch(ids)
-                lent.append(self._lend(core))
-        finally:
-            try:
-                self._last_stats = core.stats()
-            except ImportError:  # the interpreter is shutting down with this iterator open
-                pass
-            core.close()
+        yield from self._pass(core, workers, self._make_batch)
+
+    def _make_batch(self, result: Any, ids: Any, pos: Any) -> tuple[TextBatch, None]:
+        _, cu_seqlens, max_seqlen = result
+        if not self.boundaries:
+            return TextBatch(ids), None
+        cu = (
+            torch.tensor(cu_seqlens, dtype=torch.int32)
+            if torch is not None
+            else np.asarray(cu_seqlens, dtype=np.int32)
+        )
+        return TextBatch(ids, pos, cu, int(max_seqlen)), None
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardstream import _workers
 from shardstream.config import SourceOptions
 from shardstream.errors import OptionError
 from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts
-from shardstream.kinds.unit_plan import workers_dataloader
 
 STATE_FORMAT = "shardstream-text-mixture-state"
 
@@ -151,21 +151,32 @@ class TextMixture:
             loader.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[TextBatch]:
+        if _workers.in_worker():
+            return self._worker_part()
         self._begin_pass()
         return self._counted()
 
     def _counted(self) -> Iterator[TextBatch]:
-        for batch in self._iterate(len(self)):
-            self._batches_done += 1
+        for batch in self._iterate(len(self), 0, 1):
+            self._count_batch(None)
             yield batch
         self._end_pass()
 
-    def _iterate(self, count: int) -> Iterator[TextBatch]:
-        """``count`` batches, each joining the next batch of every source's reader (this
-        process's, or in a DataLoader worker that worker's)."""
+    def _worker_part(self) -> Iterator[TextBatch]:
+        """In DataLoader worker ``w`` of ``K``: the mixture's batches ``w, w + K, ...`` below
+        ``len(self)`` (torch takes them round-robin). Every source's reader ``w`` holds at least
+        that many batches: each source's share is split among the workers the same balanced
+        way, and no source has fewer batches than the mixture."""
+        worker, workers = _workers.worker()
+        n = len(self)
+        return self._iterate(n // workers + (1 if worker < n % workers else 0), worker, workers)
+
+    def _iterate(self, count: int, worker: int, workers: int) -> Iterator[TextBatch]:
+        """``count`` batches, each joining the next batch of every source's reader ``worker``
+        (of ``workers``)."""
         import torch
 
-        iterators = [loader._iterate() for loader in self.loaders]
+        iterators = [loader._iterate(worker, workers) for loader in self.loaders]
         try:
             for _ in range(count):
                 parts = [next(it) for it in iterators]
@@ -184,7 +195,7 @@ class TextMixture:
             for it in iterators:
                 it.close()  # type: ignore[attr-defined]
 
-    # -- DataLoader workers (the machinery is TextLoader's: kinds.unit_plan.workers_dataloader) ----
+    # -- DataLoader workers (shardstream._workers, through the hooks below) -----------------
     def dataloader(self, num_workers: int, **kwargs: Any) -> Any:
         """A torch DataLoader in which ``num_workers`` worker processes read this rank's share
         of every source: worker ``w`` reads reader ``w`` of each source (each a contiguous part
@@ -207,7 +218,12 @@ class TextMixture:
             OptionError: ``num_workers`` is below 1.
             TypeError: a refused keyword.
         """
-        return workers_dataloader(self, num_workers, kwargs, pin=self.loaders[0]._pin)
+        pin = self.loaders[0]._pin
+        return _workers.open_workers(self, num_workers, kwargs, pin=pin, min_workers=1, persistent=False)
+
+    def _prepare_workers(self, num_workers: int) -> None:
+        for loader in self.loaders:
+            loader._prepare_workers(num_workers)
 
     def _begin_pass(self) -> None:
         self._batches_done = 0
@@ -220,31 +236,22 @@ class TextMixture:
         for loader in self.loaders:
             loader._end_pass()
 
-    def _set_workers(self, num_workers: int) -> None:
-        for loader in self.loaders:
-            loader._set_workers(num_workers)
+    def _count_batch(self, mark: Any) -> None:
+        self._batches_done += 1
 
-    def _worker_batches(self) -> Iterator[tuple[TextBatch, list[dict[str, Any]]]]:
-        """In DataLoader worker ``w`` of ``K``: the mixture's batches ``w, w + K, ...`` below
-        ``len(self)`` (torch takes them round-robin), each with every source's counters. Every
-        source's reader ``w`` holds at least that many batches: each source's share is split
-        among the workers the same balanced way, and no source has fewer batches than the
-        mixture."""
-        import torch
+    def _last_mark(self) -> None:
+        return None
 
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        n = len(self)
-        count = n // workers + (1 if worker < n % workers else 0)
-        for batch in self._iterate(count):
-            counters = [
-                {k: v for k, v in loader._last_stats.items() if k != "faults"} for loader in self.loaders
-            ]
-            yield batch, counters
+    def _no_batch(self, error: Any) -> None:
+        return None
 
-    def _merge_worker_stats(self, per_worker: list[list[dict[str, Any]]]) -> None:
+    def _worker_stats(self) -> dict[str, dict[str, Any]]:
+        """Every source's counters, by its position."""
+        return {str(i): loader._last_stats for i, loader in enumerate(self.loaders)}
+
+    def _merge_worker_stats(self, per_worker: list[dict[str, dict[str, Any]]]) -> None:
         for i, loader in enumerate(self.loaders):
-            loader._merge_worker_stats([counters[i] for counters in per_worker])
+            loader._merge_worker_stats([counters.get(str(i), {}) for counters in per_worker])
 
     @property
     def stats(self) -> dict[str, Any]:
