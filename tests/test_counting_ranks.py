@@ -205,8 +205,23 @@ def test_previous_patch_counts_saved_to_a_path_give_the_fresh_count(photo_shards
 
 def test_previous_counts_under_other_settings_are_not_reused(corpus, tmp_path):
     other = count_tokens(corpus[:2], tokenizer=GPT2_STYLE, threads=1, max_document_bytes=1 << 20)
-    with pytest.warns(UserWarning, match="other settings \\(max_document_bytes\\): counting every file"):
+    with pytest.warns(
+        UserWarning, match="other settings \\(max_document_bytes\\): counting every file"
+    ) as seen:
         after = count_tokens(corpus[:2], tokenizer=GPT2_STYLE, threads=1, previous=other)
+    assert seen[0].filename == __file__, "attributed to the caller's line"
     assert as_json(after) == as_json(count_tokens(corpus[:2], tokenizer=GPT2_STYLE, threads=1))
     with pytest.raises(ValueError, match="not a token counts file"):
         count_tokens(corpus[:2], tokenizer=GPT2_STYLE, threads=1, previous=corpus[0])
+
+
+@pytest.mark.slow
+def test_a_failure_on_rank_zero_ends_every_rank(corpus, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("not counts")
+    index = ["index", *corpus[:2], "--tokenizer", GPT2_STYLE, "--threads", "1", "-o", str(bad)]
+    run = torchrun(index, module="shardstream", timeout=TIMEOUT)  # a rank left waiting fails it
+    assert run.returncode != 0
+    assert "not a token counts file" in run.stderr, run.stderr[-4000:]
+    assert "rank 0: cannot read the previous counts" in run.stderr, "rank 1 says why it stopped"
+    assert bad.read_text() == "not counts"

@@ -104,20 +104,12 @@ def count_units(
         reused: dict[int, list[dict[str, Any]]] = {}
         error: BaseException | None = None
         if probed is not None:  # rank 0 decides which files to count, from its previous counts
-            versions: list[str | None] = [None] * len(shards)
-            for part in probed:
-                for i, version in part:
-                    versions[i] = version
             try:
-                old = _previous_units(kind, previous)
+                plan, reused = _plan(kind, shards, probed, previous)
             except (OSError, ValueError) as e:  # told to every rank, which would wait for the plan
                 error, plan = e, {"error": f"rank 0: cannot read the previous counts: {e}"}
-            else:
-                reused = {i: old[s.url] for i, s in enumerate(shards) if _same(old, s, versions[i])}
-                plan = {"versions": versions, "count": [i for i in range(len(shards)) if i not in reused]}
         plan = group.broadcast_json(plan)
-        if "error" in plan:
-            raise error if error is not None else RuntimeError(f"{kind.caller}: {plan['error']}")
+        _raise_if_failed(kind, plan, error)
         counting = share(plan["count"], rank, world)
         try:
             counted: Any = _count(kind, [shards[i] for _, i in counting], [i for _, i in counting], threads)
@@ -125,27 +117,46 @@ def count_units(
             error, counted = e, {"error": f"rank {rank}: {type(e).__name__}: {e}"}
         gathered = group.gather_json(counted)
         merged = None
-        if gathered is not None:
+        if gathered is not None:  # rank 0 merges in the order of the file list
             errors = [part["error"] for part in gathered if isinstance(part, dict)]
-            merged = (
-                {"error": errors[0]}
-                if errors
-                else _merge(shards, plan["versions"], reused, {i: r for part in gathered for i, r in part})
-            )
+            files = {i: units for part in gathered if not isinstance(part, dict) for i, units in part}
+            merged = {"error": errors[0]} if errors else _merge(shards, plan["versions"], reused, files)
         merged = group.broadcast_json(merged)
-        if "error" in merged:
-            raise error if error is not None else RuntimeError(f"{kind.caller}: {merged['error']}")
+        _raise_if_failed(kind, merged, error)
+        # Every rank judges the same merged units the same way: the same counts, or the same error.
         counts = kind.build(merged["units"], merged["failed"])
-        failed = merged["failed"]
         if on_error == "raise":
-            counts_file.report_failed(kind.caller, failed, len(merged["units"]), on_error)
+            counts_file.report_failed(kind.caller, merged["failed"], len(merged["units"]), on_error)
         message = kind.nothing(counts)
         if message is not None:
             raise ValueError(message)
         if rank == 0:  # one warning per job, not one per rank
-            counts_file.report_failed(kind.caller, failed, len(merged["units"]), on_error, stacklevel=4)
+            counts_file.report_failed(
+                kind.caller, merged["failed"], len(merged["units"]), on_error, stacklevel=4
+            )
         _save_on_rank_zero(group, counts, output)
         return counts
+
+
+def _plan(
+    kind: CountingKind[Any], shards: Sequence[Shard], probed: list[Any], previous: Any
+) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]]]:
+    """Rank 0's plan (every file's probed version, the positions of the files to count) and the
+    previous units of the files that are not counted again, by position."""
+    versions: list[str | None] = [None] * len(shards)
+    for part in probed:
+        for i, version in part:
+            versions[i] = version
+    old = _previous_units(kind, previous)
+    reused = {i: old[s.url] for i, s in enumerate(shards) if _same(old, s, versions[i])}
+    return {"versions": versions, "count": [i for i in range(len(shards)) if i not in reused]}, reused
+
+
+def _raise_if_failed(kind: CountingKind[Any], told: dict[str, Any], error: BaseException | None) -> None:
+    """Raises on every rank when rank 0 says a step failed: the rank where it failed raises its
+    own exception, the others a RuntimeError naming it."""
+    if "error" in told:
+        raise error if error is not None else RuntimeError(f"{kind.caller}: {told['error']}")
 
 
 def _rank_world(distributed: bool) -> tuple[int, int]:
@@ -188,7 +199,7 @@ def _previous_units(kind: CountingKind[Any], previous: Any) -> dict[str, list[di
         warnings.warn(
             f"{kind.caller}: the previous counts were made with other settings ({', '.join(differ)}): "
             "counting every file",
-            stacklevel=4,
+            stacklevel=5,  # past _plan and count_units: the user's call of count_tokens
         )
         return {}
     by_url: dict[str, list[dict[str, Any]]] = {}
