@@ -65,6 +65,15 @@ def run_worker(kind: str, urls: list[str], out: Path, *extra: str) -> list[dict]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
 
 
+def served(tmp_path: Path, paths: list[str]) -> Path:
+    """A folder to serve, holding copies of ``paths``."""
+    root = tmp_path / "served"
+    root.mkdir()
+    for p in paths:
+        shutil.copy(p, root)
+    return root
+
+
 def body_bytes(server: RangeHTTPServer, root: str) -> Counter[str]:
     """Body bytes the server sent per file name (GETs; a HEAD sends none)."""
     sent: Counter[str] = Counter()
@@ -102,11 +111,8 @@ def test_two_ranks_count_patches_as_one_process_inside_a_training_script(photo_s
 
 @pytest.mark.slow
 def test_torchrun_index_writes_the_one_process_counts_then_reads_only_the_new_files(corpus, tmp_path):
-    root = tmp_path / "served"
-    root.mkdir()
+    root = served(tmp_path, corpus[:3])
     names = [os.path.basename(p) for p in corpus]
-    for p in corpus[:3]:
-        shutil.copy(p, root)
     index = ["index", "--tokenizer", GPT2_STYLE, "--threads", "1"]
     with RangeHTTPServer(str(root)) as srv:
         urls = [srv.url(n) for n in names]
@@ -142,11 +148,8 @@ def test_torchrun_index_writes_the_one_process_counts_then_reads_only_the_new_fi
 
 
 def test_previous_counts_read_only_new_and_changed_files_and_drop_removed_ones(corpus, tmp_path):
-    root = tmp_path / "served"
-    root.mkdir()
+    root = served(tmp_path, corpus[:4])
     names = [os.path.basename(p) for p in corpus]
-    for p in corpus[:4]:
-        shutil.copy(p, root)
     with RangeHTTPServer(str(root)) as srv:
         urls = [srv.url(n) for n in names]
         before = count_tokens(urls[:4], tokenizer=GPT2_STYLE, threads=1)

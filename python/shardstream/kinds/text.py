@@ -191,7 +191,7 @@ def count_tokens(
             ``shardstream index`` probes shards) keeps its units without being read; new,
             changed and failed files are counted, files no longer listed are dropped. The
             result equals a fresh count. Counts made under other settings are not reused (a
-            warning says so).
+            warning says so), nor units without a ``version`` (counted by an older package).
         distributed: Split the files across the ranks of a torchrun job (``RANK`` and
             ``WORLD_SIZE``, or ``torch.distributed`` when initialised; gloo over CPU tensors):
             every rank must call this with the same arguments; each counts its share, rank 0
