@@ -44,6 +44,12 @@ longer listed; the shard order is the order of the URLs.
 
 Under torchrun (RANK/WORLD_SIZE set) each rank scans its share of the shards to scan, and rank 0
 writes the index; every rank exits with rank 0's status.
+
+With --tokenizer the URLs are a text corpus and -o gets its token counts (one file) instead, the
+same way: token counts already at -o, made under the same settings, keep the units of the files
+whose content identity is unchanged (only new or changed files are read, removed ones dropped;
+--rebuild reads all), and under torchrun each rank counts its share of the files and rank 0
+writes the counts, identical to a one-process count.
 """
 
 _EPILOG = """\
@@ -54,6 +60,7 @@ examples:
   shardstream index 'shards/{000000..000199}.tar' -o shards.index   # again, grown: scans the new ones
   torchrun --nproc_per_node=8 -m shardstream index 's3://bucket/data/{000000..009999}.tar' -o data.index
   shardstream index 'fineweb/*.parquet' --tokenizer tokenizer.json --text-key text -o fineweb.tokens.json.gz
+  torchrun --nproc_per_node=8 -m shardstream index 'fineweb/*.parquet' --tokenizer tok.json -o fw.tokens.json
 
 exit status: 0 index written, 1 no valid sample left (every shard failed or every sample is
 invalid: no index written, the reason printed), 2 a shard could not be read (no index written)
@@ -81,8 +88,9 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rebuild",
         action="store_true",
-        help="scan every shard, ignoring the folder index already at -o (by default its shards whose "
-        "content identity is unchanged are reused; rebuild after changing what a valid sample is)",
+        help="scan every shard, ignoring the folder index (or with --tokenizer the token counts) already "
+        "at -o (by default its shards whose content identity is unchanged are reused; rebuild after "
+        "changing what a valid sample is)",
     )
     p.add_argument(
         "--no-distributed",

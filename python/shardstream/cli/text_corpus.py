@@ -6,12 +6,14 @@ with); ``validate`` reports the documents it cannot use, with typed reasons."""
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import warnings
 from collections import Counter
 from typing import Any
 
 from .._files import atomic_write_json
+from .._system import torchrun_rank_world
 from .common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, print_err
 
 
@@ -20,7 +22,10 @@ def add_text_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "text corpora (the packed text kind: shardstream.TextLoader)",
         "with --tokenizer the URLs are a text corpus: every document is read and encoded as "
-        "TextLoader will; index writes the token counts (-o NAME.json[.gz]) instead of an index",
+        "TextLoader will; index writes the token counts (-o NAME.json[.gz]) instead of an index. "
+        "Token counts already at -o (same tokenizer and settings) are reused for the files whose "
+        "content identity is unchanged: only new or changed files are read (--rebuild reads all); "
+        "under torchrun each rank counts its share of the files and rank 0 writes the counts",
     )
     g.add_argument("--tokenizer", metavar="TOKENIZER_JSON", help="a Hugging Face tokenizer.json")
     g.add_argument(
@@ -41,7 +46,7 @@ def add_text_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _counts(args: argparse.Namespace) -> Any:
+def _counts(args: argparse.Namespace, *, previous: str | None = None, distributed: bool = False) -> Any:
     from ..errors import UnreadableUnitsWarning
     from ..kinds.text import DEFAULT_MAX_DOCUMENT_BYTES, count_tokens
 
@@ -56,6 +61,8 @@ def _counts(args: argparse.Namespace) -> Any:
             bos_token=args.bos_token,
             max_document_bytes=args.max_document_bytes or DEFAULT_MAX_DOCUMENT_BYTES,
             threads=args.threads,
+            previous=previous,
+            distributed=distributed,
         )
 
 
@@ -83,12 +90,17 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not args.output.endswith((".json", ".json.gz")):
         print_err("index", f"-o {args.output}: token counts are one file, NAME.json or NAME.json.gz")
         return EXIT_USAGE
+    rank = torchrun_rank_world()[0] if args.distributed else 0
+    # Counts already at -o are what a grown corpus is counted against (rank 0 reads them).
+    previous = args.output if not args.rebuild and os.path.exists(args.output) else None
     start = time.perf_counter()
     try:
-        counts = _counts(args)
+        counts = _counts(args, previous=previous, distributed=args.distributed)
     except ValueError as e:
         print_err("index", str(e))
         return EXIT_USAGE
+    if rank != 0:  # every rank holds the same counts; rank 0 reports and writes them
+        return EXIT_USAGE if counts.failed else EXIT_OK
     lines = _summary("index", counts, time.perf_counter() - start)
     if counts.failed:
         for line in lines[1:]:

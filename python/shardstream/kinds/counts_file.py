@@ -146,7 +146,9 @@ def check_on_error(on_error: str) -> None:
         raise OptionError("on_error", f"must be 'skip' or 'raise', got {on_error!r}")
 
 
-def report_failed(caller: str, failed: list[dict[str, Any]], counted: int, on_error: str) -> None:
+def report_failed(
+    caller: str, failed: list[dict[str, Any]], counted: int, on_error: str, *, stacklevel: int = 3
+) -> None:
     """Says which units a count could not read, so that none is left out of the epochs unheard
     of: with ``on_error="raise"`` raises the first one's typed error; else warns
     (:class:`~shardstream.UnreadableUnitsWarning`) with a summary line, as ``shardstream index``
@@ -157,6 +159,7 @@ def report_failed(caller: str, failed: list[dict[str, Any]], counted: int, on_er
         failed: The units that failed (``url``, ``display``, ``error``: reason, detail, kind).
         counted: The units counted.
         on_error: ``"skip"`` (warn) or ``"raise"``.
+        stacklevel: The warning's, pointing at the user's call (3: the caller's caller).
 
     Raises:
         ShardError: with ``on_error="raise"``, for the first failed unit (a
@@ -182,8 +185,7 @@ def report_failed(caller: str, failed: list[dict[str, Any]], counted: int, on_er
     if len(failed) > LISTED_FAILURES:
         more = len(failed) - LISTED_FAILURES
         lines.append(f"  ... and {more} more (the counts' failed list names them all)")
-    # stacklevel 3: the user's call of count_tokens / count_patches, past this function.
-    warnings.warn(UnreadableUnitsWarning("\n".join(lines), failed), stacklevel=3)
+    warnings.warn(UnreadableUnitsWarning("\n".join(lines), failed), stacklevel=stacklevel)
 
 
 def _where(failed: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError
 from shardstream.kinds import counts_file
+from shardstream.kinds.counting import CountingKind, count_units
 from shardstream.kinds.naflex import NaFlex, NaFlexBatch
 from shardstream.kinds.unit_plan import UnitPlanLoader
 
@@ -78,7 +79,8 @@ class PatchCounts(counts_file.CountsFile):
         sample: The sample keys read: ``image_keys``, ``caption_key``, ``max_pixels``,
             ``max_member_bytes``.
         units: One dict per unit in dataset order: ``url``, ``display``, ``first_row``, ``rows``
-            (None for a tar), ``identity``, ``samples``, ``batches``, ``patches`` (of the usable
+            (None for a tar), ``identity``, ``version`` (as :class:`~shardstream.TokenCounts`'s),
+            ``samples``, ``batches``, ``patches`` (of the usable
             images' grids), ``slots`` (patch slots of their batches), ``fixed_slots`` (the same
             images padded to ``max_num_patches``), ``skipped`` (reason to count).
         failed: Units that could not be read, with their ``error``: no epoch reads them.
@@ -163,6 +165,8 @@ def count_patches(
     output: str | os.PathLike[str] | None = None,
     source: SourceOptions | None = None,
     on_error: OnError = "skip",
+    previous: PatchCounts | str | os.PathLike[str] | None = None,
+    distributed: bool = False,
 ) -> PatchCounts:
     """Counts the token-budget batches of every unit of an image-text dataset, once, for
     :class:`NaFlexBudgetLoader`.
@@ -197,6 +201,10 @@ def count_patches(
             :class:`~shardstream.UnreadableUnitsWarning` naming each such unit and its reason;
             ``"raise"`` raises a :class:`~shardstream.ShardError` naming the first one (nothing
             is saved). As :func:`~shardstream.count_tokens`.
+        previous: Counts of an earlier pass under the same settings (or their path): only new
+            and changed files are read. As :func:`~shardstream.count_tokens`'s.
+        distributed: Split the files across the ranks of a torchrun job, every rank returning
+            the same counts. As :func:`~shardstream.count_tokens`'s.
 
     Returns:
         The counts.
@@ -242,27 +250,27 @@ def count_patches(
     spec = (naflex.patch_size, naflex.max_num_patches, naflex.min_num_patches or 0)
     plan = PatchCounts(spec, max_patches_per_batch, buckets, max_images_per_batch, sample, [])
     config = {**source_config(shards, options), **_core_config(plan)}
-    results = _core.count_patches([s.url for s in shards], config, threads or default_loader_threads())
-    display = {s.url: s.display for s in shards}
-    units: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
-    for r in results:
-        r["display"] = display.get(r["url"], r["url"])
-        error = r.pop("error")
-        if error is not None:
-            failed.append({"url": r["url"], "display": r["display"], "error": error})
-        else:
-            r["examples"] = r["examples"][:3]
-            units.append(r)
-    counts = PatchCounts(spec, max_patches_per_batch, buckets, max_images_per_batch, sample, units, failed)
-    if on_error == "raise":
-        counts_file.report_failed("count_patches", failed, len(units), on_error)
-    if counts.total_batches == 0:
-        raise ValueError(f"no image of {urls!r} can be used: {_top_reason(counts)}")
-    counts_file.report_failed("count_patches", failed, len(units), on_error)
-    if output is not None:
-        counts.save(output)
-    return counts
+
+    def count(files: list[str], threads: int) -> list[dict[str, Any]]:
+        return _core.count_patches(files, config, threads)
+
+    def build(units: list[dict[str, Any]], failed: list[dict[str, Any]]) -> PatchCounts:
+        return PatchCounts(spec, max_patches_per_batch, buckets, most, sample, units, failed)
+
+    def nothing(counts: PatchCounts) -> str | None:
+        return None if counts.total_batches else f"no image of {urls!r} can be used: {_top_reason(counts)}"
+
+    kind = CountingKind("count_patches", PatchCounts, count, build, nothing)
+    return count_units(
+        kind,
+        shards,
+        threads=threads or default_loader_threads(),
+        source_options=options,
+        on_error=on_error,
+        previous=previous,
+        output=output,
+        distributed=distributed,
+    )
 
 
 def _top_reason(counts: PatchCounts) -> str:

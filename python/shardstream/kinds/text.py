@@ -35,6 +35,7 @@ from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError
 from shardstream.kinds import counts_file
+from shardstream.kinds.counting import CountingKind, count_units
 from shardstream.kinds.unit_plan import UnitPlanLoader
 
 try:  # torch is optional: without it, batches are numpy arrays.
@@ -66,7 +67,9 @@ class TokenCounts(counts_file.CountsFile):
         max_document_bytes: Larger documents were skipped (and are skipped by the loader).
         units: One dict per unit in corpus order: ``url``, ``display``, ``first_row``, ``rows``
             (None for a tar or a JSONL file), ``identity`` (the file's ETag or size when
-            counted), ``documents``, ``tokens``, ``skipped`` (reason to count).
+            counted, which the loader pins its reads to), ``version`` (the file's content
+            identity as probed before counting: what ``previous=`` compares), ``documents``,
+            ``tokens``, ``skipped`` (reason to count).
         failed: Units that could not be read at all, with their ``error`` (reason, detail):
             they hold no tokens, so no epoch reads them.
     """
@@ -116,6 +119,8 @@ def count_tokens(
     output: str | os.PathLike[str] | None = None,
     source: SourceOptions | None = None,
     on_error: OnError = "skip",
+    previous: TokenCounts | str | os.PathLike[str] | None = None,
+    distributed: bool = False,
 ) -> TokenCounts:
     """Counts the tokens of every unit of a text corpus, once, for :class:`TextLoader`.
 
@@ -153,6 +158,17 @@ def count_tokens(
             :class:`~shardstream.UnreadableUnitsWarning` naming each such unit and its reason;
             ``"raise"`` raises a :class:`~shardstream.ShardError` naming the first one (nothing
             is saved). Documents skipped inside a unit are counted either way.
+        previous: Counts of an earlier pass under the same settings (or their path): a file it
+            holds whose content identity is unchanged (one ``stat`` or ``HEAD``, as
+            ``shardstream index`` probes shards) keeps its units without being read; new,
+            changed and failed files are counted, files no longer listed are dropped. The
+            result equals a fresh count. Counts made under other settings are not reused (a
+            warning says so), nor units without a ``version`` (counted by an older package).
+        distributed: Split the files across the ranks of a torchrun job (``RANK`` and
+            ``WORLD_SIZE``, or ``torch.distributed`` when initialised; gloo over CPU tensors):
+            every rank must call this with the same arguments; each counts its share, rank 0
+            merges (and reads ``previous``, writes ``output``), and every rank returns the same
+            counts.
 
     Returns:
         The counts.
@@ -175,42 +191,38 @@ def count_tokens(
     config = source_config(shards, options)
     tokenizer = os.path.abspath(os.fspath(tokenizer))
     fingerprint, _, _ = _core.packed_encoder(tokenizer, eos_token, bos_token)
-    results = _core.count_tokens(
-        [s.url for s in shards],
-        tokenizer,
-        text_key,
-        eos_token,
-        bos_token,
-        max_document_bytes,
-        threads or default_loader_threads(),
-        config,
-    )
-    display = {s.url: s.display for s in shards}
-    units: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
-    for r in results:
-        r["display"] = display.get(r["url"], r["url"])
-        error = r.pop("error")
-        examples = r.pop("examples")
-        if error is not None:
-            failed.append({"url": r["url"], "display": r["display"], "error": error})
-        else:
-            r["examples"] = examples[:3]
-            units.append(r)
-    counts = TokenCounts(
-        tokenizer, fingerprint, text_key, eos_token, bos_token, max_document_bytes, units, failed
-    )
-    if on_error == "raise":
-        counts_file.report_failed("count_tokens", failed, len(units), on_error)
-    if counts.total_tokens == 0:
+    threads = threads or default_loader_threads()
+
+    def count(files: list[str], threads: int) -> list[dict[str, Any]]:
+        return _core.count_tokens(
+            files, tokenizer, text_key, eos_token, bos_token, max_document_bytes, threads, config
+        )
+
+    def build(units: list[dict[str, Any]], failed: list[dict[str, Any]]) -> TokenCounts:
+        return TokenCounts(
+            tokenizer, fingerprint, text_key, eos_token, bos_token, max_document_bytes, units, failed
+        )
+
+    def nothing(counts: TokenCounts) -> str | None:
+        if counts.total_tokens:
+            return None
         what = (
             repr(urls) if isinstance(urls, (str, os.PathLike)) or len(shards) == 1 else f"{len(shards)} files"
         )
-        raise ValueError(f"no document of {what} encodes to a token: {_top_reason(counts)}")
-    counts_file.report_failed("count_tokens", failed, len(units), on_error)
-    if output is not None:
-        counts.save(output)
-    return counts
+        return f"no document of {what} encodes to a token: {_top_reason(counts)}"
+
+    # The tokenizer's path may move: its fingerprint pins its bytes.
+    kind = CountingKind("count_tokens", TokenCounts, count, build, nothing, unchecked=("tokenizer",))
+    return count_units(
+        kind,
+        shards,
+        threads=threads,
+        source_options=options,
+        on_error=on_error,
+        previous=previous,
+        output=output,
+        distributed=distributed,
+    )
 
 
 def _top_reason(counts: TokenCounts) -> str:
