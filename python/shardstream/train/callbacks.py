@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from shardstream.train.metrics import LOGGED_KEYS
+
 if TYPE_CHECKING:
     from shardstream.train.loop import Trainer
 
@@ -166,25 +168,7 @@ class TensorBoardLogger(Callback):
         self.directory = directory
         self.writer: Any = None
 
-    KEYS = (
-        "loss",
-        "lr",
-        "samples_per_s",
-        "input_frac",
-        "logit_scale",
-        "grad_norm",
-        "loss_scale",
-        "skipped_steps",
-        # per logging window, over ranks (metrics.window_record)
-        "loader_wait_s_max",
-        "loader_wait_s_mean",
-        "input_frac_max",
-        "input_frac_mean",
-        "device_idle_s_max",  # CUDA only
-        "device_idle_s_mean",
-        "samples_per_s_wall",
-        "samples_per_s_per_device",
-    )
+    KEYS = LOGGED_KEYS
 
     def on_train_start(self, trainer: Trainer) -> None:
         if trainer.is_main:

@@ -145,6 +145,31 @@ class StepMetrics:
         return done
 
 
+#: What each step record contributes to an experiment tracker (TensorBoard, wandb) as
+#: ``train/KEY``; the rest of a record are host timings and bookkeeping. Keys a model does not
+#: log (``logit_bias`` without SigLIP, ``device_idle_s_*`` off CUDA) are left out per record.
+LOGGED_KEYS = (
+    "loss",
+    "lr",
+    "samples_per_s",
+    "input_frac",
+    "logit_scale",
+    "logit_bias",
+    "grad_norm",
+    "loss_scale",
+    "skipped_steps",
+    # per logging window, over ranks (window_record)
+    "loader_wait_s_max",
+    "loader_wait_s_mean",
+    "input_frac_max",
+    "input_frac_mean",
+    "device_idle_s_max",
+    "device_idle_s_mean",
+    "samples_per_s_wall",
+    "samples_per_s_per_device",
+)
+
+
 def window_record(
     per_rank: list[list[float]], samples: int, wall_s: float, names: tuple[str, ...] = WINDOW_NAMES
 ) -> dict[str, Any]:

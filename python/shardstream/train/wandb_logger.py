@@ -12,30 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shardstream.train.callbacks import Callback
+from shardstream.train.metrics import LOGGED_KEYS
 
 if TYPE_CHECKING:
     from shardstream.train.loop import Trainer
-
-# what each step record contributes, as train/KEY (the rest are host timings and bookkeeping)
-KEYS = (
-    "loss",
-    "lr",
-    "samples_per_s",
-    "input_frac",
-    "logit_scale",
-    "logit_bias",
-    "grad_norm",
-    "loss_scale",
-    "skipped_steps",
-    "loader_wait_s_max",
-    "loader_wait_s_mean",
-    "input_frac_max",
-    "input_frac_mean",
-    "device_idle_s_max",  # CUDA only
-    "device_idle_s_mean",
-    "samples_per_s_wall",
-    "samples_per_s_per_device",
-)
 
 
 class WandbLogger(Callback):
@@ -72,7 +52,7 @@ class WandbLogger(Callback):
         if self.run is None:
             return
         for record in records:
-            values = {f"train/{k}": record[k] for k in KEYS if isinstance(record.get(k), (int, float))}
+            values = {f"train/{k}": record[k] for k in LOGGED_KEYS if isinstance(record.get(k), (int, float))}
             self.run.log({**values, "epoch": record["epoch"]}, step=record["step"])
 
     def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ use crate::batch::panics::{panic_fault, panic_message};
 use crate::batch::pipeline::{Kind, Lent};
 use crate::batch::reader::{Item, StreamError};
 use crate::batch::reserve::ReserveReader;
-use crate::batch::sample::{prepare, Rejection, Worker};
+use crate::batch::sample::{caption, image_bytes, prepare, Rejection, SampleSpec, Worker};
 use crate::batch::sample_batches::BatchMeta;
 use crate::batch::shuffle::{ItemSource, ShuffledItems};
 use crate::batch::stats::Stats;
@@ -59,12 +59,22 @@ fn prepare_into(
                         slot,
                     )
                     .map(|(text, grid)| (text, Some(grid))),
+                    SampleKind::Undecoded => undecoded(raw, spec).map(|text| (text, None)),
                 }
             },
             // The worker's decoder may be mid-image: the next sample gets a fresh one.
             || *w.borrow_mut() = Worker::default(),
         )
     })
+}
+
+/// The caption of `raw`, its image member found but not decoded (`SampleKind::Undecoded`).
+fn undecoded(raw: &RawSample, spec: &SampleSpec) -> Result<String, Rejection> {
+    if let Some(defect) = &raw.defect {
+        return Err(defect.clone());
+    }
+    image_bytes(raw, &spec.image_keys)?;
+    caption(raw, &spec.caption)
 }
 
 /// [`Batcher::count_verdict`], on the fields it needs (callable while the config is borrowed).

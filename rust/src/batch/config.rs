@@ -29,6 +29,11 @@ pub enum SampleKind {
     /// `max_num_patches` flattened patches of the image at its own aspect ratio, and its patch
     /// grid (see `batch::naflex`).
     NaFlex(NaFlexSpec),
+    /// The square kind's slot left as it is: each sample's caption and image member are taken
+    /// (a sample without them is skipped as usual) but the image is not decoded. For
+    /// `benches/bench_serial_path.py` only (config key `undecoded`): a run measures everything
+    /// but decoding, the part of each sample that no number of decode threads makes faster.
+    Undecoded,
 }
 
 #[derive(Clone, Debug)]
@@ -82,7 +87,7 @@ impl PipelineConfig {
             return Err("batch_size must be positive".into());
         }
         match &self.kind {
-            SampleKind::Square => Ok(()),
+            SampleKind::Square | SampleKind::Undecoded => Ok(()),
             SampleKind::NaFlex(naflex) => naflex.validate(),
         }
     }
@@ -90,7 +95,9 @@ impl PipelineConfig {
     /// Bytes of one sample's slot: `[3, S, S]` (square) or `[N, 3 * p * p]` (NaFlex) uint8.
     pub fn slot_len(&self) -> usize {
         match &self.kind {
-            SampleKind::Square => 3 * (self.spec.image_size as usize).pow(2),
+            SampleKind::Square | SampleKind::Undecoded => {
+                3 * (self.spec.image_size as usize).pow(2)
+            }
             SampleKind::NaFlex(naflex) => naflex.slot_len(),
         }
     }

@@ -141,10 +141,8 @@ pub(super) fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<Sou
         opts.retry_after_max = seconds(&v, "retry_after_max")?;
     }
     if let Some(dir) = config.get_item("cache_dir")?.filter(|v| !v.is_none()) {
-        let max_bytes = match config.get_item("cache_max_bytes")?.filter(|v| !v.is_none()) {
-            Some(v) => v.extract()?,
-            None => defaults::CACHE_MAX_BYTES,
-        };
+        let max_bytes = present(config, "cache_max_bytes")?
+            .map_or(Ok(defaults::CACHE_MAX_BYTES), |v| v.extract())?;
         opts.cache = Some(crate::read::source::CacheOptions {
             dir: dir.extract::<std::path::PathBuf>()?,
             max_bytes,
@@ -200,6 +198,9 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
     }
     if let Some(v) = present(config, "naflex")? {
         cfg.kind = SampleKind::NaFlex(naflex_spec(&v)?);
+    }
+    if present(config, "undecoded")?.map_or(Ok(false), |v| v.extract())? {
+        cfg.kind = SampleKind::Undecoded;
     }
     if let Some(v) = present(config, "tokenizer")? {
         let (kind, path, ctx): (String, String, usize) = v.extract()?;
