@@ -4,7 +4,7 @@
   record on rank 0 shows rank 1's loader wait as the max over ranks (named as rank 1's), rank 0's
   own wait stays small, and the mean is the two ranks' mean (rank 0's half read back from its own
   per-step records). The window's wall-clock throughput covers more than the steps' own time.
-  TensorBoard and the console show the same figures.
+  TensorBoard and the console show the same figures; TensorBoard writes every key wandb logs.
 * In one process, the window's figures are the process's own, and its wall clock includes what
   happens between steps (a checkpoint's time after a flush counts in the next window).
 * ``device_idle_s`` (max and mean over ranks) is in a window's record on CUDA only: on the CPU
@@ -123,6 +123,29 @@ def test_tensorboard_and_the_console_show_the_ranks_figures(slow_run: SlowRun) -
     )
     last = slow_run.steps[-1]
     assert f"(ranks: max {100 * last['input_frac_max']:.0f}% on 1, mean " in slow_run.stdout
+
+
+def test_tensorboard_writes_every_key_wandb_logs_a_siglip_logit_bias_too(tmp_path: Path) -> None:
+    """TensorBoard once kept its own key list, without ``logit_bias``: a SigLIP run's bias was in
+    log.jsonl and wandb but never in TensorBoard. Both now read ``metrics.LOGGED_KEYS``."""
+    from types import SimpleNamespace
+
+    from shardstream.train.callbacks import TensorBoardLogger
+    from shardstream.train.metrics import LOGGED_KEYS
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    record = {"step": 7, **{key: float(i) + 0.5 for i, key in enumerate(LOGGED_KEYS)}}
+    logger = TensorBoardLogger(tmp_path)
+    trainer = SimpleNamespace(is_main=True, step=7)
+    logger.on_train_start(trainer)  # type: ignore[arg-type]
+    logger.on_log(trainer, [record])  # type: ignore[arg-type]
+    logger.on_train_end(trainer)  # type: ignore[arg-type]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert "logit_bias" in LOGGED_KEYS
+    for key in LOGGED_KEYS:
+        (written,) = events.Scalars(f"train/{key}")
+        assert (written.step, written.value) == (7, pytest.approx(record[key])), key
 
 
 def test_one_process_window_is_its_own_and_counts_the_time_between_steps() -> None:
