@@ -19,7 +19,12 @@ for all three) in batches of ``--batch`` images, and keeps its best of ``--repea
 in turn (benches/_harness.py). torch is limited to one thread in the processor workers.
 
     python benches/bench_naflex.py [--samples 2000] [--repeat 3] [--patch-size 16] [--max-patches 256] \\
-        [--budgets 1024,4096,16384]
+        [--budgets 1024,4096,16384] [--baseline PYTHON_DIR] [--no-peers]
+
+``--baseline`` runs another build's two shardstream contenders beside this build's, taking turns
+(the ``python/`` folder of a worktree at an earlier commit with its extension built, as in
+``bench_decode.py``); ``--no-peers`` leaves the transformers processors out, for a before/after
+run. Peak memory is each contender's process's peak resident set.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -145,14 +151,19 @@ def worker(args) -> None:
         start = time.perf_counter()
         n, count_seconds = run_budget(paths, batch, patch, budget)
         seconds = time.perf_counter() - start - count_seconds
-        print_result({"samples": n, "seconds": seconds, "count_seconds": count_seconds})
+        print_result({"samples": n, "seconds": seconds, "count_seconds": count_seconds, "peak_mb": peak_mb()})
         return
     start = time.perf_counter()
     if proc is None:
         n = run_shardstream(paths, batch, patch, budget)
     else:
         n = run_webdataset(paths, proc, batch, patch, budget)
-    print_result({"samples": n, "seconds": time.perf_counter() - start})
+    print_result({"samples": n, "seconds": time.perf_counter() - start, "peak_mb": peak_mb()})
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory, MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
@@ -164,6 +175,8 @@ def main() -> None:
     ap.add_argument("--max-patches", type=int, default=256)
     ap.add_argument("--budgets", default="1024,4096,16384", help="max_patches_per_batch of the padding table")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardstream-bench-naflex"))
+    ap.add_argument("--baseline", help="python/ folder of another shardstream build, run beside")
+    ap.add_argument("--no-peers", action="store_true", help="shardstream only (before/after)")
     ap.add_argument("--worker")
     ap.add_argument("--paths")
     ap.add_argument("--cpus")
@@ -182,12 +195,18 @@ def main() -> None:
         f"{args.patch_size}, max_num_patches {args.max_patches}, batches of {args.batch}; 1 core"
     )
     padding_table(paths, args.patch_size, args.max_patches, [int(b) for b in args.budgets.split(",")])
-    runs = {
+    peers = {
         "webdataset + Siglip2ImageProcessorPil": "pil",
         "webdataset + Siglip2ImageProcessor (torchvision)": "torchvision",
-        "shardstream, 1 thread": "shardstream",
-        "shardstream token-budget, 1 thread": "budget",
     }
+    ours = {"shardstream, 1 thread": "shardstream", "shardstream token-budget, 1 thread": "budget"}
+    runs: dict[str, tuple[str, dict[str, str] | None]] = {}
+    if not args.no_peers:
+        runs.update({label: (name, None) for label, name in peers.items()})
+    runs.update({label: (name, None) for label, name in ours.items()})
+    if args.baseline:
+        env = {"PYTHONPATH": os.path.abspath(args.baseline)}
+        runs.update({f"baseline {label}": (name, env) for label, name in ours.items()})
     options = {
         "paths": paths,
         "cpus": one,
@@ -196,31 +215,39 @@ def main() -> None:
         "max-patches": args.max_patches,
     }
     rounds: dict[str, list[float]] = {label: [] for label in runs}
+    peaks: dict[str, float] = {}
     count_seconds: list[float] = []
     for _ in range(max(1, args.repeat)):
-        for label, name in runs.items():
-            r = try_worker(__file__, name, options)
+        for label, (name, env) in runs.items():
+            r = try_worker(__file__, name, options, env=env)
             if r:
                 rounds[label].append(r["samples"] / r["seconds"])
-                if "count_seconds" in r:
+                peaks[label] = max(peaks.get(label, 0.0), r["peak_mb"])
+                if "count_seconds" in r and env is None:
                     count_seconds.append(r["count_seconds"])
     best = {label: max(rates) for label, rates in rounds.items() if rates}
     for label, rates in rounds.items():
         if rates:
             spread = ", ".join(f"{r:.0f}" for r in rates)
-            print(f"  {label:50s} {best[label]:8.1f} samples/s   (rounds: {spread})")
+            peak = f"peak {peaks[label]:5.0f} MB"
+            print(f"  {label:59s} {best[label]:8.1f} samples/s  {peak}  (rounds: {spread})")
     if count_seconds:
         print(f"  (token-budget count pass, apart: {min(count_seconds):.2f} s, header-only, 1 thread)")
-    ours = best.get("shardstream, 1 thread")
-    if ours is None:
+    ours_rate = best.get("shardstream, 1 thread")
+    if ours_rate is None:
         return
     print("\nratios (samples/s per core):")
     for label, rate in best.items():
-        if not label.startswith("shardstream"):
-            print(f"  shardstream / {label:50s} {ours / rate:5.2f}x")
+        if not label.startswith(("shardstream", "baseline")):
+            print(f"  shardstream / {label:50s} {ours_rate / rate:5.2f}x")
+    for label in best:
+        if label.startswith("baseline "):
+            this = best.get(label.removeprefix("baseline "))
+            if this is not None:
+                print(f"  this build / {label:59s} {this / best[label]:5.2f}x")
     budget_rate = best.get("shardstream token-budget, 1 thread")
     if budget_rate is not None:
-        print(f"  shardstream token-budget / shardstream fixed-count {budget_rate / ours:5.2f}x")
+        print(f"  shardstream token-budget / shardstream fixed-count {budget_rate / ours_rate:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,12 @@ sub-multiset of it short by exactly its reported remainder, and both yield the s
 
     python benches/bench_packed_text.py [--mb 50] [--files 8] [--rows-per-group 1000] \\
         [--batch 8] [--seq-len 2048] [--repeat 5] [--tokenizer llama3|gpt2] [--vocab 8000] \\
-        [--core 0] [--no-litdata] [--no-verify] [--dir /tmp/shardstream-bench-packed]
+        [--core 0] [--no-litdata] [--no-verify] [--dir /tmp/shardstream-bench-packed] \\
+        [--baseline PYTHON_DIR]
+
+``--baseline`` adds (a) on another build of shardstream as one more contender, taking turns (the
+``python/`` folder of a worktree at an earlier commit with its extension built, as in
+``bench_decode.py``); its ratio is this build over that one.
 
 Smoke run (seconds): ``--mb 2 --repeat 1 --batch 4 --seq-len 256``.
 """
@@ -55,7 +60,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+# --baseline: the worker imports another build's shardstream (its python/ folder) instead.
+BASELINE_ENV = "SHARDSTREAM_BENCH_BASELINE"
+sys.path.insert(0, os.environ.get(BASELINE_ENV) or os.path.join(ROOT, "python"))
 from _harness import WorkerFailed, pin, print_result, proc_kb, run_worker  # noqa: E402
 
 GEN = "g1"  # bump when the generated corpus changes, so cached ones are not reused
@@ -370,6 +377,7 @@ def main() -> int:
     ap.add_argument("--core", type=int, default=0, help="the core every contender is pinned to")
     ap.add_argument("--no-litdata", action="store_true")
     ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--baseline", help="python/ folder of another shardstream build, run beside")
     ap.add_argument("--dir", default="/tmp/shardstream-bench-packed", help="cache of corpus and tokenizer")
     args = ap.parse_args()
     if args.mb:
@@ -422,6 +430,11 @@ def main() -> int:
             return 1
 
     contenders = ["shardstream", "hf"]
+    # contender -> (worker, extra environment)
+    workers = {"shardstream": ("shardstream", {}), "hf": ("hf", {}), "litdata": ("litdata", {})}
+    if args.baseline:
+        contenders.append("baseline")
+        workers["baseline"] = ("shardstream", {BASELINE_ENV: os.path.abspath(args.baseline)})
     if args.no_litdata:
         print("litdata: skipped (--no-litdata)")
     else:
@@ -447,7 +460,9 @@ def main() -> int:
         for r in range(args.repeat):
             order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
             for name in order:
-                results[name].append(run_worker(__file__, name, {**opts, "cpus": cpus}, env=PEER_ENV))
+                worker, extra = workers[name]
+                env = {**PEER_ENV, **extra}
+                results[name].append(run_worker(__file__, worker, {**opts, "cpus": cpus}, env=env))
             line = ", ".join(
                 f"{n} {results[n][-1]['tokens'] / results[n][-1]['seconds']:,.0f}" for n in contenders
             )
@@ -478,7 +493,7 @@ def main() -> int:
             f"{max(x['peak_mb'] for x in results[n]):>12.0f} {ratio:>22}"
         )
     # From raw Parquet to one epoch of rows: what a first run pays, one-off passes included.
-    first = {"shardstream": c["seconds"], "hf": 0.0}
+    first = {"shardstream": c["seconds"], "hf": 0.0, "baseline": c["seconds"]}
     if "litdata" in contenders:
         first["litdata"] = lc["seconds"]
     print(

@@ -205,3 +205,35 @@ def test_breaking_out_early_stops_every_pipeline_thread(tmp_path):
     assert _threads() <= baseline
     # batches handed out before the stop stay intact
     assert all(b.images.float().std() > 5 for b in kept)
+
+
+def test_the_serial_path_benchmarks_undecoded_run_reads_what_a_decoding_run_reads(tmp_path):
+    """``benches/bench_serial_path.py`` times a pass with decoding switched off (the pipeline
+    config's ``undecoded``): it must still read, group and skip as a decoding pass does, so that
+    the figure is the rest of the pipeline's cost. The same keys and captions
+    and the same skips for a sample without a caption; only a corrupt JPEG, which only a decode
+    finds, goes through."""
+    good = good_samples(5, seed=4)
+    members = [m for k, s in good[:2] for m in sample_members(k, s)]
+    members += [("nocap.jpg", good[0][1]["jpg"]), ("bad.jpg", photo_jpegs(1)[0][:200]), ("bad.txt", b"cut")]
+    members += [m for k, s in good[2:] for m in sample_members(k, s)]
+    path = write_file(str(tmp_path / "mixed.tar"), tar_bytes(members))
+
+    def run(undecoded: bool):
+        loader = shardstream.ShardLoader(path, batch_size=2, image_size=32, drop_last=False, seed=3)
+        loader._config["undecoded"] = undecoded
+        read = [
+            (k, c, b.images[i].sum().item())
+            for b in loader
+            for i, (k, c) in enumerate(zip(b.keys, b.texts, strict=True))
+        ]
+        return read, loader.stats["skipped"]
+
+    decoded, decoded_skips = run(False)
+    undecoded, undecoded_skips = run(True)
+    assert decoded_skips == {"corrupt_image": 1, "missing_caption": 1}
+    assert undecoded_skips == {"missing_caption": 1}
+    # (sorted: a rejected sample's place in its batch is refilled by the next, so orders shift)
+    assert sorted((k, c) for k, c, _ in decoded) == sorted((k, c) for k, c, _ in undecoded if k != "bad")
+    assert [k for k, _, _ in undecoded if k == "bad"] == ["bad"]
+    assert all(pixels > 0 for _, _, pixels in decoded)
