@@ -20,7 +20,9 @@ Sample kinds
     its token-budget batches (:mod:`shardstream.kinds.naflex_budget`): :func:`count_patches`
     (each unit's batches under a patch budget, once), :class:`PatchCounts` and
     :class:`NaFlexBudgetLoader` (as many images per batch as fit the budget, exact across
-    ranks).
+    ranks); interleaved image-text documents for VLMs (:mod:`shardstream.kinds.interleaved`):
+    :func:`count_interleaved`, :class:`InterleavedCounts`, :class:`InterleavedLoader`,
+    :class:`InterleavedBatch` and the Qwen2-VL image rule :class:`QwenVL`.
 
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
@@ -59,6 +61,13 @@ from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
 
 if TYPE_CHECKING:
+    from shardstream.kinds.interleaved import (
+        InterleavedBatch,
+        InterleavedCounts,
+        InterleavedLoader,
+        QwenVL,
+        count_interleaved,
+    )
     from shardstream.kinds.naflex_budget import NaFlexBudgetLoader, PatchCounts, count_patches
     from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts, count_tokens
     from shardstream.kinds.text_mixture import TextMixture, TextSource
@@ -85,6 +94,11 @@ __all__ = [
     "count_patches",
     "PatchCounts",
     "NaFlexBudgetLoader",
+    "count_interleaved",
+    "InterleavedCounts",
+    "InterleavedLoader",
+    "InterleavedBatch",
+    "QwenVL",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",
@@ -118,6 +132,10 @@ def __getattr__(name: str) -> Any:
         from shardstream.kinds import naflex_budget
 
         return getattr(naflex_budget, name)
+    if name in ("count_interleaved", "InterleavedCounts", "InterleavedLoader", "InterleavedBatch", "QwenVL"):
+        from shardstream.kinds import interleaved
+
+        return getattr(interleaved, name)
     if name in ("TextMixture", "TextSource"):
         from shardstream.kinds import text_mixture
 

@@ -54,11 +54,20 @@ pub enum Reason {
     BadJson,
     /// A compressed file's stream (a JSONL `.gz` or `.zst`) is truncated or does not decode.
     CorruptStream,
+    /// An interleaved document whose `texts` and `images` lists differ in length, or hold a
+    /// value at the same position (or neither).
+    MisalignedDocument,
+    /// An interleaved document's image given only as a URL: nothing is fetched from it.
+    ImageUrlOnly,
+    /// An interleaved document with more images than `max_images_per_document`.
+    TooManyImages,
+    /// An image whose run of image tokens is longer than a row (`seq_len`).
+    ImageOverRow,
 }
 
 impl Reason {
     // New reasons go at the end, so that every existing one keeps its position.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 25] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -80,6 +89,10 @@ impl Reason {
         Reason::TooFewPatches,
         Reason::BadJson,
         Reason::CorruptStream,
+        Reason::MisalignedDocument,
+        Reason::ImageUrlOnly,
+        Reason::TooManyImages,
+        Reason::ImageOverRow,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -105,6 +118,10 @@ impl Reason {
             Reason::TooFewPatches => "too_few_patches",
             Reason::BadJson => "bad_json",
             Reason::CorruptStream => "corrupt_stream",
+            Reason::MisalignedDocument => "misaligned_document",
+            Reason::ImageUrlOnly => "image_url_only",
+            Reason::TooManyImages => "too_many_images",
+            Reason::ImageOverRow => "image_over_row",
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod columns;
 pub mod config;
 #[cfg(test)]
 mod fixtures;
+pub mod interleaved;
 mod mix;
 pub mod naflex;
 pub mod packed;

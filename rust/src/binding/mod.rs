@@ -13,6 +13,7 @@ mod budget;
 mod convert;
 mod errors;
 mod index;
+mod interleaved;
 mod loader;
 mod packed;
 mod pipeline;
@@ -46,6 +47,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packed::packed_pipeline, m)?)?;
     m.add_function(wrap_pyfunction!(budget::budget_pipeline, m)?)?;
     m.add_function(wrap_pyfunction!(budget::count_patches, m)?)?;
+    m.add_function(wrap_pyfunction!(interleaved::interleaved_pipeline, m)?)?;
+    m.add_function(wrap_pyfunction!(interleaved::count_interleaved, m)?)?;
+    m.add_function(wrap_pyfunction!(interleaved::interleaved_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(packed::count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_plan_counts, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_encoder, m)?)?;

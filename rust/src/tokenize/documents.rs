@@ -117,13 +117,21 @@ impl DocumentEncoder {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         out.extend(self.bos);
+        self.encode_into(text, &mut out)?;
+        out.push(self.eos);
+        Ok(out)
+    }
+
+    /// Appends the ids of `text` alone (no BOS or EOS) to `out`: a segment of an interleaved
+    /// document, whose images' tokens split the text as added tokens split it in the library.
+    pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
         let parts = match self.cut {
             Some(rule) => pieces(text, rule),
             None => vec![(0, text.len())],
         };
         for (start, end) in parts {
             if let Ok(fast) = &self.fast {
-                if fast.encode(&text[start..end], &mut out) {
+                if fast.encode(&text[start..end], out) {
                     continue;
                 }
             }
@@ -133,8 +141,12 @@ impl DocumentEncoder {
                 .map_err(|e| e.to_string())?;
             out.extend_from_slice(encoding.get_ids());
         }
-        out.push(self.eos);
-        Ok(out)
+        Ok(())
+    }
+
+    /// The id of `token` in the vocabulary (an added token included).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
     }
 
     /// Which encoder runs: `Ok(())` the fast byte-level BPE path (`bpe`), or `Err(reason)` the

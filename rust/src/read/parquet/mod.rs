@@ -14,8 +14,9 @@
 
 mod chunks;
 mod footers;
+pub mod lists;
 pub mod schema;
-mod values;
+pub(crate) mod values;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -130,6 +131,57 @@ impl ParquetFile {
         self.row_counts().iter().sum()
     }
 
+    /// Row group `group`'s reader over the chunks of `leaves`, fetched (one range each,
+    /// coalesced) and bounded: a chunk larger than `rows` values of `max_value_bytes` take
+    /// ([`chunk_limit`]) is refused before it is fetched. `first_row` (the group's first row)
+    /// goes into a fault's offset.
+    pub fn row_group_reader(
+        &self,
+        group: usize,
+        leaves: &[usize],
+        max_value_bytes: u64,
+        first_row: u64,
+    ) -> Result<SerializedRowGroupReader<'_, RangedFile>, ShardFault> {
+        let meta = self.meta.row_group(group);
+        self.file.release_before(self.footer_start);
+        let rows = meta.num_rows().max(0) as u64;
+        let limit = chunk_limit(rows, max_value_bytes);
+        let mut ranges = Vec::with_capacity(leaves.len());
+        for &leaf in leaves {
+            let (start, len) = meta.column(leaf).byte_range();
+            if len > limit {
+                return Err(ShardFault {
+                    reason: Reason::MemberTooLarge,
+                    kind: SourceKind::Other,
+                    detail: format!(
+                        "{}: row group {group}: a column chunk of {len} bytes for {rows} rows is \
+                         more than values of max_member_bytes ({max_value_bytes}) take",
+                        self.display
+                    ),
+                    offset: first_row,
+                });
+            }
+            ranges.push((start, start.saturating_add(len)));
+        }
+        for (start, end) in chunks::coalesce(ranges, chunks::COALESCE_GAP) {
+            self.file.hold(start, end).map_err(|e| ShardFault {
+                reason: Reason::Unreadable,
+                kind: e.kind(),
+                detail: e.to_string(),
+                offset: first_row,
+            })?;
+        }
+        let props = Arc::new(ReaderProperties::builder().build());
+        let page_index = self.meta.page_index_for_row_group(group);
+        SerializedRowGroupReader::new(self.file.clone(), meta, page_index, props)
+            .map_err(|e| self.corrupt(format!("row group {group}: {e}")))
+    }
+
+    /// A parquet error of this file as a shard fault (see [`fault`]).
+    pub fn corrupt(&self, detail: String) -> ShardFault {
+        fault(&self.file, &self.display, detail)
+    }
+
     /// The samples from row `first` on, with the members `wanted` names (None: every column
     /// that can be one) and the key column.
     pub fn samples(self, first: u64, wanted: Option<&[String]>) -> ParquetSamples {
@@ -218,40 +270,14 @@ impl ParquetSamples {
     /// Reads row group `self.group` into `ready`: fetches its wanted column chunks (one range
     /// each), then decodes the rows.
     fn read_group(&mut self) -> Result<(), ShardFault> {
-        let f = &self.file;
-        let meta = f.meta.row_group(self.group);
-        f.file.release_before(f.footer_start);
         let rows = self.counts[self.group];
-        let limit = chunk_limit(rows, self.max_member_bytes);
-        let mut ranges = Vec::with_capacity(self.columns.columns.len());
-        for c in &self.columns.columns {
-            let (start, len) = meta.column(c.leaf).byte_range();
-            if len > limit {
-                return Err(ShardFault {
-                    reason: Reason::MemberTooLarge,
-                    kind: SourceKind::Other,
-                    detail: format!(
-                        "{}: row group {}: a column chunk of {len} bytes for {rows} rows is more \
-                         than values of max_member_bytes ({}) take",
-                        f.display, self.group, self.max_member_bytes
-                    ),
-                    offset: self.group_first,
-                });
-            }
-            ranges.push((start, start.saturating_add(len)));
-        }
-        for (start, end) in chunks::coalesce(ranges, chunks::COALESCE_GAP) {
-            f.file.hold(start, end).map_err(|e| ShardFault {
-                reason: Reason::Unreadable,
-                kind: e.kind(),
-                detail: e.to_string(),
-                offset: self.group_first,
-            })?;
-        }
-        let props = Arc::new(ReaderProperties::builder().build());
-        let page_index = f.meta.page_index_for_row_group(self.group);
-        let reader = SerializedRowGroupReader::new(f.file.clone(), meta, page_index, props)
-            .map_err(|e| self.corrupt(format!("row group {}: {e}", self.group)))?;
+        let leaves: Vec<usize> = self.columns.columns.iter().map(|c| c.leaf).collect();
+        let reader = self.file.row_group_reader(
+            self.group,
+            &leaves,
+            self.max_member_bytes,
+            self.group_first,
+        )?;
         // Column by column, as bytes (`values`): one value's invalid UTF-8 is that sample's
         // defect for its consumer to find, not the row group's failure.
         let mut columns = Vec::with_capacity(self.columns.columns.len());

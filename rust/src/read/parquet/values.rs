@@ -21,7 +21,7 @@ const BATCH: usize = 1024;
 /// byte array as it is, a number as its decimal text (a key column). `rows` is the footer's row
 /// count: a column with more values is an error, one with fewer is returned short for the
 /// caller to report.
-pub(super) fn read_leaf(
+pub(crate) fn read_leaf(
     reader: &dyn RowGroupReader,
     leaf: usize,
     rows: usize,

@@ -1,0 +1,502 @@
+"""Interleaved image-text documents for VLMs (OBELICS, OmniCorpus, MINT-1T): each document an
+ordered sequence of text segments and images, packed into rows of ``seq_len`` tokens with its
+images' patches, exact across ranks, DataLoader workers and resume.
+
+Two steps, as for text corpora (a count, then a loader):
+
+1. :func:`count_interleaved` reads every document once (tokenizing its text, reading only its
+   images' headers) and records how many batches every unit (a Parquet row group, a tar shard)
+   packs into: a small JSON file (:class:`InterleavedCounts`), O(units).
+2. :class:`InterleavedLoader` cuts the epoch's stream of batches (units in a seeded order) into
+   equal shares per rank and worker (``plan::packed`` in the Rust core, a batch a position):
+   every rank yields the same number of batches, every usable document is in exactly one batch
+   per epoch (except the remainder, fewer batches than the world size, reported in ``stats``),
+   and ``state_dict`` / ``load_state_dict`` continue at the exact next batch, also onto another
+   world size or worker count.
+
+How a document becomes tokens (the :class:`QwenVL` spec, as ``Qwen2VLProcessor``): its text
+segments tokenized by a ``tokenizer.json`` (``encode(text, add_special_tokens=False)``) and
+concatenated with nothing between them; each image as ``<|vision_start|>``, one
+``<|image_pad|>`` per 2x2 block of its patch grid, ``<|vision_end|>``; the EOS after the last
+part. How documents are packed: a document that fits a row goes whole into the first row of the
+open batch with room (first fit); a longer one fills rows in turn, its text cut at a row's end,
+an image never; a batch holds at most ``max_patches_per_batch`` patches. Packing is per unit,
+in file order, so the count pass and the loader find the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shardstream import _core
+from shardstream._system import default_loader_threads
+from shardstream.config import OnError, SourceOptions
+from shardstream.errors import OptionError
+from shardstream.kinds import counts_file
+from shardstream.kinds.counting import CountingKind, count_units
+from shardstream.kinds.unit_plan import UnitPlanLoader
+
+try:  # torch is optional: without it, batches are numpy arrays.
+    import torch
+except ImportError:  # pragma: no cover - exercised in the bare-wheel smoke test
+    torch = None  # type: ignore[assignment]
+
+COUNTS_FORMAT = "shardstream-interleaved-counts"
+COUNTS_VERSION = 1
+
+#: Labels of tokens no loss is taken on (image runs, padding, each sequence's first token).
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class QwenVL:
+    """The Qwen2-VL family's image rule (Qwen2-VL, Qwen2.5-VL images), as
+    ``Qwen2VLImageProcessor``: ``smart_resize`` to sides that are multiples of ``patch_size *
+    merge_size`` with between ``min_pixels`` and ``max_pixels`` pixels, the aspect kept (an
+    aspect over 200 is skipped as ``too_few_patches``); Pillow's BICUBIC resize; rows of
+    ``pixel_values`` in 2x2 merge blocks, each ``[3, temporal_patch_size, patch_size,
+    patch_size]`` with the image repeated over the frames, uint8 (rescale and normalise on the
+    device: ``pixel_values.float() / 255``, then the processor's mean and std).
+
+    Attributes:
+        min_pixels: Fewest pixels after resizing (the processor's default 56 x 56).
+        max_pixels: Most pixels after resizing (default 28 x 28 x 1280).
+        patch_size: Pixels a side of a patch.
+        merge_size: Patches a side of a block that becomes one image token.
+        temporal_patch_size: Frames a patch spans (an image is repeated over them).
+        vision_tokens: The (start, end, pad) tokens; the tokenizer must hold them.
+    """
+
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    vision_tokens: tuple[str, str, str] = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+
+    @property
+    def row_len(self) -> int:
+        """Bytes of one row of ``pixel_values``: ``3 * temporal_patch_size * patch_size**2``."""
+        return 3 * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def max_patches(self) -> int:
+        """Patches of the largest image: ``max_pixels / patch_size**2``."""
+        return self.max_pixels // self.patch_size**2
+
+    def core_config(self) -> dict[str, Any]:
+        """The settings as the Rust core takes them."""
+        vision = (self.patch_size, self.merge_size, self.temporal_patch_size, self.min_pixels, self.max_pixels)
+        return {"vision": vision, "vision_tokens": tuple(self.vision_tokens)}
+
+
+@dataclass(frozen=True)
+class InterleavedCounts(counts_file.CountsFile):
+    """How many batches every unit of an interleaved corpus packs into: what
+    :class:`InterleavedLoader` plans an epoch with. Made by :func:`count_interleaved`; saved and
+    loaded as JSON (gzip when the path ends in ``.gz``).
+
+    Attributes:
+        tokenizer: Path of the ``tokenizer.json`` the documents were tokenized with.
+        fingerprint: Identifies that file's bytes with the EOS; a loader refuses other counts.
+        settings: What decides the batches: ``spec`` (the :class:`QwenVL` fields), ``seq_len``,
+            ``batch_size``, ``max_patches_per_batch``, ``texts``, ``images``,
+            ``max_images_per_document``, ``max_document_bytes``, ``max_pixels``, ``eos_token``.
+        units: One dict per unit in corpus order: ``url``, ``display``, ``first_row``, ``rows``
+            (None for a tar), ``identity``, ``version`` (as :class:`~shardstream.TokenCounts`'),
+            ``documents``, ``batches``, ``text_tokens``, ``image_tokens``, ``images``,
+            ``patches``, ``slots`` (token slots of its batches), ``unpacked_slots`` (the slots
+            of one document a row), ``skipped`` (reason to count), ``examples``.
+        failed: Units that could not be read at all, with their ``error``: no epoch reads them.
+    """
+
+    tokenizer: str
+    fingerprint: str
+    settings: dict[str, Any]
+    units: list[dict[str, Any]]
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+    FORMAT: ClassVar[str] = COUNTS_FORMAT
+    VERSION: ClassVar[int] = COUNTS_VERSION
+    WHAT: ClassVar[str] = "interleaved counts"
+    WEIGHT: ClassVar[str] = "batches"
+
+    @property
+    def spec(self) -> QwenVL:
+        """The vision spec the documents were measured with."""
+        s = dict(self.settings["spec"])
+        s["vision_tokens"] = tuple(s["vision_tokens"])
+        return QwenVL(**s)
+
+    @property
+    def total_batches(self) -> int:
+        """Batches of the whole corpus."""
+        return self._sum("batches")
+
+    @property
+    def documents(self) -> int:
+        """Documents packed (skipped ones not counted)."""
+        return self._sum("documents")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the packed documents: text (with each EOS) and image runs."""
+        return self._sum("text_tokens") + self._sum("image_tokens")
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Documents skipped, by reason (``misaligned_document``, ``image_url_only``, ...)."""
+        return self._skipped()
+
+    @property
+    def padding(self) -> float:
+        """The fraction of the batches' token slots that are padding."""
+        slots = self._sum("slots")
+        return 1 - self.tokens / slots if slots else 0.0
+
+    @property
+    def unpacked_padding(self) -> float:
+        """The same fraction had every document been padded to whole rows alone (no packing)."""
+        slots = self._sum("unpacked_slots")
+        return 1 - self.tokens / slots if slots else 0.0
+
+    def _identity_head(self) -> bytes:
+        return json.dumps([self.fingerprint, self.settings], sort_keys=True).encode()
+
+
+def _core_config(tokenizer: str, settings: dict[str, Any]) -> dict[str, Any]:
+    spec = dict(settings["spec"])
+    vision = QwenVL(**{**spec, "vision_tokens": tuple(spec["vision_tokens"])})
+    keys = ("seq_len", "batch_size", "max_patches_per_batch", "texts", "images")
+    more = ("max_images_per_document", "max_document_bytes", "max_pixels", "eos_token")
+    return {
+        "tokenizer": tokenizer,
+        **vision.core_config(),
+        **{k: settings[k] for k in (*keys, *more)},
+    }
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(name, f"must be a positive integer, not {value!r}")
+    return value
+
+
+def count_interleaved(
+    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    tokenizer: str | os.PathLike[str],
+    spec: QwenVL | None = None,
+    seq_len: int = 4096,
+    batch_size: int = 8,
+    max_patches_per_batch: int | None = None,
+    texts: str = "texts",
+    images: str = "images",
+    max_images_per_document: int = 64,
+    max_document_bytes: int = 256 << 20,
+    max_pixels: int | None = None,
+    eos_token: str | None = None,
+    threads: int | None = None,
+    output: str | os.PathLike[str] | None = None,
+    source: SourceOptions | None = None,
+    on_error: OnError = "skip",
+    previous: InterleavedCounts | str | os.PathLike[str] | None = None,
+    distributed: bool = False,
+) -> InterleavedCounts:
+    """Counts the batches every unit of an interleaved corpus packs into, once, for
+    :class:`InterleavedLoader`.
+
+    Every document is read, tokenized and measured exactly as the loader will (in Rust threads,
+    without the GIL); only image headers are decoded.
+
+    Args:
+        urls: Parquet files (OBELICS layout: aligned list columns ``texts`` of strings and
+            ``images`` of binary or ``datasets`` Image structs, one of the two non-null at each
+            position; a unit is a row group) and WebDataset tars (MINT-1T layout: ``KEY.json``
+            with ``texts`` and ``images`` lists, an image entry naming a member of the sample by
+            extension, ``"0.jpg"`` for ``KEY.0.jpg``; a unit is a shard), as
+            :class:`~shardstream.ShardLoader` takes them (disk, HTTP, ``s3://``, ``hf://``).
+        tokenizer: Path of a Hugging Face ``tokenizer.json`` holding the spec's vision tokens.
+        spec: The model family's image rule (default: :class:`QwenVL` ()).
+        seq_len: Tokens per row.
+        batch_size: Rows per batch.
+        max_patches_per_batch: Patches a batch may hold (bounds the vision tower's memory);
+            default ``4 * batch_size * seq_len``, what the rows can hold at most; at least one
+            largest image (``spec.max_patches``).
+        texts: The text list column (Parquet) or JSON field (tar).
+        images: The image list column or JSON field.
+        max_images_per_document: A document with more images is skipped (``too_many_images``).
+        max_document_bytes: A larger document (or tar member) is skipped (``member_too_large``).
+        max_pixels: An image of more pixels by its header is a pixel bomb: its document is
+            skipped (``too_many_pixels``) before anything is decoded; default: the loader's.
+        eos_token: The token after every document; None: the tokenizer's usual EOS.
+        threads: Threads reading and tokenizing (default: this process's share of the cores).
+        output: If given, the counts are also saved there.
+        source: How the files are fetched (S3 endpoint, cache, ...).
+        on_error: A unit that cannot be read at all: ``"skip"`` (default) leaves it out and
+            warns; ``"raise"`` raises a :class:`~shardstream.ShardError` naming it. As
+            :func:`~shardstream.count_tokens`.
+        previous: Counts of an earlier pass under the same settings: only new and changed files
+            are read. As :func:`~shardstream.count_tokens`'s.
+        distributed: Split the files across the ranks of a torchrun job. As
+            :func:`~shardstream.count_tokens`'s.
+
+    Returns:
+        The counts.
+
+    Raises:
+        OptionError: a setting out of range.
+        ValueError: the tokenizer does not load or lacks a vision token, no file matches, or no
+            document of any unit can be used (the message names the most common reason).
+        ShardError: with ``on_error="raise"``, a unit could not be read.
+    """
+    from shardstream.config import DEFAULTS
+    from shardstream.urls import expand_urls, source_config
+
+    spec = spec if spec is not None else QwenVL()
+    if not isinstance(spec, QwenVL):
+        raise OptionError("spec", f"must be a shardstream.QwenVL, not {type(spec).__name__}")
+    _positive("seq_len", seq_len)
+    _positive("batch_size", batch_size)
+    _positive("max_images_per_document", max_images_per_document)
+    _positive("max_document_bytes", max_document_bytes)
+    cap = 4 * batch_size * seq_len if max_patches_per_batch is None else max_patches_per_batch
+    if _positive("max_patches_per_batch", cap) < spec.max_patches:
+        raise OptionError(
+            "max_patches_per_batch",
+            f"must hold one image of max_pixels={spec.max_pixels} ({spec.max_patches} patches), not {cap}",
+        )
+    counts_file.check_on_error(on_error)
+    options = (source or SourceOptions()).keywords()
+    shards = expand_urls(urls, **options)
+    if not shards:
+        raise ValueError(f"no files match {urls!r}")
+    tokenizer = os.path.abspath(os.fspath(tokenizer))
+    settings = {
+        "spec": {**asdict(spec), "vision_tokens": list(spec.vision_tokens)},
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "max_patches_per_batch": cap,
+        "texts": texts,
+        "images": images,
+        "max_images_per_document": max_images_per_document,
+        "max_document_bytes": max_document_bytes,
+        "max_pixels": int(max_pixels) if max_pixels is not None else int(DEFAULTS.max_pixels),
+        "eos_token": eos_token,
+    }
+    config = {**source_config(shards, options), **_core_config(tokenizer, settings)}
+    try:
+        fingerprint, _, _ = _core.interleaved_tokens(config)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+
+    def count(files: list[str], threads: int) -> list[dict[str, Any]]:
+        return _core.count_interleaved(files, config, threads)
+
+    def build(units: list[dict[str, Any]], failed: list[dict[str, Any]]) -> InterleavedCounts:
+        return InterleavedCounts(tokenizer, fingerprint, settings, units, failed)
+
+    def nothing(counts: InterleavedCounts) -> str | None:
+        return None if counts.total_batches else f"no document of {urls!r} can be used: {_top_reason(counts)}"
+
+    # The tokenizer's path may move: its fingerprint pins its bytes.
+    kind = CountingKind("count_interleaved", InterleavedCounts, count, build, nothing, unchecked=("tokenizer",))
+    return count_units(
+        kind,
+        shards,
+        threads=threads or default_loader_threads(),
+        source_options=options,
+        on_error=on_error,
+        previous=previous,
+        output=output,
+        distributed=distributed,
+    )
+
+
+def _top_reason(counts: InterleavedCounts) -> str:
+    """The most common reason nothing could be used, for a one-line error."""
+    if counts.failed:
+        f = counts.failed[0]
+        error = f["error"]
+        return f"{error['reason']} in {len(counts.failed)} files (e.g. {f['display']}: {error['detail']})"
+    skipped = Counter(counts.skipped)
+    if not skipped:
+        return "the files hold no documents"
+    reason, n = skipped.most_common(1)[0]
+    example = next(
+        (f"{u['display']} {e[0]}: {e[2]}" for u in counts.units for e in u["examples"] if e[1] == reason),
+        None,
+    )
+    return f"{n} documents {reason}" + (f" (e.g. {example})" if example else "")
+
+
+@dataclass
+class InterleavedBatch:
+    """One batch of packed interleaved documents, as a Qwen2-VL model takes it.
+
+    Attributes:
+        input_ids: ``[batch_size, seq_len]`` int64 ids: documents' text and image runs, each
+            document followed by its EOS, rows padded at the end with ``pad_token_id``.
+        labels: ``[batch_size, seq_len]`` int64: ``input_ids`` (not shifted: the model shifts),
+            with ``-100`` on image runs (start, pads, end), padding, and the first token of each
+            sequence (it would be predicted across a document boundary).
+        position_ids: ``[batch_size, seq_len]`` int64 positions restarting at 0 at every
+            document's run in a row, and over each row's padding.
+        pixel_values: ``[patches, 3 * temporal_patch_size * patch_size**2]`` uint8, the images'
+            rows in the order their runs appear in ``input_ids`` (row-major).
+        image_grid_thw: ``[images, 3]`` int64 (frames, rows, columns of patches) per image.
+        cu_seqlens: int32 cumulative lengths of the sequences over the flattened rows (each
+            document's run in a row, and each row's padding), for FlashAttention's varlen
+            kernels.
+        max_seqlen: The longest of those sequences.
+        documents: Documents whose first token is in this batch.
+        keys: The document of each run, in order.
+        tokens: Tokens of documents (the rest of ``batch_size * seq_len`` is padding).
+    """
+
+    input_ids: Any
+    labels: Any
+    position_ids: Any
+    pixel_values: Any
+    image_grid_thw: Any
+    cu_seqlens: Any
+    max_seqlen: int
+    documents: int
+    keys: list[str]
+    tokens: int
+
+    @property
+    def padding(self) -> int:
+        """Padding tokens in this batch."""
+        return int(self.input_ids.numel() if torch is not None else self.input_ids.size) - self.tokens
+
+    def model_inputs(self) -> dict[str, Any]:
+        """The keyword arguments of a ``Qwen2VLForConditionalGeneration`` forward pass
+        (``pixel_values`` still uint8: rescale and normalise it on the device first)."""
+        return {
+            "input_ids": self.input_ids,
+            "labels": self.labels,
+            "pixel_values": self.pixel_values,
+            "image_grid_thw": self.image_grid_thw,
+        }
+
+
+class InterleavedLoader(UnitPlanLoader):
+    """Iterable of :class:`InterleavedBatch`: interleaved documents packed into token rows with
+    their images, exact across ranks and DataLoader workers, resumable mid-epoch onto another
+    world size.
+
+    An image whose header parsed but which fails to decode is dropped from its batch and counted
+    in ``stats["skipped"]``: its tokens become padding (masked), the rest of its document stays,
+    and every rank still yields the same batches.
+
+    Args:
+        counts: The corpus's :class:`InterleavedCounts` (or the path of a saved one), from
+            :func:`count_interleaved`: its tokenizer, spec and batch shape are the loader's.
+        seed: Seeds the order of units in an epoch.
+        pad_token_id: The id padding is written with (its label is -100); default: the EOS.
+        rank: This process's rank; default: ``torch.distributed`` when initialised, else the
+            ``RANK`` environment variable, else 0.
+        world_size: Ranks; default as ``rank``.
+        threads: Threads tokenizing and decoding (default: this process's share of the cores).
+        prefetch: Batches filled ahead of the one being used.
+        pin_memory: Batches in pinned memory; default: when CUDA is available.
+        source: How files are fetched (S3 endpoint, cache, ...).
+
+    Raises:
+        ValueError: the corpus holds fewer batches than ranks, or the tokenizer file changed.
+    """
+
+    def __init__(
+        self,
+        counts: InterleavedCounts | str | os.PathLike[str],
+        *,
+        seed: int = 0,
+        pad_token_id: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        threads: int | None = None,
+        prefetch: int = 2,
+        pin_memory: bool | None = None,
+        source: SourceOptions | None = None,
+    ) -> None:
+        from shardstream.urls import expand_urls, source_config
+
+        self.counts = counts if isinstance(counts, InterleavedCounts) else InterleavedCounts.load(counts)
+        c = self.counts
+        self.spec = c.spec
+        self.seq_len = int(c.settings["seq_len"])
+        self.batch_size = int(c.settings["batch_size"])
+        self.seed = seed
+        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
+        options = (source or SourceOptions()).keywords()
+        signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
+        shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
+        self._config = {**source_config(shards, options), **_core_config(c.tokenizer, c.settings)}
+        fingerprint, eos, _ = _core.interleaved_tokens(self._config)
+        if fingerprint != c.fingerprint:
+            raise ValueError(
+                f"the tokenizer {c.tokenizer} is not the one these counts were made with (its "
+                "bytes or EOS changed): count again"
+            )
+        self.pad_token_id = eos if pad_token_id is None else int(pad_token_id)
+        self._config["pad_id"] = self.pad_token_id
+        self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
+        self._weights = [int(u["batches"]) for u in c.units]
+        self._total = sum(self._weights)
+        self._pixel_bytes = int(c.settings["max_patches_per_batch"]) * self.spec.row_len
+        if len(self) == 0 and self._resume is None:
+            raise ValueError(
+                f"the corpus packs into {self._total} batches of {self.batch_size} x {self.seq_len}, "
+                f"fewer than the {self.world_size} ranks"
+            )
+
+    def _shape(self) -> tuple[int, int, int, int, int]:
+        return (self.world_size, self._num_workers, 1, 1, 1)
+
+    def _layout(self) -> tuple[tuple[tuple[int, ...], Any], tuple[tuple[int, ...], Any] | None]:
+        return ((self._pixel_bytes,), np.uint8), ((3, self.batch_size, self.seq_len), np.int64)
+
+    def _iterate(self, worker: int, workers: int) -> Iterator[InterleavedBatch]:
+        config = dict(self._config, threads=self.threads)
+        core = _core.interleaved_pipeline(self._units, self._weights, self._reader(worker), config)
+        yield from self._pass(core, workers, self._make_batch)
+
+    def _make_batch(self, result: Any, pixels: Any, ints: Any) -> tuple[InterleavedBatch, None]:
+        patches, grids, cu_seqlens, max_seqlen, documents, keys, tokens = result
+        as_tensor = torch.tensor if torch is not None else np.asarray
+        int32 = torch.int32 if torch is not None else np.int32
+        int64 = torch.int64 if torch is not None else np.int64
+        batch = InterleavedBatch(
+            input_ids=ints[0],
+            labels=ints[1],
+            position_ids=ints[2],
+            pixel_values=pixels[: patches * self.spec.row_len].reshape(patches, self.spec.row_len),
+            image_grid_thw=as_tensor(np.asarray(grids, dtype=np.int64).reshape(-1, 3), dtype=int64),
+            cu_seqlens=as_tensor(cu_seqlens, dtype=int32),
+            max_seqlen=int(max_seqlen),
+            documents=int(documents),
+            keys=list(keys),
+            tokens=int(tokens),
+        )
+        return batch, None
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
+        ``tokens`` (of documents), ``padding`` (tokens), ``documents`` (begun), ``images``,
+        ``patches``, ``skipped`` (documents, and images dropped at decode, by reason),
+        ``faults`` (the first 1,000, each with ``reason``, ``url``, ``key``, ``detail``),
+        ``bytes``, ``retries``, ``decode_seconds``, ``measure_seconds``; and for the epoch:
+        ``remainder_batches`` (read by no rank) and ``exact`` (True)."""
+        stats = dict(self._last_stats)
+        stats["remainder_batches"] = self._plan_counts()[2]
+        stats["exact"] = True
+        return stats

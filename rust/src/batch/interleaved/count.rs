@@ -1,0 +1,128 @@
+//! The count pass of one unit: its documents read, measured and packed exactly as the loader
+//! will (same rules, same encoder, same spec), recording the batches they make; no image is
+//! decoded, only headers read.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::documents::{DocumentResult, UnitDocuments};
+use super::measure::{Item, Measured};
+use super::pack::Packer;
+use super::InterleavedSpec;
+use crate::batch::packed::TextUnit;
+use crate::error::Fault;
+use crate::image::decode::Decoder;
+use crate::read::source::{SourceOptions, SourceStats};
+use crate::tokenize::DocumentEncoder;
+
+/// Documents measured at a time.
+pub(super) const CHUNK: usize = 64;
+
+/// What one unit holds under a spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterleavedCount {
+    /// Documents packed (skipped ones not included).
+    pub documents: u64,
+    pub batches: u64,
+    pub text_tokens: u64,
+    pub image_tokens: u64,
+    pub images: u64,
+    pub patches: u64,
+    /// Token slots of its batches (`batches x rows x seq_len`): the rest is padding.
+    pub slots: u64,
+    /// Slots had each row been padded to its longest document instead (one document a row,
+    /// a longer one cut into rows): what packing saves.
+    pub unpacked_slots: u64,
+    /// Documents skipped, by reason, and a few (key, reason, detail).
+    pub skipped: BTreeMap<String, u64>,
+    pub examples: Vec<(String, String, String)>,
+}
+
+const EXAMPLES: usize = 5;
+
+thread_local! {
+    static DECODER: std::cell::RefCell<Decoder> = std::cell::RefCell::new(Decoder::default());
+}
+
+/// Measures `docs` in parallel on the current pool, in order.
+pub(super) fn measure_chunk(
+    docs: Vec<DocumentResult>,
+    spec: &InterleavedSpec,
+    encoder: &DocumentEncoder,
+    keep_bytes: bool,
+) -> Vec<Result<Measured, (String, crate::batch::sample::Rejection)>> {
+    let measure = spec.measure(encoder, keep_bytes);
+    docs.into_par_iter()
+        .map(|doc| {
+            let doc = doc?;
+            let key = doc.key.clone();
+            DECODER.with(|d| {
+                measure
+                    .measure(doc, &mut d.borrow_mut())
+                    .map_err(|r| (key, r))
+            })
+        })
+        .collect()
+}
+
+/// Counts `unit`'s batches.
+pub fn count_unit(
+    unit: &TextUnit,
+    spec: &InterleavedSpec,
+    encoder: &DocumentEncoder,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<InterleavedCount, Fault> {
+    let mut docs = UnitDocuments::open(unit, &spec.documents, opts, stats)?;
+    let mut packer = Packer::new(spec.shape);
+    let mut out = InterleavedCount::default();
+    let mut chunk = Vec::with_capacity(CHUNK);
+    let tally = |out: &mut InterleavedCount, packer: &mut Packer| {
+        while packer.pop().is_some() {
+            out.batches += 1;
+            out.slots += (spec.shape.rows * spec.shape.seq_len) as u64;
+        }
+    };
+    loop {
+        let next = docs.next_document().transpose()?;
+        let end = next.is_none();
+        chunk.extend(next);
+        if chunk.len() >= CHUNK || end {
+            for measured in measure_chunk(std::mem::take(&mut chunk), spec, encoder, false) {
+                match measured {
+                    Ok(doc) => {
+                        out.documents += 1;
+                        for item in &doc.items {
+                            match item {
+                                Item::Text(ids) => out.text_tokens += ids.len() as u64,
+                                Item::Image { tokens, .. } => {
+                                    out.image_tokens += *tokens as u64;
+                                    out.images += 1;
+                                }
+                            }
+                        }
+                        out.patches += doc.patches;
+                        let len = spec.shape.seq_len as u64;
+                        out.unpacked_slots += (doc.tokens as u64).div_ceil(len) * len;
+                        packer.push(Arc::new(doc));
+                    }
+                    Err((key, (reason, detail))) => {
+                        *out.skipped.entry(reason.as_str().to_string()).or_default() += 1;
+                        if out.examples.len() < EXAMPLES {
+                            out.examples
+                                .push((key, reason.as_str().to_string(), detail));
+                        }
+                    }
+                }
+                tally(&mut out, &mut packer);
+            }
+        }
+        if end {
+            packer.finish();
+            tally(&mut out, &mut packer);
+            return Ok(out);
+        }
+    }
+}

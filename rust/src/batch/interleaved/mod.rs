@@ -1,0 +1,78 @@
+//! The interleaved image-text kind (VLM pretraining and multi-image samples): documents, each an
+//! ordered sequence of text segments and images, tokenized and packed into rows of `seq_len`
+//! tokens with their images' patches, exact across ranks, workers and resume.
+//!
+//! One job a module: `documents` (a unit's documents from Parquet list columns or a tar's JSON
+//! member), `spec` (a model family's image rule: grid, token run, `pixel_values` layout),
+//! `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
+//! rows, deterministically per unit), `count` (the count pass: batches per unit) and `pipeline`
+//! (one reader's planned batches, decoded into the lent buffers).
+//!
+//! Its plan is `plan::packed` over batches, one position per batch, as the token-budget NaFlex
+//! kind's: every rank yields the same number of batches, and a resume continues at the exact
+//! next batch, also onto another world size.
+
+mod count;
+mod documents;
+mod measure;
+mod pack;
+mod pipeline;
+mod spec;
+
+pub use count::{count_unit, InterleavedCount};
+pub use documents::DocumentSpec;
+pub use pack::PackShape;
+pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
+pub use spec::QwenVlSpec;
+
+use measure::Measure;
+
+use crate::tokenize::DocumentEncoder;
+
+/// Everything that decides a unit's batches (the count's identity): where documents are, the
+/// vision spec, the batch shape and the pixel cap.
+#[derive(Clone, Debug)]
+pub struct InterleavedSpec {
+    pub documents: DocumentSpec,
+    pub vision: QwenVlSpec,
+    pub shape: PackShape,
+    /// An image of more pixels (by its header) is skipped with its document
+    /// (`too_many_pixels`), never decoded.
+    pub max_pixels: u64,
+}
+
+impl InterleavedSpec {
+    /// What a pipeline cannot run with.
+    pub fn validate(&self) -> Result<(), String> {
+        self.vision.validate()?;
+        let s = &self.shape;
+        if s.seq_len < 8 || s.rows == 0 {
+            return Err(format!(
+                "seq_len must be at least 8 and batch_size at least 1, not {} and {}",
+                s.seq_len, s.rows
+            ));
+        }
+        // The largest image smart_resize gives must fit a batch's patch cap.
+        let largest = self.vision.max_pixels / (self.vision.patch_size as u64).pow(2);
+        if s.max_patches < largest {
+            return Err(format!(
+                "max_patches_per_batch={} is under one image of max_pixels={} ({largest} patches)",
+                s.max_patches, self.vision.max_pixels
+            ));
+        }
+        if self.documents.max_images == 0 {
+            return Err("max_images_per_document must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    fn measure<'a>(&'a self, encoder: &'a DocumentEncoder, keep_bytes: bool) -> Measure<'a> {
+        Measure {
+            encoder,
+            vision: &self.vision,
+            max_pixels: self.max_pixels,
+            seq_len: self.shape.seq_len,
+            keep_bytes,
+        }
+    }
+}

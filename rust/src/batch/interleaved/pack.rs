@@ -1,0 +1,364 @@
+//! Packing measured documents into batches of `rows` rows of `seq_len` tokens, deterministically
+//! and one unit at a time (the count pass and the loader run this on the same documents, so
+//! both find the same batches).
+//!
+//! - A document that fits a row goes whole into the first row of the open batch with room for
+//!   it (first fit), else into a new row; when the batch has no row left, it is closed.
+//! - A longer document starts a new row and fills rows in turn, its text cut at a row's end,
+//!   an image never: an image that does not fit the row's rest starts the next row.
+//! - A batch holds at most `max_patches` image patches: a document (or, of a longer one, an
+//!   image) that would pass it closes the batch, so the vision tower's memory is bounded.
+//! - A unit's last batch is closed at its end, its rows padded.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::measure::{Item, Measured};
+
+/// The batch shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackShape {
+    pub seq_len: usize,
+    pub rows: usize,
+    pub max_patches: u64,
+}
+
+/// A position in a document: its item, and a token offset within a text item (0 for images).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub item: usize,
+    pub offset: usize,
+}
+
+/// One document's consecutive tokens in one row: [from, to).
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub doc: Arc<Measured>,
+    pub from: Cursor,
+    pub to: Cursor,
+}
+
+impl Run {
+    /// Each item of the run with its token range: (item, start, end).
+    pub fn items(&self) -> impl Iterator<Item = (&Item, usize, usize)> + '_ {
+        (self.from.item..=self.to.item.min(self.doc.items.len().saturating_sub(1))).filter_map(
+            move |i| {
+                let item = &self.doc.items[i];
+                let start = if i == self.from.item {
+                    self.from.offset
+                } else {
+                    0
+                };
+                let end = if i == self.to.item {
+                    self.to.offset
+                } else {
+                    item.tokens()
+                };
+                (start < end).then_some((item, start, end))
+            },
+        )
+    }
+
+    #[cfg(test)]
+    pub fn tokens(&self) -> usize {
+        self.items().map(|(_, a, b)| b - a).sum()
+    }
+}
+
+/// One row: its runs and its tokens.
+#[derive(Clone, Debug, Default)]
+pub struct Row {
+    pub runs: Vec<Run>,
+    pub fill: usize,
+}
+
+/// A closed batch: up to `rows` rows (fewer: the rest is padding) and its patches.
+#[derive(Clone, Debug, Default)]
+pub struct PackedBatch {
+    pub rows: Vec<Row>,
+    pub patches: u64,
+}
+
+impl PackedBatch {
+    /// Tokens of its documents (the rest of `rows x seq_len` is padding).
+    #[cfg(test)]
+    pub fn tokens(&self) -> usize {
+        self.rows.iter().map(|r| r.fill).sum()
+    }
+}
+
+/// Packs one unit's documents.
+pub struct Packer {
+    shape: PackShape,
+    open: PackedBatch,
+    closed: VecDeque<PackedBatch>,
+}
+
+impl Packer {
+    pub fn new(shape: PackShape) -> Self {
+        Self {
+            shape,
+            open: PackedBatch::default(),
+            closed: VecDeque::new(),
+        }
+    }
+
+    /// The next closed batch, in order.
+    pub fn pop(&mut self) -> Option<PackedBatch> {
+        self.closed.pop_front()
+    }
+
+    /// Closes the last batch at the unit's end.
+    pub fn finish(&mut self) {
+        if self.open.rows.iter().any(|r| r.fill > 0) {
+            self.close();
+        }
+    }
+
+    fn close(&mut self) {
+        self.closed.push_back(std::mem::take(&mut self.open));
+    }
+
+    /// A new row of the open batch (closing it first when it has no row left).
+    fn fresh_row(&mut self) -> usize {
+        if self.open.rows.len() == self.shape.rows {
+            self.close();
+        }
+        self.open.rows.push(Row::default());
+        self.open.rows.len() - 1
+    }
+
+    /// Adds one document. Its images each fit a row and the patch cap (`measure` and the
+    /// spec's validation make sure).
+    pub fn push(&mut self, doc: Arc<Measured>) {
+        let (len, cap) = (self.shape.seq_len, self.shape.max_patches);
+        if doc.tokens > len || doc.patches > cap {
+            return self.push_long(doc);
+        }
+        if self.open.patches + doc.patches > cap {
+            self.close();
+        }
+        let row = match self
+            .open
+            .rows
+            .iter()
+            .position(|r| len - r.fill >= doc.tokens)
+        {
+            Some(row) => row,
+            None => self.fresh_row(),
+        };
+        let end = Cursor {
+            item: doc.items.len(),
+            offset: 0,
+        };
+        let row = &mut self.open.rows[row];
+        row.fill += doc.tokens;
+        self.open.patches += doc.patches;
+        row.runs.push(Run {
+            doc: doc.clone(),
+            from: Cursor { item: 0, offset: 0 },
+            to: end,
+        });
+    }
+
+    /// A document longer than a row (or over the patch cap): rows in turn from a new one.
+    fn push_long(&mut self, doc: Arc<Measured>) {
+        let (len, cap) = (self.shape.seq_len, self.shape.max_patches);
+        let mut row = self.fresh_row();
+        let mut from = Cursor { item: 0, offset: 0 };
+        // Ends the run in the current row at `here` and moves to a fresh row.
+        let next_row = |packer: &mut Self, row: &mut usize, from: &mut Cursor, here: Cursor| {
+            if here > *from {
+                packer.open.rows[*row].runs.push(Run {
+                    doc: doc.clone(),
+                    from: *from,
+                    to: here,
+                });
+            }
+            *from = here;
+            *row = packer.fresh_row();
+        };
+        for (i, item) in doc.items.iter().enumerate() {
+            match item {
+                Item::Text(ids) => {
+                    let mut offset = 0;
+                    while offset < ids.len() {
+                        let room = len - self.open.rows[row].fill;
+                        if room == 0 {
+                            next_row(self, &mut row, &mut from, Cursor { item: i, offset });
+                            continue;
+                        }
+                        let take = room.min(ids.len() - offset);
+                        self.open.rows[row].fill += take;
+                        offset += take;
+                    }
+                }
+                Item::Image { tokens, .. } => {
+                    let here = Cursor { item: i, offset: 0 };
+                    if self.open.patches + item.patches() > cap {
+                        if here > from {
+                            self.open.rows[row].runs.push(Run {
+                                doc: doc.clone(),
+                                from,
+                                to: here,
+                            });
+                        }
+                        from = here;
+                        self.close();
+                        row = self.fresh_row();
+                    } else if len - self.open.rows[row].fill < *tokens {
+                        next_row(self, &mut row, &mut from, here);
+                    }
+                    self.open.rows[row].fill += tokens;
+                    self.open.patches += item.patches();
+                }
+            }
+        }
+        let end = Cursor {
+            item: doc.items.len(),
+            offset: 0,
+        };
+        if end > from {
+            self.open.rows[row].runs.push(Run { doc, from, to: end });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::spec::Grid;
+    use super::*;
+
+    fn doc(key: &str, items: &[(bool, usize)]) -> Arc<Measured> {
+        // (image?, tokens): an image of `tokens` tokens has (tokens - 2) * 4 patches.
+        let items: Vec<Item> = items
+            .iter()
+            .map(|&(image, n)| {
+                if image {
+                    Item::Image {
+                        bytes: Vec::new(),
+                        grid: Grid {
+                            t: 1,
+                            h: 2,
+                            w: 2 * (n as u32 - 2),
+                        },
+                        tokens: n,
+                    }
+                } else {
+                    Item::Text((0..n as u32).collect())
+                }
+            })
+            .collect();
+        Arc::new(Measured {
+            key: key.into(),
+            tokens: items.iter().map(Item::tokens).sum(),
+            patches: items.iter().map(Item::patches).sum(),
+            items,
+        })
+    }
+
+    fn layout(batch: &PackedBatch) -> Vec<Vec<(String, usize)>> {
+        batch
+            .rows
+            .iter()
+            .map(|r| {
+                r.runs
+                    .iter()
+                    .map(|run| (run.doc.key.clone(), run.tokens()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn documents_go_whole_into_the_first_row_with_room() {
+        let shape = PackShape {
+            seq_len: 10,
+            rows: 2,
+            max_patches: 1000,
+        };
+        let mut p = Packer::new(shape);
+        for (k, n) in [("a", 6), ("b", 6), ("c", 4), ("d", 3), ("e", 9)] {
+            p.push(doc(k, &[(false, n)]));
+        }
+        p.finish();
+        let first = p.pop().unwrap();
+        assert_eq!(
+            layout(&first),
+            vec![
+                vec![("a".into(), 6), ("c".into(), 4)],
+                vec![("b".into(), 6), ("d".into(), 3)]
+            ]
+        );
+        assert_eq!(layout(&p.pop().unwrap()), vec![vec![("e".into(), 9)]]);
+        assert!(p.pop().is_none());
+    }
+
+    #[test]
+    fn a_long_document_is_cut_between_tokens_never_inside_an_image() {
+        let shape = PackShape {
+            seq_len: 10,
+            rows: 4,
+            max_patches: 1000,
+        };
+        let mut p = Packer::new(shape);
+        // 7 text, a 5-token image (does not fit the 3 left: next row), 12 text.
+        let long = doc("long", &[(false, 7), (true, 5), (false, 12)]);
+        p.push(long.clone());
+        p.finish();
+        let batch = p.pop().unwrap();
+        assert_eq!(
+            layout(&batch),
+            vec![
+                vec![("long".into(), 7)],
+                vec![("long".into(), 10)],
+                vec![("long".into(), 7)]
+            ]
+        );
+        let runs: Vec<_> = batch
+            .rows
+            .iter()
+            .map(|r| (r.runs[0].from, r.runs[0].to))
+            .collect();
+        let c = |item, offset| Cursor { item, offset };
+        assert_eq!(
+            runs,
+            vec![(c(0, 0), c(1, 0)), (c(1, 0), c(2, 5)), (c(2, 5), c(3, 0))]
+        );
+        assert_eq!(batch.tokens(), long.tokens);
+    }
+
+    #[test]
+    fn the_patch_cap_closes_a_batch() {
+        let shape = PackShape {
+            seq_len: 100,
+            rows: 4,
+            max_patches: 39,
+        };
+        let mut p = Packer::new(shape);
+        // 4-token images: 8 patches each.
+        p.push(doc("a", &[(true, 4), (true, 4), (true, 4), (false, 2)]));
+        p.push(doc("b", &[(true, 4), (true, 4), (false, 2)]));
+        p.finish();
+        let first = p.pop().unwrap();
+        assert_eq!(
+            (first.patches, layout(&first)),
+            (24, vec![vec![("a".into(), 14)]])
+        );
+        assert_eq!(p.pop().unwrap().patches, 16);
+        // A document over the cap alone is cut at an image into the next batch.
+        let mut p = Packer::new(PackShape {
+            max_patches: 16,
+            ..shape
+        });
+        p.push(doc(
+            "big",
+            &[(false, 1), (true, 4), (true, 4), (true, 4), (false, 1)],
+        ));
+        p.finish();
+        let (a, b) = (p.pop().unwrap(), p.pop().unwrap());
+        assert_eq!((a.patches, b.patches), (16, 8));
+        assert_eq!(a.tokens() + b.tokens(), 14);
+        assert_eq!(layout(&b), vec![vec![("big".into(), 5)]]);
+    }
+}

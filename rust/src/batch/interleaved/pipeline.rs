@@ -1,0 +1,605 @@
+//! The interleaved pipeline of one reader: the batches its plan gives it, in stream order.
+//!
+//! ```text
+//! read thread (visited units, file order): documents in chunks ──▶ batcher, on the pool:
+//!   measure a chunk (tokenize, image headers), pack, keep this reader's planned batches,
+//!   decode their images into the lent buffer ──▶ ids, labels, positions, pixel_values
+//! ```
+//!
+//! Memory is bounded by configuration: a few chunks of documents, one unit's open batch, the
+//! planned batches waiting, and the buffers the caller lends. A unit read to its end must make
+//! the batches it was counted with; anything else (a changed file, another tokenizer) fails the
+//! pass naming it. An image whose header parsed but which fails to decode is dropped from its
+//! batch and counted: its tokens become padding (masked), the rest of its document stays, and
+//! every rank still yields the same batches.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use rayon::prelude::*;
+
+use super::count::{measure_chunk, CHUNK};
+use super::documents::{DocumentResult, UnitDocuments};
+use super::measure::Item;
+use super::pack::{Cursor, PackedBatch, Packer};
+use super::spec::Grid;
+use super::InterleavedSpec;
+use crate::batch::packed::stream::{visits, Visit};
+use crate::batch::packed::TextUnit;
+use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
+use crate::batch::sample::{Rejection, Worker};
+use crate::error::{Fault, Reason, SourceKind};
+use crate::image::convolve::Kernel;
+use crate::image::resize::CropBox;
+use crate::plan::packed::{slice, PackedReader, UnitOrder};
+use crate::read::source::SourceOptions;
+use crate::tokenize::DocumentEncoder;
+
+/// Chunks the read thread reads ahead.
+const CHUNKS_AHEAD: usize = 4;
+
+/// Faults kept whole in the stats (the rest only counted).
+const MAX_FAULTS_KEPT: usize = 1000;
+
+/// Labels of tokens no loss is taken on: image runs, padding, a sequence's first token.
+pub const IGNORE: i64 = -100;
+
+thread_local! {
+    static WORKER: std::cell::RefCell<(Worker, Vec<u8>)> =
+        std::cell::RefCell::new((Worker::default(), Vec::new()));
+}
+
+/// What the reader is given: every unit, its batches as counted, and how they are made.
+pub struct InterleavedInput {
+    pub units: Arc<Vec<TextUnit>>,
+    pub unit_batches: Arc<Vec<u64>>,
+    pub spec: InterleavedSpec,
+    pub encoder: Arc<DocumentEncoder>,
+    pub source: SourceOptions,
+    /// The id padding is written with (its label is `IGNORE`).
+    pub pad_id: u32,
+}
+
+/// One finished batch: `rows x seq_len` ids, labels and positions, its first `patches` rows of
+/// `pixel_values` and one grid per image, in the order the images' runs appear.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterleavedMeta {
+    pub patches: usize,
+    pub grids: Vec<(u32, u32, u32)>,
+    /// Sequences over the flattened `[rows * seq_len]` tokens (a document's run in a row, and
+    /// each row's padding), as FlashAttention's varlen kernels take them.
+    pub cu_seqlens: Vec<i32>,
+    pub max_seqlen: u32,
+    /// Documents whose first token is in this batch.
+    pub documents: usize,
+    /// The document of each run, in order.
+    pub keys: Vec<String>,
+    /// Tokens of documents (the rest is padding).
+    pub tokens: usize,
+}
+
+/// The reader's counters.
+#[derive(Default)]
+pub struct InterleavedStats {
+    pub batches: AtomicU64,
+    pub rows: AtomicU64,
+    pub tokens: AtomicU64,
+    pub padding: AtomicU64,
+    pub documents: AtomicU64,
+    pub images: AtomicU64,
+    pub patches: AtomicU64,
+    pub decode_us: AtomicU64,
+    pub measure_us: AtomicU64,
+    pub source: Arc<crate::read::source::SourceStats>,
+    skipped: Mutex<(BTreeMap<&'static str, u64>, Vec<Fault>)>,
+}
+
+impl InterleavedStats {
+    fn record_skip(&self, fault: Fault) {
+        let mut s = self.skipped.lock().expect("stats lock");
+        *s.0.entry(fault.reason.as_str()).or_default() += 1;
+        if s.1.len() < MAX_FAULTS_KEPT {
+            s.1.push(fault);
+        }
+    }
+}
+
+impl KindStats for InterleavedStats {
+    fn snapshot(&self) -> serde_json::Value {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let s = self.skipped.lock().expect("stats lock");
+        serde_json::json!({
+            "batches": load(&self.batches),
+            "rows": load(&self.rows),
+            "tokens": load(&self.tokens),
+            "padding": load(&self.padding),
+            "documents": load(&self.documents),
+            "images": load(&self.images),
+            "patches": load(&self.patches),
+            "decode_seconds": load(&self.decode_us) as f64 / 1e6,
+            "measure_seconds": load(&self.measure_us) as f64 / 1e6,
+            "bytes": self.source.bytes.load(Ordering::Relaxed),
+            "retries": self.source.retries.load(Ordering::Relaxed),
+            "skipped": s.0,
+            "skipped_total": s.0.values().sum::<u64>(),
+            "faults": s.1,
+        })
+    }
+}
+
+enum Chunk {
+    Docs(Vec<DocumentResult>),
+    End,
+    Failed(Fault),
+}
+
+/// The running interleaved pipeline of one reader.
+pub type InterleavedPipeline = Pipeline<InterleavedBatches, InterleavedStats>;
+
+/// Starts the pipeline of `reader` (a packed plan over batches: one position per batch). A
+/// lent buffer has two regions: `pixel_values` (`max_patches x row_len` bytes) and the int64
+/// `[3, rows, seq_len]` ids, labels and positions.
+pub fn start(
+    input: Arc<InterleavedInput>,
+    order: &UnitOrder,
+    reader: PackedReader,
+    threads: usize,
+) -> InterleavedPipeline {
+    let stats = Arc::new(InterleavedStats::default());
+    let ranges = slice(&reader.ranges, reader.skip_rows, reader.rows);
+    let planned = visits(order, &ranges);
+    let batches_left = reader.rows - reader.skip_rows;
+    let shape = input.spec.shape;
+    let setup = Setup {
+        threads,
+        stage: "decode",
+        needs: vec![
+            Need {
+                name: "pixel",
+                bytes: shape.max_patches as usize * input.spec.vision.row_len(),
+            },
+            Need {
+                name: "token",
+                bytes: 3 * shape.rows * shape.seq_len * 8,
+            },
+        ],
+        batches_left: Some(batches_left),
+    };
+    let batch_stats = stats.clone();
+    Pipeline::start(setup, stats, move |stop| {
+        let (tx, chunks) = bounded(CHUNKS_AHEAD);
+        let finished = Arc::new(AtomicUsize::new(0));
+        {
+            let (input, stats, visits, finished, stop) = (
+                input.clone(),
+                batch_stats.clone(),
+                planned.clone(),
+                finished.clone(),
+                stop.clone(),
+            );
+            std::thread::Builder::new()
+                .name("shardstream-interleaved-read".into())
+                .spawn(move || read_visits(&visits, &input, &stats.source, &finished, &stop, &tx))
+                .expect("a read thread");
+        }
+        InterleavedBatches {
+            packer: Packer::new(shape),
+            visits: planned,
+            visit: 0,
+            next: 0,
+            ready: VecDeque::new(),
+            chunks,
+            finished,
+            stop,
+            batches_left,
+            input,
+            stats: batch_stats,
+        }
+    })
+}
+
+/// Sends every visited unit's documents, in chunks, until the batcher is done with it.
+fn read_visits(
+    visits: &[Visit],
+    input: &InterleavedInput,
+    source: &Arc<crate::read::source::SourceStats>,
+    finished: &AtomicUsize,
+    stop: &AtomicBool,
+    out: &Sender<(usize, Chunk)>,
+) {
+    for (i, visit) in visits.iter().enumerate() {
+        let done = || finished.load(Ordering::Relaxed) > i || stop.load(Ordering::Relaxed);
+        if done() {
+            continue;
+        }
+        let unit = &input.units[visit.unit as usize];
+        let mut docs = match UnitDocuments::open(unit, &input.spec.documents, &input.source, source)
+        {
+            Ok(d) => d,
+            Err(fault) => {
+                let _ = out.send((i, Chunk::Failed(fault)));
+                return;
+            }
+        };
+        let mut chunk = Vec::with_capacity(CHUNK);
+        loop {
+            if done() {
+                break;
+            }
+            match docs.next_document() {
+                Some(Ok(doc)) => {
+                    chunk.push(doc);
+                    if chunk.len() >= CHUNK
+                        && out
+                            .send((i, Chunk::Docs(std::mem::take(&mut chunk))))
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                Some(Err(fault)) => {
+                    let _ = out.send((i, Chunk::Failed(fault)));
+                    return;
+                }
+                None => {
+                    let last = (!chunk.is_empty()).then_some((i, Chunk::Docs(chunk)));
+                    if last
+                        .into_iter()
+                        .chain([(i, Chunk::End)])
+                        .any(|c| out.send(c).is_err())
+                    {
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The interleaved kind on the pipeline.
+pub struct InterleavedBatches {
+    packer: Packer,
+    visits: Vec<Visit>,
+    /// The visit being packed, and the index (in its unit) of the next batch it closes.
+    visit: usize,
+    next: u64,
+    ready: VecDeque<PackedBatch>,
+    chunks: Receiver<(usize, Chunk)>,
+    finished: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    batches_left: u64,
+    input: Arc<InterleavedInput>,
+    stats: Arc<InterleavedStats>,
+}
+
+impl Kind for InterleavedBatches {
+    type Meta = InterleavedMeta;
+
+    fn next_batch(
+        &mut self,
+        lend: &mut dyn FnMut() -> Option<Lent>,
+    ) -> Option<Result<InterleavedMeta, Fault>> {
+        if self.batches_left == 0 {
+            return None;
+        }
+        let batch = match self.next_planned() {
+            Ok(batch) => batch,
+            Err(fault) => return Some(Err(fault)),
+        };
+        let mut lent = lend()?;
+        self.batches_left -= 1;
+        Some(Ok(self.fill(&mut lent, batch)))
+    }
+}
+
+impl InterleavedBatches {
+    fn wanted(&self, j: u64) -> bool {
+        self.visits[self.visit]
+            .spans
+            .iter()
+            .any(|&(a, b)| a <= j && j < b)
+    }
+
+    /// The next batch this reader's plan gives it.
+    fn next_planned(&mut self) -> Result<PackedBatch, Fault> {
+        loop {
+            if let Some(batch) = self.ready.pop_front() {
+                return Ok(batch);
+            }
+            if self.visit >= self.visits.len() {
+                return Err(internal(
+                    "the reader's units ended before its planned batches",
+                ));
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(internal("stopped"));
+            }
+            let (i, chunk) = self
+                .chunks
+                .recv()
+                .map_err(|_| internal("the read thread ended early"))?;
+            if i != self.visit {
+                continue; // a visit finished early: its chunks still in flight
+            }
+            match chunk {
+                Chunk::Failed(fault) => return Err(fault),
+                Chunk::Docs(docs) => {
+                    let started = Instant::now();
+                    let measured = measure_chunk(docs, &self.input.spec, &self.input.encoder, true);
+                    self.stats
+                        .measure_us
+                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    for doc in measured {
+                        match doc {
+                            Ok(doc) => self.packer.push(Arc::new(doc)),
+                            Err((key, (reason, detail))) => {
+                                if self.wanted(self.next) {
+                                    self.stats.record_skip(Fault {
+                                        reason,
+                                        url: self.unit().display(),
+                                        key,
+                                        detail,
+                                        kind: SourceKind::Other,
+                                    });
+                                }
+                            }
+                        }
+                        if self.drain() {
+                            break;
+                        }
+                    }
+                }
+                Chunk::End => {
+                    self.packer.finish();
+                    let visit = self.visit;
+                    if !self.drain() {
+                        let unit = self.visits[visit].unit as usize;
+                        return Err(Fault {
+                            reason: Reason::Unreadable,
+                            url: self.input.units[unit].display(),
+                            key: String::new(),
+                            detail: format!(
+                                "makes {} batches, but was counted with {}: the file changed \
+                                 since the count, or another tokenizer or spec is used (count again)",
+                                self.next, self.input.unit_batches[unit]
+                            ),
+                            kind: SourceKind::Other,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn unit(&self) -> &TextUnit {
+        &self.input.units[self.visits[self.visit].unit as usize]
+    }
+
+    /// Keeps the closed batches this reader wants; true when the visit is done (then the next
+    /// one begins).
+    fn drain(&mut self) -> bool {
+        while let Some(batch) = self.packer.pop() {
+            if self.wanted(self.next) {
+                self.ready.push_back(batch);
+            }
+            self.next += 1;
+        }
+        let last = self.visits[self.visit].spans.last().map_or(0, |s| s.1);
+        if self.next < last {
+            return false;
+        }
+        self.visit += 1;
+        self.finished.store(self.visit, Ordering::Relaxed);
+        self.next = 0;
+        self.packer = Packer::new(self.input.spec.shape);
+        true
+    }
+
+    /// Writes `batch` into `lent`.
+    fn fill(&mut self, lent: &mut Lent, batch: PackedBatch) -> InterleavedMeta {
+        let spec = &self.input.spec;
+        let (rows, len) = (spec.shape.rows, spec.shape.seq_len);
+        let vision = &spec.vision;
+        let row_len = vision.row_len();
+        let (ints, pixels) = lent.pair::<i64, u8>(
+            (1, 3 * rows * len),
+            (0, spec.shape.max_patches as usize * row_len),
+        );
+        let ints = ints.expect("a lent token region");
+        let pixels = pixels.expect("a lent pixel region");
+        let (ids, rest) = ints.split_at_mut(rows * len);
+        let (labels, positions) = rest.split_at_mut(rows * len);
+        ids.fill(self.input.pad_id as i64);
+        labels.fill(IGNORE);
+        positions.fill(0);
+        let mut meta = InterleavedMeta {
+            patches: 0,
+            grids: Vec::new(),
+            cu_seqlens: vec![0],
+            max_seqlen: 0,
+            documents: 0,
+            keys: Vec::new(),
+            tokens: 0,
+        };
+        // (bytes, grid, first token, tokens) of each image, in order.
+        let mut images: Vec<(&[u8], Grid, usize, usize)> = Vec::new();
+        let sequence = |meta: &mut InterleavedMeta, n: usize| {
+            meta.max_seqlen = meta.max_seqlen.max(n as u32);
+            let last = *meta.cu_seqlens.last().expect("a start");
+            meta.cu_seqlens.push(last + n as i32);
+        };
+        let start_of_doc = Cursor { item: 0, offset: 0 };
+        for r in 0..rows {
+            let row_start = r * len;
+            let mut at = row_start;
+            for run in batch.rows.get(r).map_or(&[][..], |row| &row.runs[..]) {
+                meta.documents += (run.from == start_of_doc) as usize;
+                meta.keys.push(run.doc.key.clone());
+                let start = at;
+                for (item, a, b) in run.items() {
+                    match item {
+                        Item::Text(tokens) => {
+                            for &t in &tokens[a..b] {
+                                ids[at] = t as i64;
+                                labels[at] = if at == start { IGNORE } else { t as i64 };
+                                positions[at] = (at - start) as i64;
+                                at += 1;
+                            }
+                        }
+                        Item::Image {
+                            bytes,
+                            grid,
+                            tokens,
+                        } => {
+                            let mut run_ids = Vec::with_capacity(*tokens);
+                            vision.push_tokens(*grid, &mut run_ids);
+                            for t in run_ids {
+                                ids[at] = t as i64;
+                                positions[at] = (at - start) as i64;
+                                at += 1;
+                            }
+                            images.push((bytes, *grid, at - tokens, *tokens));
+                        }
+                    }
+                }
+                sequence(&mut meta, at - start);
+            }
+            meta.tokens += at - row_start;
+            let pad = row_start + len - at;
+            if pad > 0 {
+                for (k, p) in positions[at..row_start + len].iter_mut().enumerate() {
+                    *p = k as i64;
+                }
+                sequence(&mut meta, pad);
+            }
+        }
+        let results = self.decode(pixels, &images);
+        // Dropped images: their tokens become padding; the rows of the rest move up.
+        let mut from = 0usize;
+        for ((_, grid, first, tokens), result) in images.iter().zip(results) {
+            let n = grid.patches() as usize;
+            match result {
+                Ok(()) => {
+                    if from != meta.patches {
+                        pixels.copy_within(
+                            from * row_len..(from + n) * row_len,
+                            meta.patches * row_len,
+                        );
+                    }
+                    meta.patches += n;
+                    meta.grids.push((grid.t, grid.h, grid.w));
+                }
+                Err((reason, detail)) => {
+                    ids[*first..first + tokens].fill(self.input.pad_id as i64);
+                    meta.tokens -= tokens;
+                    self.stats.record_skip(Fault {
+                        reason,
+                        url: String::new(),
+                        key: String::new(),
+                        detail: format!("an image dropped from its batch: {detail}"),
+                        kind: SourceKind::Other,
+                    });
+                }
+            }
+            from += n;
+        }
+        let s = &self.stats;
+        s.batches.fetch_add(1, Ordering::Relaxed);
+        s.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        s.tokens.fetch_add(meta.tokens as u64, Ordering::Relaxed);
+        s.padding
+            .fetch_add((rows * len - meta.tokens) as u64, Ordering::Relaxed);
+        s.documents
+            .fetch_add(meta.documents as u64, Ordering::Relaxed);
+        s.images
+            .fetch_add(meta.grids.len() as u64, Ordering::Relaxed);
+        s.patches.fetch_add(meta.patches as u64, Ordering::Relaxed);
+        meta
+    }
+
+    /// Decodes `images` on the pool into consecutive rows of the pixel region.
+    fn decode(
+        &self,
+        pixels: &mut [u8],
+        images: &[(&[u8], Grid, usize, usize)],
+    ) -> Vec<Result<(), Rejection>> {
+        let vision = &self.input.spec.vision;
+        let row_len = vision.row_len();
+        let mut slots = Vec::with_capacity(images.len());
+        let mut rest = pixels;
+        for (_, grid, _, _) in images {
+            let (slot, tail) = rest.split_at_mut(grid.patches() as usize * row_len);
+            slots.push(slot);
+            rest = tail;
+        }
+        let started = Instant::now();
+        let max_pixels = self.input.spec.max_pixels;
+        let results = slots
+            .into_par_iter()
+            .zip(images.par_iter())
+            .map(|(slot, (bytes, grid, _, _))| {
+                WORKER.with(|w| {
+                    let (worker, planar) = &mut *w.borrow_mut();
+                    decode_image(bytes, *grid, vision, max_pixels, worker, planar, slot)
+                })
+            })
+            .collect();
+        self.stats
+            .decode_us
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        results
+    }
+}
+
+/// Decodes one image, resizes it to its grid's pixels (Pillow's BICUBIC, as the processor) and
+/// writes its rows of `pixel_values` into `slot`.
+fn decode_image(
+    bytes: &[u8],
+    grid: Grid,
+    vision: &super::spec::QwenVlSpec,
+    max_pixels: u64,
+    worker: &mut Worker,
+    planar: &mut Vec<u8>,
+    slot: &mut [u8],
+) -> Result<(), Rejection> {
+    let Worker {
+        decoder,
+        transformer,
+        ..
+    } = worker;
+    let probe = decoder.probe(bytes).map_err(|e| (e.reason, e.detail))?;
+    let (width, height) = probe.oriented_size();
+    let region = CropBox {
+        x: 0.0,
+        y: 0.0,
+        w: width as f64,
+        h: height as f64,
+    };
+    let p = vision.patch_size;
+    let target = (grid.w * p, grid.h * p);
+    let img = decoder
+        .decode_to(bytes, &probe, region, target, max_pixels, true)
+        .map_err(|e| (e.reason, e.detail))?;
+    let scaled = region.rescaled((width, height), img.size());
+    let n = 3 * target.0 as usize * target.1 as usize;
+    planar.resize(n, 0);
+    transformer
+        .resize_into_planar(&img, scaled, target, Kernel::Bicubic, &mut planar[..n])
+        .map_err(|e| (e.reason, e.detail))?;
+    vision.write_rows(&planar[..n], grid, slot);
+    Ok(())
+}
+
+fn internal(detail: &str) -> Fault {
+    Fault {
+        reason: Reason::Internal,
+        url: String::new(),
+        key: String::new(),
+        detail: detail.into(),
+        kind: SourceKind::Other,
+    }
+}
