@@ -424,6 +424,31 @@ def count_patches(urls: list[str], config: dict[str, Any], threads: int = 1) -> 
     max_pixels, max_member_bytes and the source options): url, first_row, rows, identity,
     samples, batches, patches, slots, fixed_slots, skipped (by reason), examples, error."""
 
+def interleaved_tokens(config: dict[str, Any]) -> tuple[str, int, tuple[int, int, int]]:
+    """(the tokenizer file's fingerprint, its EOS id, the (vision start, end, pad) ids) under an
+    interleaved ``config`` (tokenizer, eos_token, vision, vision_tokens, texts, images,
+    max_images_per_document, max_document_bytes, seq_len, batch_size, max_patches_per_batch,
+    max_pixels); ValueError when the tokenizer lacks a token or a setting is out of range."""
+
+def count_interleaved(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
+    """Per unit (Parquet row group or tar shard), in file order, under an interleaved ``config``
+    (as ``interleaved_tokens``'s, with the source options): url, first_row, rows, identity,
+    documents, batches, text_tokens, image_tokens, images, patches, slots, unpacked_slots,
+    skipped (by reason), examples, error."""
+
+def interleaved_pipeline(
+    units: Sequence[tuple[str, int, int | None, str | None]],
+    counts: Sequence[int],
+    reader: PlanReader,
+    config: dict[str, Any],
+) -> Pipeline:
+    """Starts the interleaved pipeline of one ``reader``: a packed plan over batches per unit
+    (batch_size, seq_len and block_rows 1). ``config``: the count's keys, threads, pad_id and the
+    source options. A lent buffer is the pixel region (max_patches_per_batch rows) and the int64
+    ``[3, batch_size, seq_len]`` ids, labels and positions; each batch's result is (patches,
+    grids, cu_seqlens, max_seqlen, documents, keys, tokens). Its batches fail with ``CoreFault``
+    naming the unit when it cannot be read or no longer makes its counted batches."""
+
 def budget_pipeline(
     units: Sequence[tuple[str, int, int | None, str | None]],
     counts: Sequence[int],

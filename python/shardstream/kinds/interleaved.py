@@ -93,7 +93,8 @@ class QwenVL:
 
     def core_config(self) -> dict[str, Any]:
         """The settings as the Rust core takes them."""
-        vision = (self.patch_size, self.merge_size, self.temporal_patch_size, self.min_pixels, self.max_pixels)
+        patches = (self.patch_size, self.merge_size, self.temporal_patch_size)
+        vision = (*patches, self.min_pixels, self.max_pixels)
         return {"vision": vision, "vision_tokens": tuple(self.vision_tokens)}
 
 
@@ -307,7 +308,9 @@ def count_interleaved(
         return None if counts.total_batches else f"no document of {urls!r} can be used: {_top_reason(counts)}"
 
     # The tokenizer's path may move: its fingerprint pins its bytes.
-    kind = CountingKind("count_interleaved", InterleavedCounts, count, build, nothing, unchecked=("tokenizer",))
+    kind = CountingKind(
+        "count_interleaved", InterleavedCounts, count, build, nothing, unchecked=("tokenizer",)
+    )
     return count_units(
         kind,
         shards,

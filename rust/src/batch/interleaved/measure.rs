@@ -63,18 +63,27 @@ impl Measure<'_> {
     /// header does not parse, is a pixel bomb, has no grid, or its tokens exceed a row.
     pub fn measure(&self, doc: Document, decoder: &mut Decoder) -> Result<Measured, Rejection> {
         let mut items = Vec::with_capacity(doc.parts.len() + 1);
+        // Adjacent text parts are one piece, as the processor tokenizes the joined string.
+        let mut text = String::new();
+        let flush = |text: &mut String, items: &mut Vec<Item>| -> Result<(), Rejection> {
+            if text.is_empty() {
+                return Ok(());
+            }
+            let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+            self.encoder
+                .encode_into(text, &mut ids)
+                .map_err(|e| (Reason::Internal, format!("the tokenizer failed: {e}")))?;
+            text.clear();
+            if !ids.is_empty() {
+                items.push(Item::Text(ids));
+            }
+            Ok(())
+        };
         for (i, part) in doc.parts.into_iter().enumerate() {
             match part {
-                Part::Text(text) => {
-                    let mut ids = Vec::with_capacity(text.len() / 3 + 1);
-                    self.encoder
-                        .encode_into(&text, &mut ids)
-                        .map_err(|e| (Reason::Internal, format!("the tokenizer failed: {e}")))?;
-                    if !ids.is_empty() {
-                        items.push(Item::Text(ids));
-                    }
-                }
+                Part::Text(t) => text.push_str(&t),
                 Part::Image(bytes) => {
+                    flush(&mut text, &mut items)?;
                     let probe = decoder
                         .probe(&bytes)
                         .map_err(|e| (e.reason, format!("image {i}: {}", e.detail)))?;
@@ -111,6 +120,7 @@ impl Measure<'_> {
                 }
             }
         }
+        flush(&mut text, &mut items)?;
         match items.last_mut() {
             Some(Item::Text(ids)) => ids.push(self.encoder.eos),
             _ => items.push(Item::Text(vec![self.encoder.eos])),
