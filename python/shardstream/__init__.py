@@ -22,7 +22,8 @@ Sample kinds
     :class:`NaFlexBudgetLoader` (as many images per batch as fit the budget, exact across
     ranks); interleaved image-text documents for VLMs (:mod:`shardstream.kinds.interleaved`):
     :func:`count_interleaved`, :class:`InterleavedCounts`, :class:`InterleavedLoader`,
-    :class:`InterleavedBatch` and the Qwen2-VL image rule :class:`QwenVL`.
+    :class:`InterleavedBatch`, the Qwen2-VL image rule :class:`QwenVL` and its collator
+    :class:`QwenVLCollator`.
 
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
         InterleavedCounts,
         InterleavedLoader,
         QwenVL,
+        QwenVLCollator,
         count_interleaved,
     )
     from shardstream.kinds.naflex_budget import NaFlexBudgetLoader, PatchCounts, count_patches
@@ -99,6 +101,7 @@ __all__ = [
     "InterleavedLoader",
     "InterleavedBatch",
     "QwenVL",
+    "QwenVLCollator",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",
@@ -132,7 +135,14 @@ def __getattr__(name: str) -> Any:
         from shardstream.kinds import naflex_budget
 
         return getattr(naflex_budget, name)
-    if name in ("count_interleaved", "InterleavedCounts", "InterleavedLoader", "InterleavedBatch", "QwenVL"):
+    if name in (
+        "count_interleaved",
+        "InterleavedCounts",
+        "InterleavedLoader",
+        "InterleavedBatch",
+        "QwenVL",
+        "QwenVLCollator",
+    ):
         from shardstream.kinds import interleaved
 
         return getattr(interleaved, name)

@@ -362,6 +362,7 @@ class InterleavedBatch:
         documents: Documents whose first token is in this batch.
         keys: The document of each run, in order.
         tokens: Tokens of documents (the rest of ``batch_size * seq_len`` is padding).
+        image_token_id: The id of ``<|image_pad|>`` (what ``mm_token_type_ids`` marks).
     """
 
     input_ids: Any
@@ -374,21 +375,73 @@ class InterleavedBatch:
     documents: int
     keys: list[str]
     tokens: int
+    image_token_id: int
+
+    @property
+    def mm_token_type_ids(self) -> Any:
+        """``[batch_size, seq_len]`` int32: 1 at image tokens (``<|image_pad|>``), else 0, as the
+        processor returns it and the model's M-RoPE reads it."""
+        kind = self.input_ids == self.image_token_id
+        return kind.to(torch.int32) if torch is not None else kind.astype(np.int32)
 
     @property
     def padding(self) -> int:
         """Padding tokens in this batch."""
         return int(self.input_ids.numel() if torch is not None else self.input_ids.size) - self.tokens
 
-    def model_inputs(self) -> dict[str, Any]:
-        """The keyword arguments of a ``Qwen2VLForConditionalGeneration`` forward pass
-        (``pixel_values`` still uint8: rescale and normalise it on the device first)."""
-        return {
-            "input_ids": self.input_ids,
-            "labels": self.labels,
-            "pixel_values": self.pixel_values,
-            "image_grid_thw": self.image_grid_thw,
+
+#: The Qwen2-VL image processor's normalisation (OpenAI CLIP's mean and std).
+QWEN_VL_MEAN = (0.48145466, 0.4578275, 0.40821073)
+QWEN_VL_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class QwenVLCollator:
+    """An :class:`InterleavedBatch` as ``Qwen2VLForConditionalGeneration`` takes it, for
+    :class:`~shardstream.integrations.hf.ShardTrainer` or a loop of your own: ``input_ids``,
+    ``labels``, ``mm_token_type_ids``, ``image_grid_thw`` and ``pixel_values`` rescaled to [0, 1]
+    and normalised per channel (the processor's ``image_mean`` and ``image_std``), on ``device``
+    (the pixels are moved as uint8 and normalised there). A batch without images gives neither
+    ``pixel_values`` nor ``image_grid_thw``.
+
+    The model computes its M-RoPE positions over each row as one sequence; ``position_ids`` and
+    ``cu_seqlens`` (per document) stay on the batch for a model or kernel that takes them.
+
+    Args:
+        image_mean: Per-channel mean (default: the Qwen2-VL processor's).
+        image_std: Per-channel standard deviation.
+        dtype: Of the normalised pixels.
+        device: Where the tensors go (default: where they are).
+    """
+
+    def __init__(
+        self,
+        image_mean: Sequence[float] = QWEN_VL_MEAN,
+        image_std: Sequence[float] = QWEN_VL_STD,
+        dtype: Any = None,
+        device: Any = None,
+    ) -> None:
+        if torch is None:  # pragma: no cover - the collator feeds a torch model
+            raise ImportError("QwenVLCollator needs torch")
+        self.mean = torch.tensor(image_mean, dtype=torch.float32)
+        self.std = torch.tensor(image_std, dtype=torch.float32)
+        self.dtype = dtype or torch.float32
+        self.device = device
+
+    def __call__(self, batch: InterleavedBatch) -> dict[str, Any]:
+        move = (lambda t: t.to(self.device, non_blocking=True)) if self.device is not None else (lambda t: t)
+        out = {
+            "input_ids": move(batch.input_ids),
+            "labels": move(batch.labels),
+            "mm_token_type_ids": move(batch.mm_token_type_ids),
         }
+        rows, width = batch.pixel_values.shape
+        if rows == 0:  # a batch of text alone: the vision tower is not run
+            return out
+        x = move(batch.pixel_values).float().div_(255).view(rows, 3, width // 3)
+        x = (x - move(self.mean)[None, :, None]) / move(self.std)[None, :, None]
+        out["pixel_values"] = x.view(rows, width).to(self.dtype)
+        out["image_grid_thw"] = move(batch.image_grid_thw)
+        return out
 
 
 class InterleavedLoader(UnitPlanLoader):
@@ -443,7 +496,10 @@ class InterleavedLoader(UnitPlanLoader):
         signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
         shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
         self._config = {**source_config(shards, options), **_core_config(c.tokenizer, c.settings)}
-        fingerprint, eos, _ = _core.interleaved_tokens(self._config)
+        fingerprint, eos, vision = _core.interleaved_tokens(self._config)
+        #: The (vision start, vision end, image pad) token ids.
+        self.vision_token_ids: tuple[int, int, int] = tuple(vision)
+        self._image_token_id = vision[2]
         if fingerprint != c.fingerprint:
             raise ValueError(
                 f"the tokenizer {c.tokenizer} is not the one these counts were made with (its "
@@ -488,6 +544,7 @@ class InterleavedLoader(UnitPlanLoader):
             documents=int(documents),
             keys=list(keys),
             tokens=int(tokens),
+            image_token_id=self._image_token_id,
         )
         return batch, None
 

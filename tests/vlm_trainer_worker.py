@@ -1,0 +1,90 @@
+"""One rank of transformers.Trainer on the interleaved kind (run by test_vlm_trainer.py under
+torchrun): a tiny Qwen2VLForConditionalGeneration from a config (nothing downloaded) trains on
+packed interleaved documents of real photos and captions through ShardTrainer and
+QwenVLCollator, checkpointing every --save-steps up to --max-steps, optionally resuming. Each
+batch is logged (a hash of its ids and pixels) as the collator hands it over, and each step's
+loss."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+
+import tokenizers
+import torch
+from integration_support import end_worker
+from shardstream import InterleavedLoader, QwenVLCollator
+from shardstream.integrations.hf import ShardTrainer
+from text_trainer_worker import LossLog
+from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, TrainingArguments
+
+PAD = 2  # "<pad>" of the tokenizer fixture
+
+
+def batch_hash(batch) -> str:
+    h = hashlib.sha1(batch.input_ids.numpy().tobytes())
+    h.update(batch.pixel_values.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def tiny_qwen2_vl(vocab: int, vision_ids: tuple[int, int, int]) -> Qwen2VLForConditionalGeneration:
+    start, end, pad = vision_ids
+    text = {
+        "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 4096,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}, "bos_token_id": None,
+        "eos_token_id": None, "pad_token_id": PAD,
+    }  # fmt: skip
+    vision = {
+        "depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
+        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+    }  # fmt: skip
+    config = Qwen2VLConfig(
+        text_config=text, vision_config=vision, image_token_id=pad, vision_start_token_id=start,
+        vision_end_token_id=end,
+    )  # fmt: skip
+    return Qwen2VLForConditionalGeneration(config)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--counts", required=True)
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--log-dir", required=True)
+    p.add_argument("--max-steps", type=int, required=True)
+    p.add_argument("--save-steps", type=int, required=True)
+    p.add_argument("--resume", default=None)
+    p.add_argument("--workers", type=int, default=0)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    loader = InterleavedLoader(a.counts, pad_token_id=PAD, threads=1)
+    args = TrainingArguments(
+        output_dir=a.output_dir, max_steps=a.max_steps, save_strategy="steps", save_steps=a.save_steps,
+        per_device_train_batch_size=loader.batch_size, learning_rate=3e-2, use_cpu=True,
+        ddp_backend="gloo", report_to=[], logging_steps=1, disable_tqdm=True, seed=0,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+    os.makedirs(a.log_dir, exist_ok=True)
+    log_path = os.path.join(a.log_dir, f"batches-rank{loader.rank}.jsonl")
+    collate = QwenVLCollator()
+
+    def collator(batch):
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(batch_hash(batch)) + "\n")
+        return collate(batch)
+
+    vocab = tokenizers.Tokenizer.from_file(loader.counts.tokenizer).get_vocab_size()
+    model = tiny_qwen2_vl(vocab, loader.vision_token_ids)
+    trainer = ShardTrainer(
+        model=model, args=args, train_loader=loader, collator=collator,
+        callbacks=[LossLog(os.path.join(a.log_dir, "loss.jsonl"))], num_workers=a.workers,
+    )  # fmt: skip
+    trainer.train(resume_from_checkpoint=a.resume)
+
+
+if __name__ == "__main__":
+    main()
+    end_worker()
