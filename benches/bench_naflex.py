@@ -3,6 +3,9 @@
 
   webdataset + Siglip2ImageProcessorPil     PIL decode, transformers' PIL ("slow") processor
   webdataset + Siglip2ImageProcessor        PIL decode, transformers' torchvision ("fast") one
+  webdataset + decode_jpeg + the fast one    torchvision.io.decode_jpeg tensors into the fast
+                                             processor: the fastest way a user runs it (the
+                                             decoder PyTorch points people to, no PIL)
   shardstream, 1 thread                      sample=NaFlex(...), pinned to one core
   shardstream token-budget, 1 thread         NaFlexBudgetLoader(count_patches(...)) with
                                              max_patches_per_batch = --batch x --max-patches (the
@@ -41,7 +44,11 @@ import time
 from _harness import pin, print_result, try_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROCESSORS = {"pil": "Siglip2ImageProcessorPil", "torchvision": "Siglip2ImageProcessor"}
+PROCESSORS = {
+    "pil": "Siglip2ImageProcessorPil",
+    "torchvision": "Siglip2ImageProcessor",
+    "decode_jpeg": "Siglip2ImageProcessor",
+}
 
 
 def make_processor(processor: str, patch: int, budget: int):
@@ -59,9 +66,24 @@ def make_processor(processor: str, patch: int, budget: int):
     return proc
 
 
-def run_webdataset(paths: list[str], proc, batch: int, patch: int, budget: int) -> int:
-    import webdataset as wds
+def image_decoder(name: str):
+    """``jpg bytes -> image`` as the contender feeds its processor: PIL RGB, or torchvision's
+    ``decode_jpeg`` to a uint8 [3, H, W] tensor."""
+    if name == "decode_jpeg":
+        import torch
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        def tensor(jpg):
+            return decode_jpeg(torch.frombuffer(bytearray(jpg), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+        return tensor
     from PIL import Image
+
+    return lambda jpg: Image.open(io.BytesIO(jpg)).convert("RGB")
+
+
+def run_webdataset(paths: list[str], proc, batch: int, patch: int, budget: int, decode) -> int:
+    import webdataset as wds
 
     ds = wds.WebDataset(paths, shardshuffle=False).to_tuple("jpg", "txt")
     n, images = 0, []
@@ -72,7 +94,7 @@ def run_webdataset(paths: list[str], proc, batch: int, patch: int, budget: int) 
         return len(images)
 
     for jpg, _txt in ds:
-        images.append(Image.open(io.BytesIO(jpg)).convert("RGB"))
+        images.append(decode(jpg))
         if len(images) == batch:
             n += flush()
             images = []
@@ -157,7 +179,7 @@ def worker(args) -> None:
     if proc is None:
         n = run_shardstream(paths, batch, patch, budget)
     else:
-        n = run_webdataset(paths, proc, batch, patch, budget)
+        n = run_webdataset(paths, proc, batch, patch, budget, image_decoder(args.worker))
     print_result({"samples": n, "seconds": time.perf_counter() - start, "peak_mb": peak_mb()})
 
 
@@ -198,6 +220,7 @@ def main() -> None:
     peers = {
         "webdataset + Siglip2ImageProcessorPil": "pil",
         "webdataset + Siglip2ImageProcessor (torchvision)": "torchvision",
+        "webdataset + decode_jpeg + Siglip2ImageProcessor": "decode_jpeg",
     }
     ours = {"shardstream, 1 thread": "shardstream", "shardstream token-budget, 1 thread": "budget"}
     runs: dict[str, tuple[str, dict[str, str] | None]] = {}

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [
     "docs/reference/api-loader.md",
     "docs/reference/api-text.md",
+    "docs/reference/api-vlm.md",
     "docs/reference/api-data.md",
     "docs/reference/api-errors.md",
     "docs/reference/api-integrations.md",

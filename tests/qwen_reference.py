@@ -33,7 +33,9 @@ What transformers 5.24 does (read from its source and checked by tests/test_qwen
   .convert("RGB")``), turned into a uint8 numpy array (channels first), and resized back in PIL:
   ``to_pil_image`` (no rescale: the array is uint8) then ``PIL.Image.resize((w, h), BICUBIC)``
   on the uint8 RGB image (Pillow's separable, antialiased bicubic, a = -0.5, support scaled by the
-  downscale factor; results rounded and clipped to uint8), back to numpy. An image already at its
+  downscale factor; fixed-point weights of 22 fractional bits; the horizontal pass first, its
+  result rounded and clipped to uint8, then the vertical pass, rounded and clipped again), back
+  to numpy. An image already at its
   target size is copied unchanged. ``do_rescale=False, do_normalize=False`` leave the uint8
   values; ``patchify`` casts to float32, so ``pixel_values`` are whole numbers in 0..255.
 * The target size, ``smart_resize(height, width, factor=28, min_pixels, max_pixels)``: it raises

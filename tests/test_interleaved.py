@@ -204,8 +204,8 @@ def test_a_resume_onto_three_ranks_reads_the_rest_of_the_epoch_once(counts, work
 
 def test_the_tar_layout_and_list_of_binary_read_as_the_parquet_one(docs, counts, tokenizer, tmp_path):
     tars = [
-        write_mint_tar(str(tmp_path / f"mint-{i:02d}.tar"), docs[i * ROW_GROUP : (i + 1) * ROW_GROUP])
-        for i in range(len(docs) // ROW_GROUP)
+        write_mint_tar(str(tmp_path / f"mint-{i:02d}.tar"), docs[i * DOCS_PER_FILE : (i + 1) * DOCS_PER_FILE])
+        for i in range(3)
     ]
     binary = [
         write_obelics_parquet(
@@ -231,7 +231,7 @@ def test_the_tar_layout_and_list_of_binary_read_as_the_parquet_one(docs, counts,
 
 
 def test_packing_leaves_less_padding_than_one_document_a_row(counts):
-    assert counts.padding < counts.unpacked_padding
+    assert counts.padding < counts.padding_to_longest
     stats = loader(counts)
     batches = list(stats)
     padding = sum(b.padding for b in batches) / (len(batches) * BATCH * SEQ_LEN)

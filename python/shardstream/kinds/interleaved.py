@@ -110,11 +110,12 @@ class InterleavedCounts(counts_file.CountsFile):
         settings: What decides the batches: ``spec`` (the :class:`QwenVL` fields), ``seq_len``,
             ``batch_size``, ``max_patches_per_batch``, ``texts``, ``images``,
             ``max_images_per_document``, ``max_document_bytes``, ``max_pixels``, ``eos_token``.
-        units: One dict per unit in corpus order: ``url``, ``display``, ``first_row``, ``rows``
-            (None for a tar), ``identity``, ``version`` (as :class:`~shardstream.TokenCounts`'),
-            ``documents``, ``batches``, ``text_tokens``, ``image_tokens``, ``images``,
-            ``patches``, ``slots`` (token slots of its batches), ``unpacked_slots`` (the slots
-            of one document a row), ``skipped`` (reason to count), ``examples``.
+        units: One dict per unit (a Parquet file, a tar shard) in corpus order: ``url``,
+            ``display``, ``first_row`` (0), ``rows`` (None: the whole file), ``identity``,
+            ``version`` (as :class:`~shardstream.TokenCounts`'), ``documents``, ``batches``,
+            ``text_tokens``, ``image_tokens``, ``images``, ``patches``, ``slots`` (token slots of
+            its batches), ``padded_slots`` (the slots of ``batch_size`` documents at a time
+            padded to their longest, unpacked), ``skipped`` (reason to count), ``examples``.
         failed: Units that could not be read at all, with their ``error``: no epoch reads them.
     """
 
@@ -163,9 +164,10 @@ class InterleavedCounts(counts_file.CountsFile):
         return 1 - self.tokens / slots if slots else 0.0
 
     @property
-    def unpacked_padding(self) -> float:
-        """The same fraction had every document been padded to whole rows alone (no packing)."""
-        slots = self._sum("unpacked_slots")
+    def padding_to_longest(self) -> float:
+        """The same fraction without packing: ``batch_size`` documents at a time in file order,
+        each batch padded to its longest document (what a padding collator gives)."""
+        slots = self._sum("padded_slots")
         return 1 - self.tokens / slots if slots else 0.0
 
     def _identity_head(self) -> bytes:

@@ -14,7 +14,8 @@ use crate::batch::interleaved::{
     self, count_unit, DocumentSpec, InterleavedCount, InterleavedInput, InterleavedMeta,
     InterleavedSpec, PackShape, QwenVlSpec,
 };
-use crate::batch::units::count_files;
+use crate::batch::packed::TextUnit;
+use crate::batch::units::{count_files, Counted};
 use crate::plan::budget::BudgetShape;
 use crate::tokenize::DocumentEncoder;
 
@@ -89,7 +90,7 @@ pub fn interleaved_tokens(config: &Bound<'_, PyDict>) -> PyResult<(String, u32, 
 /// Counts the batches of every unit of `urls` (Parquet row groups, tar shards) on `threads`
 /// threads without the GIL, reading only image headers: a list of dicts (url, first_row, rows,
 /// identity, documents, batches, text_tokens, image_tokens, images, patches, slots,
-/// unpacked_slots, skipped, examples, error), units in file order.
+/// padded_slots, skipped, examples, error), units in file order.
 #[pyfunction]
 #[pyo3(signature = (urls, config, threads = 1))]
 pub fn count_interleaved<'py>(
@@ -100,13 +101,37 @@ pub fn count_interleaved<'py>(
 ) -> PyResult<Bound<'py, PyList>> {
     let (encoder, spec) = interleaved_spec(config)?;
     let opts = source_options(Some(config))?;
+    // A Parquet file is one unit (see `batch::interleaved::documents`): counted whole at its first
+    // row group; its later row groups are dropped from the list.
     let counted = py
         .detach(|| {
             count_files(&urls, threads, &opts, |u, s| {
-                count_unit(u, &spec, &encoder, &opts, s)
+                let whole = TextUnit {
+                    rows: None,
+                    ..u.clone()
+                };
+                (u.first_row == 0)
+                    .then(|| count_unit(&whole, &spec, &encoder, &opts, s))
+                    .transpose()
             })
         })
         .map_err(PyValueError::new_err)?;
+    // (A first row group of no rows puts a second unit at row 0: one unit a file.)
+    let mut seen = std::collections::HashSet::new();
+    let counted: Vec<Counted<InterleavedCount>> = counted
+        .into_iter()
+        .filter(|c| c.unit.is_none() || c.result.as_ref().map_or(true, Option::is_some))
+        .filter(|c| seen.insert(c.url.clone()))
+        .filter_map(|c| {
+            let unit = c.unit.map(|u| TextUnit { rows: None, ..u });
+            let result = c.result.transpose()?;
+            Some(Counted {
+                url: c.url,
+                unit,
+                result,
+            })
+        })
+        .collect();
     count_list(py, counted, |d, c: &InterleavedCount| {
         d.set_item("documents", c.documents)?;
         d.set_item("batches", c.batches)?;
@@ -115,7 +140,7 @@ pub fn count_interleaved<'py>(
         d.set_item("images", c.images)?;
         d.set_item("patches", c.patches)?;
         d.set_item("slots", c.slots)?;
-        d.set_item("unpacked_slots", c.unpacked_slots)?;
+        d.set_item("padded_slots", c.padded_slots)?;
         d.set_item("skipped", json_to_py(py, &serde_json::json!(c.skipped))?)?;
         d.set_item("examples", json_to_py(py, &serde_json::json!(c.examples))?)
     })

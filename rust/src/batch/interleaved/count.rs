@@ -32,9 +32,9 @@ pub struct InterleavedCount {
     pub patches: u64,
     /// Token slots of its batches (`batches x rows x seq_len`): the rest is padding.
     pub slots: u64,
-    /// Slots had each row been padded to its longest document instead (one document a row,
-    /// a longer one cut into rows): what packing saves.
-    pub unpacked_slots: u64,
+    /// Slots had the documents been batched `rows` at a time in file order, each batch padded
+    /// to its longest document (no packing): what packing saves.
+    pub padded_slots: u64,
     /// Documents skipped, by reason, and a few (key, reason, detail).
     pub skipped: BTreeMap<String, u64>,
     pub examples: Vec<(String, String, String)>,
@@ -79,6 +79,13 @@ pub fn count_unit(
     let mut packer = Packer::new(spec.shape);
     let mut out = InterleavedCount::default();
     let mut chunk = Vec::with_capacity(CHUNK);
+    // The lengths of the documents of the unpacked baseline's open batch.
+    let mut longest: Vec<u64> = Vec::with_capacity(spec.shape.rows);
+    let padded = |lengths: &mut Vec<u64>| {
+        let slots = lengths.len() as u64 * lengths.iter().copied().max().unwrap_or(0);
+        lengths.clear();
+        slots
+    };
     let tally = |out: &mut InterleavedCount, packer: &mut Packer| {
         while packer.pop().is_some() {
             out.batches += 1;
@@ -104,8 +111,10 @@ pub fn count_unit(
                             }
                         }
                         out.patches += doc.patches;
-                        let len = spec.shape.seq_len as u64;
-                        out.unpacked_slots += (doc.tokens as u64).div_ceil(len) * len;
+                        longest.push(doc.tokens as u64);
+                        if longest.len() == spec.shape.rows {
+                            out.padded_slots += padded(&mut longest);
+                        }
                         packer.push(Arc::new(doc));
                     }
                     Err((key, (reason, detail))) => {
@@ -120,6 +129,7 @@ pub fn count_unit(
             }
         }
         if end {
+            out.padded_slots += padded(&mut longest);
             packer.finish();
             tally(&mut out, &mut packer);
             return Ok(out);

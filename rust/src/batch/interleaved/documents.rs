@@ -38,6 +38,19 @@ pub struct Document {
     pub parts: Vec<Part>,
 }
 
+impl Document {
+    /// Bytes of its texts and encoded images.
+    pub fn bytes(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.len(),
+                Part::Image(b) => b.len(),
+            })
+            .sum()
+    }
+}
+
 /// A document, or its key and why it was skipped.
 pub type DocumentResult = Result<Document, (String, Rejection)>;
 
@@ -55,8 +68,20 @@ pub struct DocumentSpec {
 }
 
 enum Rows {
-    Parquet(VecDeque<DocumentResult>),
+    Parquet(Box<ParquetRows>),
     Tar(Box<SampleReader>),
+}
+
+/// A Parquet unit's row groups, read one at a time.
+struct ParquetRows {
+    file: ParquetFile,
+    /// The next row group, its first row, and the row the unit ends at (None: the file's end).
+    group: usize,
+    first_row: u64,
+    end_row: Option<u64>,
+    ready: VecDeque<DocumentResult>,
+    /// The file's name, for keys of rows without a key column.
+    stem: String,
 }
 
 /// The documents of one unit, in order.
@@ -85,9 +110,34 @@ impl UnitDocuments {
         let rows = if is_parquet_name(&unit.url) {
             let file = ParquetFile::open(&unit.url, &expected, opts, stats)
                 .map_err(|f| fault(f.reason, f.detail, f.kind))?;
-            let docs = parquet_documents(&file, unit, spec)
-                .map_err(|(reason, detail)| fault(reason, detail, SourceKind::Other))?;
-            Rows::Parquet(docs)
+            let counts = file.row_counts();
+            let mut first = 0;
+            let group = counts
+                .iter()
+                .position(|&n| {
+                    let here = first == unit.first_row;
+                    first += n;
+                    here
+                })
+                .unwrap_or(counts.len());
+            if group == counts.len() && unit.first_row > 0 {
+                return Err(fault(
+                    Reason::Unreadable,
+                    format!(
+                        "no row group starts at row {} (the file changed?)",
+                        unit.first_row
+                    ),
+                    SourceKind::Other,
+                ));
+            }
+            Rows::Parquet(Box::new(ParquetRows {
+                file,
+                group,
+                first_row: unit.first_row,
+                end_row: unit.rows.map(|r| unit.first_row + r),
+                ready: VecDeque::new(),
+                stem: file_stem(&unit.url),
+            }))
         } else {
             let reader = open_shard(
                 &unit.url,
@@ -111,7 +161,32 @@ impl UnitDocuments {
     /// The next document, or the fault that ends the unit.
     pub fn next_document(&mut self) -> Option<Result<DocumentResult, Fault>> {
         match &mut self.rows {
-            Rows::Parquet(docs) => docs.pop_front().map(Ok),
+            Rows::Parquet(rows) => loop {
+                if let Some(doc) = rows.ready.pop_front() {
+                    return Some(Ok(doc));
+                }
+                let counts = rows.file.row_counts();
+                let ended = rows.end_row.is_some_and(|end| rows.first_row >= end);
+                if rows.group >= counts.len() || ended {
+                    return None;
+                }
+                let group = rows.group;
+                match group_documents(&rows.file, (group, rows.first_row), &rows.stem, &self.spec) {
+                    Ok(docs) => rows.ready = docs,
+                    Err((reason, detail)) => {
+                        rows.group = counts.len();
+                        return Some(Err(Fault {
+                            reason,
+                            url: self.display.clone(),
+                            key: String::new(),
+                            detail,
+                            kind: SourceKind::Other,
+                        }));
+                    }
+                }
+                rows.first_row += counts[group];
+                rows.group += 1;
+            },
             Rows::Tar(reader) => Some(match reader.next()? {
                 Err(f) => Err(Fault {
                     reason: f.reason,
@@ -126,34 +201,17 @@ impl UnitDocuments {
     }
 }
 
-/// The documents of `unit`'s row group (read whole: a row group is the unit).
-fn parquet_documents(
+/// The documents of row group `group` (its first row `first_row`), read whole.
+fn group_documents(
     file: &ParquetFile,
-    unit: &TextUnit,
+    (group, first_row): (usize, u64),
+    stem: &str,
     spec: &DocumentSpec,
 ) -> Result<VecDeque<DocumentResult>, Rejection> {
     let missing = |e: String| (Reason::MissingColumn, e);
     let texts = file.list_column(&spec.texts).map_err(missing)?;
     let images = file.list_column(&spec.images).map_err(missing)?;
-    let counts = file.row_counts();
-    let mut first = 0;
-    let group = counts
-        .iter()
-        .position(|&n| {
-            let here = first == unit.first_row;
-            first += n;
-            here
-        })
-        .ok_or_else(|| {
-            (
-                Reason::Unreadable,
-                format!(
-                    "no row group starts at row {} (the file changed?)",
-                    unit.first_row
-                ),
-            )
-        })?;
-    let rows = counts[group] as usize;
+    let rows = file.row_counts()[group] as usize;
     let key = file
         .schema
         .members(Some(&[]))
@@ -164,7 +222,7 @@ fn parquet_documents(
     leaves.extend(images.paths);
     leaves.extend(key.as_ref().map(|k| k.leaf));
     let reader = file
-        .row_group_reader(group, &leaves, spec.max_document_bytes, unit.first_row)
+        .row_group_reader(group, &leaves, spec.max_document_bytes, first_row)
         .map_err(|f| (f.reason, f.detail))?;
     let corrupt = |what: &str, e: parquet::errors::ParquetError| {
         let f = file.corrupt(format!("row group {group}: {what}: {e}"));
@@ -186,7 +244,6 @@ fn parquet_documents(
             format!("row group {group}: the lists hold fewer rows than the footer's {rows}"),
         ));
     }
-    let stem = file_stem(&unit.url);
     let mut paths = path_lists.map(|p| p.into_iter());
     let mut keys = keys.map(|k| k.into_iter());
     Ok(text_lists
@@ -194,7 +251,7 @@ fn parquet_documents(
         .zip(image_lists)
         .enumerate()
         .map(|(i, (texts, images))| {
-            let row = unit.first_row + i as u64;
+            let row = first_row + i as u64;
             let key = keys
                 .as_mut()
                 .and_then(|k| k.next().flatten())

@@ -3,7 +3,8 @@
 //! both find the same batches).
 //!
 //! - A document that fits a row goes whole into the first row of the open batch with room for
-//!   it (first fit), else into a new row; when the batch has no row left, it is closed.
+//!   it (first fit), else into a new row. When the batch has no room left for it, the next
+//!   `WINDOW` documents that fit its holes go there first (in file order), then it is closed.
 //! - A longer document starts a new row and fills rows in turn, its text cut at a row's end,
 //!   an image never: an image that does not fit the row's rest starts the next row.
 //! - A batch holds at most `max_patches` image patches: a document (or, of a longer one, an
@@ -87,11 +88,15 @@ impl PackedBatch {
     }
 }
 
+/// Documents held back, in file order, to fill a batch's holes before it is closed.
+pub const WINDOW: usize = 32;
+
 /// Packs one unit's documents.
 pub struct Packer {
     shape: PackShape,
     open: PackedBatch,
     closed: VecDeque<PackedBatch>,
+    pending: VecDeque<Arc<Measured>>,
 }
 
 impl Packer {
@@ -100,6 +105,7 @@ impl Packer {
             shape,
             open: PackedBatch::default(),
             closed: VecDeque::new(),
+            pending: VecDeque::new(),
         }
     }
 
@@ -108,8 +114,11 @@ impl Packer {
         self.closed.pop_front()
     }
 
-    /// Closes the last batch at the unit's end.
+    /// Places the documents held back and closes the last batch, at the unit's end.
     pub fn finish(&mut self) {
+        while !self.pending.is_empty() {
+            self.place_front();
+        }
         if self.open.rows.iter().any(|r| r.fill > 0) {
             self.close();
         }
@@ -131,34 +140,79 @@ impl Packer {
     /// Adds one document. Its images each fit a row and the patch cap (`measure` and the
     /// spec's validation make sure).
     pub fn push(&mut self, doc: Arc<Measured>) {
-        let (len, cap) = (self.shape.seq_len, self.shape.max_patches);
-        if doc.tokens > len || doc.patches > cap {
-            return self.push_long(doc);
+        self.pending.push_back(doc);
+        while self.pending.len() > WINDOW {
+            self.place_front();
         }
-        if self.open.patches + doc.patches > cap {
-            self.close();
+    }
+
+    /// Whether `doc` is cut across rows: longer than a row, or over the patch cap alone.
+    fn long(&self, doc: &Measured) -> bool {
+        doc.tokens > self.shape.seq_len || doc.patches > self.shape.max_patches
+    }
+
+    /// The row of the open batch a (not long) document goes into whole: the first with room,
+    /// or a new one (`rows.len()`); None when the batch cannot take it.
+    fn fits(&self, doc: &Measured) -> Option<usize> {
+        if self.open.patches + doc.patches > self.shape.max_patches {
+            return None;
         }
-        let row = match self
-            .open
-            .rows
-            .iter()
-            .position(|r| len - r.fill >= doc.tokens)
-        {
-            Some(row) => row,
-            None => self.fresh_row(),
-        };
+        let len = self.shape.seq_len;
+        let rows = &self.open.rows;
+        match rows.iter().position(|r| len - r.fill >= doc.tokens) {
+            Some(row) => Some(row),
+            None => (rows.len() < self.shape.rows).then_some(rows.len()),
+        }
+    }
+
+    /// Puts `doc` whole into `row` of the open batch (a new row when `row == rows.len()`).
+    fn put(&mut self, doc: Arc<Measured>, row: usize) {
+        if row == self.open.rows.len() {
+            self.open.rows.push(Row::default());
+        }
         let end = Cursor {
             item: doc.items.len(),
             offset: 0,
         };
+        self.open.patches += doc.patches;
         let row = &mut self.open.rows[row];
         row.fill += doc.tokens;
-        self.open.patches += doc.patches;
         row.runs.push(Run {
-            doc: doc.clone(),
+            doc,
             from: Cursor { item: 0, offset: 0 },
             to: end,
         });
+    }
+
+    /// Places the first document held back.
+    fn place_front(&mut self) {
+        let Some(doc) = self.pending.pop_front() else {
+            return;
+        };
+        if self.long(&doc) {
+            return self.push_long(doc);
+        }
+        if let Some(row) = self.fits(&doc) {
+            return self.put(doc, row);
+        }
+        // The open batch has no room for it: documents held back fill its holes first.
+        let mut i = 0;
+        while i < self.pending.len() {
+            let candidate = &self.pending[i];
+            match (!self.long(candidate))
+                .then(|| self.fits(candidate))
+                .flatten()
+            {
+                Some(row) => {
+                    let held = self.pending.remove(i).expect("a held document");
+                    self.put(held, row);
+                }
+                None => i += 1,
+            }
+        }
+        self.close();
+        let row = self.fits(&doc).unwrap_or(0);
+        self.put(doc, row);
     }
 
     /// A document longer than a row (or over the patch cap): rows in turn from a new one.
@@ -292,6 +346,29 @@ mod tests {
         );
         assert_eq!(layout(&p.pop().unwrap()), vec![vec![("e".into(), 9)]]);
         assert!(p.pop().is_none());
+    }
+
+    #[test]
+    fn documents_held_back_fill_a_batch_before_it_closes() {
+        let shape = PackShape {
+            seq_len: 10,
+            rows: 1,
+            max_patches: 1000,
+        };
+        let mut p = Packer::new(shape);
+        for (k, n) in [("a", 6), ("b", 6), ("c", 4), ("d", 5)] {
+            p.push(doc(k, &[(false, n)]));
+        }
+        p.finish();
+        let batches: Vec<_> = std::iter::from_fn(|| p.pop()).map(|b| layout(&b)).collect();
+        assert_eq!(
+            batches,
+            vec![
+                vec![vec![("a".into(), 6), ("c".into(), 4)]],
+                vec![vec![("b".into(), 6)]],
+                vec![vec![("d".into(), 5)]],
+            ]
+        );
     }
 
     #[test]

@@ -40,6 +40,9 @@ use crate::tokenize::DocumentEncoder;
 
 /// Chunks the read thread reads ahead.
 const CHUNKS_AHEAD: usize = 4;
+/// Bytes of documents after which a chunk is sent early: what is read ahead is bounded by
+/// `CHUNKS_AHEAD` chunks of this (plus one document), not by documents' sizes.
+const CHUNK_BYTES: usize = 32 << 20;
 
 /// Faults kept whole in the stats (the rest only counted).
 const MAX_FAULTS_KEPT: usize = 1000;
@@ -224,20 +227,23 @@ fn read_visits(
                 return;
             }
         };
-        let mut chunk = Vec::with_capacity(CHUNK);
+        let (mut chunk, mut bytes) = (Vec::with_capacity(CHUNK), 0usize);
         loop {
             if done() {
                 break;
             }
             match docs.next_document() {
                 Some(Ok(doc)) => {
+                    bytes += doc.as_ref().map_or(0, |d| d.bytes());
                     chunk.push(doc);
-                    if chunk.len() >= CHUNK
-                        && out
+                    if chunk.len() >= CHUNK || bytes >= CHUNK_BYTES {
+                        bytes = 0;
+                        if out
                             .send((i, Chunk::Docs(std::mem::take(&mut chunk))))
                             .is_err()
-                    {
-                        return;
+                        {
+                            return;
+                        }
                     }
                 }
                 Some(Err(fault)) => {

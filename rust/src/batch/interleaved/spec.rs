@@ -140,6 +140,7 @@ impl QwenVlSpec {
         let (p, m) = (self.patch_size as usize, self.merge_size as usize);
         let (gh, gw) = (grid.h as usize, grid.w as usize);
         let (width, plane) = (gw * p, gh * p * gw * p);
+        let t = self.temporal_patch_size as usize;
         assert_eq!(planar.len(), 3 * plane, "one [3, h, w] image");
         assert_eq!(out.len(), gh * gw * self.row_len(), "the grid's rows");
         let mut rows = out.chunks_exact_mut(self.row_len());
@@ -149,14 +150,17 @@ impl QwenVlSpec {
                     for mw in 0..m {
                         let (r, c) = (bh * m + mh, bw * m + mw);
                         let row = rows.next().expect("one row a patch");
-                        let mut at = 0;
-                        for ch in 0..3 {
-                            for _ in 0..self.temporal_patch_size {
-                                for y in 0..p {
-                                    let from = ch * plane + (r * p + y) * width + c * p;
-                                    row[at..at + p].copy_from_slice(&planar[from..from + p]);
-                                    at += p;
-                                }
+                        // Per channel, the first frame's p x p pixels, then the same block
+                        // again for each further frame (one copy, not p small ones).
+                        let frame = p * p;
+                        for (ch, block) in row.chunks_exact_mut(t * frame).enumerate() {
+                            let (first, rest) = block.split_at_mut(frame);
+                            for (y, line) in first.chunks_exact_mut(p).enumerate() {
+                                let from = ch * plane + (r * p + y) * width + c * p;
+                                line.copy_from_slice(&planar[from..from + p]);
+                            }
+                            for copy in rest.chunks_exact_mut(frame) {
+                                copy.copy_from_slice(first);
                             }
                         }
                     }
