@@ -33,7 +33,8 @@ per document's images, one core): PIL decode + ``Qwen2VLImageProcessorPil`` (tra
 ``Qwen2VLImageProcessorFast`` before transformers 5, still an alias), and
 ``torchvision.io.decode_jpeg`` tensors + the fast one. Before timing (unless --no-verify) the
 three are checked to give the same grids, and their mean absolute pixel difference from the slow
-one is printed. shardstream's image path goes in IMAGE_CONTENDERS when it exists.
+one is printed. shardstream's image path is a whole InterleavedLoader pass on one thread (its
+text and packing included), images/s from its stats.
 
 Every contender runs in a fresh process, its best of ``--repeat`` rounds taken in turn
 (benches/_harness.py). The tokenizer is the committed GPT-2-style fixture
@@ -379,7 +380,8 @@ IMAGE_CONTENDERS = {
     "PIL decode + Qwen2VLImageProcessorPil (slow)": "img-pil-slow",
     "PIL decode + Qwen2VLImageProcessor (fast)": "img-pil-fast",
     "torchvision decode_jpeg + Qwen2VLImageProcessor (fast)": "img-tv-fast",
-    # shardstream's image path (decode + resize + patchify to uint8 [P, 1176]) goes here
+    # the whole loader pass (its text and packing too, a few per cent of it), images/s
+    "shardstream InterleavedLoader, 1 thread (whole pass)": "img-shardstream",
 }
 
 
@@ -400,7 +402,27 @@ def image_inputs(kind: str):
     return decode, lambda o: qwen_reference.make_image_processor(o["min_pixels"], o["max_pixels"], fast=fast)
 
 
+def run_shardstream_images(o: dict) -> dict:
+    """The interleaved kind's image path: a whole InterleavedLoader pass on one thread (the
+    counting pass before the clock), its images and patches from the loader's stats."""
+    from shardstream import InterleavedLoader, QwenVL, count_interleaved
+
+    spec = QwenVL(min_pixels=o["min_pixels"], max_pixels=o["max_pixels"])
+    counts = count_interleaved(
+        o["files"], tokenizer=o["tokenizer"], spec=spec, seq_len=o["seq_len"], batch_size=o["batch"],
+        eos_token="</s>", threads=1,
+    )  # fmt: skip
+    start = time.perf_counter()
+    loader = InterleavedLoader(counts, threads=1, pin_memory=False)
+    for _ in loader:
+        pass
+    stats = loader.stats
+    return {"images": stats["images"], "patches": stats["patches"], "seconds": time.perf_counter() - start}
+
+
 def run_images(kind: str, o: dict) -> dict:
+    if kind == "img-shardstream":
+        return run_shardstream_images(o)
     docs = corpus_images(o["files"])  # read before the clock: the image path alone is timed
     decode, factory = image_inputs(kind)
     tensors = "np" if kind == "img-pil-slow" else "pt"
@@ -647,6 +669,10 @@ def main() -> None:
         print("  ratios, images/s over the slow processor:")
         for label, rate in img_best.items():
             print(f"    {label:62s} {rate / slow:5.2f}x")
+    ours = img_best.get("shardstream InterleavedLoader, 1 thread (whole pass)")
+    fastest = img_best.get("torchvision decode_jpeg + Qwen2VLImageProcessor (fast)")
+    if ours and fastest:
+        print(f"  shardstream / decode_jpeg + the fast processor: {ours / fastest:5.2f}x images/s")
 
 
 if __name__ == "__main__":
