@@ -46,6 +46,25 @@ class CountsFile:
             total.update(u.get("skipped", {}))
         return dict(total)
 
+    def _top_reason(self, what: str) -> str:
+        """The most common reason nothing could be used, for a one-line error: the first failed
+        file, else the most common skip with an example (units whose ``examples`` are (key,
+        reason, detail) triples); ``what`` names the things skipped (``samples``)."""
+        failed: list[dict[str, Any]] = getattr(self, "failed", [])
+        if failed:
+            f = failed[0]
+            error = f["error"]
+            return f"{error['reason']} in {len(failed)} files (e.g. {f['display']}: {error['detail']})"
+        skipped = Counter(self._skipped())
+        if not skipped:
+            return f"the files hold no {what}"
+        reason, n = skipped.most_common(1)[0]
+        example = next(
+            (f"{u['display']} {e[0]}: {e[2]}" for u in self.units for e in u["examples"] if e[1] == reason),
+            None,
+        )
+        return f"{n} {what} {reason}" + (f" (e.g. {example})" if example else "")
+
     def _identity_head(self) -> bytes:
         """What the identity covers besides each unit's weight (the tokenizer, the budget)."""
         raise NotImplementedError

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -307,7 +306,9 @@ def count_interleaved(
         return InterleavedCounts(tokenizer, fingerprint, settings, units, failed)
 
     def nothing(counts: InterleavedCounts) -> str | None:
-        return None if counts.total_batches else f"no document of {urls!r} can be used: {_top_reason(counts)}"
+        if counts.total_batches:
+            return None
+        return f"no document of {urls!r} can be used: {counts._top_reason('documents')}"
 
     # The tokenizer's path may move: its fingerprint pins its bytes.
     kind = CountingKind(
@@ -323,23 +324,6 @@ def count_interleaved(
         output=output,
         distributed=distributed,
     )
-
-
-def _top_reason(counts: InterleavedCounts) -> str:
-    """The most common reason nothing could be used, for a one-line error."""
-    if counts.failed:
-        f = counts.failed[0]
-        error = f["error"]
-        return f"{error['reason']} in {len(counts.failed)} files (e.g. {f['display']}: {error['detail']})"
-    skipped = Counter(counts.skipped)
-    if not skipped:
-        return "the files hold no documents"
-    reason, n = skipped.most_common(1)[0]
-    example = next(
-        (f"{u['display']} {e[0]}: {e[2]}" for u in counts.units for e in u["examples"] if e[1] == reason),
-        None,
-    )
-    return f"{n} documents {reason}" + (f" (e.g. {example})" if example else "")
 
 
 @dataclass

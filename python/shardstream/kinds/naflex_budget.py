@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -258,7 +257,9 @@ def count_patches(
         return PatchCounts(spec, max_patches_per_batch, buckets, most, sample, units, failed)
 
     def nothing(counts: PatchCounts) -> str | None:
-        return None if counts.total_batches else f"no image of {urls!r} can be used: {_top_reason(counts)}"
+        if counts.total_batches:
+            return None
+        return f"no image of {urls!r} can be used: {counts._top_reason('samples')}"
 
     kind = CountingKind("count_patches", PatchCounts, count, build, nothing)
     return count_units(
@@ -271,23 +272,6 @@ def count_patches(
         output=output,
         distributed=distributed,
     )
-
-
-def _top_reason(counts: PatchCounts) -> str:
-    """The most common reason no image could be used, for a one-line error."""
-    if counts.failed:
-        f = counts.failed[0]
-        error = f["error"]
-        return f"{error['reason']} in {len(counts.failed)} files (e.g. {f['display']}: {error['detail']})"
-    skipped = Counter(counts.skipped)
-    if not skipped:
-        return "the files hold no samples"
-    reason, n = skipped.most_common(1)[0]
-    example = next(
-        (f"{u['display']} {e[0]}: {e[2]}" for u in counts.units for e in u["examples"] if e[1] == reason),
-        None,
-    )
-    return f"{n} samples {reason}" + (f" (e.g. {example})" if example else "")
 
 
 class NaFlexBudgetLoader(UnitPlanLoader):
