@@ -11,11 +11,9 @@ use super::convert::{json_to_py, present, source_options};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
-    self, count_unit, DocumentSpec, InterleavedCount, InterleavedInput, InterleavedMeta,
+    self, count_files, DocumentSpec, InterleavedCount, InterleavedInput, InterleavedMeta,
     InterleavedSpec, PackShape, QwenVlSpec,
 };
-use crate::batch::packed::TextUnit;
-use crate::batch::units::{count_files, Counted};
 use crate::plan::budget::BudgetShape;
 use crate::tokenize::DocumentEncoder;
 
@@ -24,6 +22,34 @@ fn need<'py, T: FromPyObjectOwned<'py>>(config: &Bound<'py, PyDict>, key: &str) 
         .ok_or_else(|| PyValueError::new_err(format!("config needs {key}")))?
         .extract()
         .map_err(Into::into)
+}
+
+/// The vision spec of `config` (`vision`: patch_size, merge_size, temporal_patch_size,
+/// min_pixels, max_pixels; `vision_tokens`: the start, end and pad tokens, looked up in
+/// `encoder`'s vocabulary).
+fn vision_spec(
+    config: &Bound<'_, PyDict>,
+    encoder: &DocumentEncoder,
+    tokenizer: &str,
+) -> PyResult<QwenVlSpec> {
+    let (patch_size, merge_size, temporal_patch_size, min_pixels, max_pixels) =
+        need(config, "vision")?;
+    let names: (String, String, String) = need(config, "vision_tokens")?;
+    let id = |name: &str| {
+        encoder.token_id(name).ok_or_else(|| {
+            PyValueError::new_err(format!("the tokenizer {tokenizer} has no token {name:?}"))
+        })
+    };
+    Ok(QwenVlSpec {
+        patch_size,
+        merge_size,
+        temporal_patch_size,
+        min_pixels,
+        max_pixels,
+        vision_start: id(&names.0)?,
+        vision_end: id(&names.1)?,
+        image_pad: id(&names.2)?,
+    })
 }
 
 /// The encoder and spec of `config`: `tokenizer`, `eos_token`, `vision` (patch_size,
@@ -38,24 +64,7 @@ fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, In
         .transpose()?;
     let encoder = DocumentEncoder::from_file(&tokenizer, eos.as_deref(), None)
         .map_err(|e| bad(e.to_string()))?;
-    let (patch_size, merge_size, temporal_patch_size, min_pixels, max_pixels) =
-        need(config, "vision")?;
-    let names: (String, String, String) = need(config, "vision_tokens")?;
-    let id = |name: &str| {
-        encoder
-            .token_id(name)
-            .ok_or_else(|| bad(format!("the tokenizer {tokenizer} has no token {name:?}")))
-    };
-    let vision = QwenVlSpec {
-        patch_size,
-        merge_size,
-        temporal_patch_size,
-        min_pixels,
-        max_pixels,
-        vision_start: id(&names.0)?,
-        vision_end: id(&names.1)?,
-        image_pad: id(&names.2)?,
-    };
+    let vision = vision_spec(config, &encoder, &tokenizer)?;
     let spec = InterleavedSpec {
         documents: DocumentSpec {
             texts: need(config, "texts")?,
@@ -87,7 +96,7 @@ pub fn interleaved_tokens(config: &Bound<'_, PyDict>) -> PyResult<(String, u32, 
     ))
 }
 
-/// Counts the batches of every unit of `urls` (Parquet row groups, tar shards) on `threads`
+/// Counts the batches of every unit of `urls` (Parquet files, tar shards) on `threads`
 /// threads without the GIL, reading only image headers: a list of dicts (url, first_row, rows,
 /// identity, documents, batches, text_tokens, image_tokens, images, patches, slots,
 /// padded_slots, skipped, examples, error), units in file order.
@@ -101,37 +110,9 @@ pub fn count_interleaved<'py>(
 ) -> PyResult<Bound<'py, PyList>> {
     let (encoder, spec) = interleaved_spec(config)?;
     let opts = source_options(Some(config))?;
-    // A Parquet file is one unit (see `batch::interleaved::documents`): counted whole at its first
-    // row group; its later row groups are dropped from the list.
     let counted = py
-        .detach(|| {
-            count_files(&urls, threads, &opts, |u, s| {
-                let whole = TextUnit {
-                    rows: None,
-                    ..u.clone()
-                };
-                (u.first_row == 0)
-                    .then(|| count_unit(&whole, &spec, &encoder, &opts, s))
-                    .transpose()
-            })
-        })
+        .detach(|| count_files(&urls, threads, &opts, &spec, &encoder))
         .map_err(PyValueError::new_err)?;
-    // (A first row group of no rows puts a second unit at row 0: one unit a file.)
-    let mut seen = std::collections::HashSet::new();
-    let counted: Vec<Counted<InterleavedCount>> = counted
-        .into_iter()
-        .filter(|c| c.unit.is_none() || c.result.as_ref().map_or(true, Option::is_some))
-        .filter(|c| seen.insert(c.url.clone()))
-        .filter_map(|c| {
-            let unit = c.unit.map(|u| TextUnit { rows: None, ..u });
-            let result = c.result.transpose()?;
-            Some(Counted {
-                url: c.url,
-                unit,
-                result,
-            })
-        })
-        .collect();
     count_list(py, counted, |d, c: &InterleavedCount| {
         d.set_item("documents", c.documents)?;
         d.set_item("batches", c.batches)?;

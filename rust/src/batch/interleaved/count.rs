@@ -12,6 +12,7 @@ use super::measure::{Item, Measured};
 use super::pack::Packer;
 use super::InterleavedSpec;
 use crate::batch::packed::TextUnit;
+use crate::batch::units::{self, Counted};
 use crate::error::Fault;
 use crate::image::decode::Decoder;
 use crate::read::source::{SourceOptions, SourceStats};
@@ -135,4 +136,39 @@ pub fn count_unit(
             return Ok(out);
         }
     }
+}
+
+/// Counts every unit of `urls` on `threads` threads, units in file order. This kind's unit is a
+/// whole file (see `documents`): a Parquet file is counted whole at its first row group, and its
+/// later row groups are left out.
+pub fn count_files(
+    urls: &[String],
+    threads: usize,
+    opts: &SourceOptions,
+    spec: &InterleavedSpec,
+    encoder: &DocumentEncoder,
+) -> Result<Vec<Counted<InterleavedCount>>, String> {
+    let whole = |u: &TextUnit| TextUnit {
+        rows: None,
+        ..u.clone()
+    };
+    let counted = units::count_files(urls, threads, opts, |u, s| {
+        (u.first_row == 0)
+            .then(|| count_unit(&whole(u), spec, encoder, opts, s))
+            .transpose()
+    })?;
+    // One unit a file (a first row group of no rows would put a second one at row 0).
+    let mut seen = std::collections::HashSet::new();
+    Ok(counted
+        .into_iter()
+        .filter(|c| c.unit.is_none() || c.result.as_ref().map_or(true, Option::is_some))
+        .filter(|c| seen.insert(c.url.clone()))
+        .filter_map(|c| {
+            Some(Counted {
+                unit: c.unit.as_ref().map(whole),
+                result: c.result.transpose()?,
+                url: c.url,
+            })
+        })
+        .collect())
 }

@@ -19,7 +19,7 @@ mod pack;
 mod pipeline;
 mod spec;
 
-pub use count::{count_unit, InterleavedCount};
+pub use count::{count_files, count_unit, InterleavedCount};
 pub use documents::DocumentSpec;
 pub use pack::PackShape;
 pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
