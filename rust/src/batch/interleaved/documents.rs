@@ -41,13 +41,17 @@ pub struct Document {
 impl Document {
     /// Bytes of its texts and encoded images.
     pub fn bytes(&self) -> usize {
-        self.parts
-            .iter()
-            .map(|p| match p {
-                Part::Text(t) => t.len(),
-                Part::Image(b) => b.len(),
-            })
-            .sum()
+        self.parts.iter().map(Part::bytes).sum()
+    }
+}
+
+impl Part {
+    /// Bytes of its text or encoded image.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Part::Text(t) => t.len(),
+            Part::Image(b) => b.len(),
+        }
     }
 }
 
@@ -289,7 +293,6 @@ fn aligned(
         ));
     }
     let mut parts = Vec::with_capacity(texts.len());
-    let (mut bytes, mut count) = (0u64, 0u32);
     for (i, (text, image)) in texts.into_iter().zip(images).enumerate() {
         let path = paths.as_ref().and_then(|p| p.get(i).cloned().flatten());
         let part = match (text, image) {
@@ -309,24 +312,16 @@ fn aligned(
             }
             (None, None) => return misaligned(format!("position {i} holds neither")),
         };
-        count += matches!(part, Part::Image(_)) as u32;
-        bytes += match &part {
-            Part::Text(t) => t.len(),
-            Part::Image(b) => b.len(),
-        } as u64;
         parts.push(part);
     }
-    check_caps(&parts, count, bytes, spec)?;
+    check_caps(&parts, spec)?;
     Ok(parts)
 }
 
-fn check_caps(
-    parts: &[Part],
-    images: u32,
-    bytes: u64,
-    spec: &DocumentSpec,
-) -> Result<(), Rejection> {
-    if images > spec.max_images {
+fn check_caps(parts: &[Part], spec: &DocumentSpec) -> Result<(), Rejection> {
+    let images = parts.iter().filter(|p| matches!(p, Part::Image(_))).count();
+    let bytes = parts.iter().map(Part::bytes).sum::<usize>();
+    if images > spec.max_images as usize {
         return Err((
             Reason::TooManyImages,
             format!(
@@ -335,7 +330,7 @@ fn check_caps(
             ),
         ));
     }
-    if bytes > spec.max_document_bytes {
+    if bytes as u64 > spec.max_document_bytes {
         return Err((
             Reason::MemberTooLarge,
             format!(
@@ -360,12 +355,12 @@ fn tar_document(mut raw: RawSample, spec: &DocumentSpec) -> DocumentResult {
     let Some(json) = raw.get("json") else {
         return fail((Reason::MissingText, "no json member".into()));
     };
-    let value: serde_json::Value = match serde_json::from_slice(json) {
+    let mut value: serde_json::Value = match serde_json::from_slice(json) {
         Ok(v) => v,
         Err(e) => return fail((Reason::BadJson, format!("json member: {e}"))),
     };
-    let list = |name: &str| match value.get(name) {
-        Some(serde_json::Value::Array(items)) => Ok(items.clone()),
+    let mut list = |name: &str| match value.get_mut(name).map(serde_json::Value::take) {
+        Some(serde_json::Value::Array(items)) => Ok(items),
         _ => Err((
             Reason::MisalignedDocument,
             format!("the json member has no {name:?} list"),
@@ -386,11 +381,10 @@ fn tar_document(mut raw: RawSample, spec: &DocumentSpec) -> DocumentResult {
         ));
     }
     let mut parts = Vec::with_capacity(texts.len());
-    let (mut bytes, mut count) = (0u64, 0u32);
-    for (i, (text, image)) in texts.iter().zip(&images).enumerate() {
+    for (i, (text, image)) in texts.into_iter().zip(&images).enumerate() {
         use serde_json::Value::{Null, String as Text};
         let part = match (text, image) {
-            (Text(t), Null) => Part::Text(t.clone()),
+            (Text(t), Null) => Part::Text(t),
             (Null, Text(name)) => {
                 if name.contains("://") {
                     return fail((
@@ -400,8 +394,16 @@ fn tar_document(mut raw: RawSample, spec: &DocumentSpec) -> DocumentResult {
                 }
                 let ext = name.to_lowercase();
                 match raw.members.iter().position(|(e, _)| *e == ext) {
-                    // Cloned: two positions may name one member.
-                    Some(at) => Part::Image(raw.members[at].1.clone()),
+                    // Moved out, unless a later position names the same member.
+                    Some(at) => {
+                        let again = images[i + 1..].iter().any(|n| n.as_str() == Some(name));
+                        let member = &mut raw.members[at].1;
+                        Part::Image(if again {
+                            member.clone()
+                        } else {
+                            std::mem::take(member)
+                        })
+                    }
                     None => {
                         return fail((
                             Reason::MissingImage,
@@ -421,14 +423,9 @@ fn tar_document(mut raw: RawSample, spec: &DocumentSpec) -> DocumentResult {
                 ))
             }
         };
-        count += matches!(part, Part::Image(_)) as u32;
-        bytes += match &part {
-            Part::Text(t) => t.len(),
-            Part::Image(b) => b.len(),
-        } as u64;
         parts.push(part);
     }
-    if let Err(r) = check_caps(&parts, count, bytes, spec) {
+    if let Err(r) = check_caps(&parts, spec) {
         return fail(r);
     }
     Ok(Document { key, parts })

@@ -461,9 +461,7 @@ impl InterleavedBatches {
                             grid,
                             tokens,
                         } => {
-                            let mut run_ids = Vec::with_capacity(*tokens);
-                            vision.push_tokens(*grid, &mut run_ids);
-                            for t in run_ids {
+                            for t in vision.run(*grid) {
                                 ids[at] = t as i64;
                                 positions[at] = (at - start) as i64;
                                 at += 1;

@@ -61,8 +61,7 @@ impl QwenVlSpec {
         let factor = self.factor() as u64;
         if self.max_pixels < factor * factor || self.min_pixels > self.max_pixels {
             return Err(format!(
-                "need {} <= min_pixels <= max_pixels and max_pixels >= {}, not {} and {}",
-                0,
+                "need min_pixels <= max_pixels and max_pixels >= {} (one merge block), not {} and {}",
                 factor * factor,
                 self.min_pixels,
                 self.max_pixels
@@ -122,11 +121,12 @@ impl QwenVlSpec {
         (grid.patches() / (self.merge_size as u64).pow(2)) as usize + 2
     }
 
-    /// Appends an image's run of tokens to `out`.
-    pub fn push_tokens(&self, grid: Grid, out: &mut Vec<u32>) {
-        out.push(self.vision_start);
-        out.extend(std::iter::repeat_n(self.image_pad, self.tokens(grid) - 2));
-        out.push(self.vision_end);
+    /// An image's run of tokens: start, pads, end.
+    pub fn run(&self, grid: Grid) -> impl Iterator<Item = u32> {
+        let pads = std::iter::repeat_n(self.image_pad, self.tokens(grid) - 2);
+        std::iter::once(self.vision_start)
+            .chain(pads)
+            .chain(std::iter::once(self.vision_end))
     }
 
     /// Bytes of one row of `pixel_values`: `3 * temporal_patch_size * patch_size²`.
