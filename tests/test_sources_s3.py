@@ -188,18 +188,23 @@ def test_a_run_outlives_the_life_of_a_signature(s3, local_dir, monkeypatch):
 
 
 def test_a_resume_after_the_signature_expired_is_signed_afresh(s3, local_dir, monkeypatch):
-    """The stream breaks off halfway and comes back after its signature (1 s) has expired, as a
+    """The stream breaks off halfway and comes back after its signature has expired, as a
     stalled connection to a slow consumer does: the Range request that resumes it carries a new
-    signature instead of failing with 403."""
+    signature instead of failing with 403.
+
+    The signature lives 3 s and the stall lasts 5 s. X-Amz-Date is in whole seconds, so a URL
+    signed for n seconds is good for between n - 1 and n: with n = 1 a fresh signature could
+    expire before the request reached the server on a loaded machine (a flake seen in CI); with
+    n = 3 it has at least 2 s, and the first one is surely dead when the stream resumes."""
     with_env(monkeypatch, s3)
     name = "shard-000004.tar"
     size = os.path.getsize(os.path.join(local_dir, name))
     path = f"/{BUCKET}/train/{name}"
-    with FaultProxy(s3.endpoint_url, {path: [stall_after(size // 2, 3)]}, preserve_host=True) as proxy:
+    with FaultProxy(s3.endpoint_url, {path: [stall_after(size // 2, 5)]}, preserve_host=True) as proxy:
         shards = expand_urls(
-            f"s3://{BUCKET}/train/{name}", endpoint_url=proxy.url().rstrip("/"), expires_in=1
+            f"s3://{BUCKET}/train/{name}", endpoint_url=proxy.url().rstrip("/"), expires_in=3
         )
-        got = comparable(read_samples(shards, connect_timeout=2.0, read_timeout=5.0, max_retries=3))
+        got = comparable(read_samples(shards, connect_timeout=2.0, read_timeout=8.0, max_retries=3))
     assert got == comparable(read_samples(os.path.join(local_dir, name)))
     gets = [r for r in proxy.requests if r.method == "GET" and r.path == path]
     assert len(gets) == 2 and gets[1].range == f"bytes={size // 2}-", gets
