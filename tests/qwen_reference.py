@@ -60,6 +60,7 @@ What transformers 5.24 does (read from its source and checked by tests/test_qwen
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import numpy as np
@@ -256,3 +257,217 @@ def patchify(image: np.ndarray) -> np.ndarray:
     x = np.asarray(image).reshape(gh // m, m, p, gw // m, m, p, c).transpose(0, 3, 1, 4, 6, 2, 5)
     x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], TEMPORAL_PATCH_SIZE, p, p))
     return x.reshape(gh * gw, c * TEMPORAL_PATCH_SIZE * p * p)
+
+
+# -- conversations (LLaVA-style samples rendered as ChatML) --------------------------------------------
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+#: The conversation placeholder of one image (LLaVA).
+CONVERSATION_IMAGE = "<image>"
+DEFAULT_SYSTEM = "You are a helpful assistant."
+#: LLaVA's ``from`` values to chat roles (shardstream's ``Conversations.roles`` default).
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+#: Qwen/Qwen2-VL-7B-Instruct's ``chat_template`` (its tokenizer_config.json / chat_template.json),
+#: as published: a default system turn when the first message is not a system one, ChatML turns,
+#: an image content item as ``<|vision_start|><|image_pad|><|vision_end|>``.
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _jinja_literal(text: str) -> str:
+    """``text`` as a Jinja expression printing it as is (JSON's escapes are Python's, which Jinja's
+    string literals take)."""
+    return "{{ " + json.dumps(text) + " }}" if text else ""
+
+
+def chat_template(
+    *,
+    system: str | None = DEFAULT_SYSTEM,
+    turn_start: str = IM_START + "{role}\n",
+    turn_end: str = IM_END,
+    turn_separator: str = "\n",
+    generation: bool = True,
+) -> str:
+    """A ChatML template as Qwen2-VL's (:data:`QWEN2_VL_CHAT_TEMPLATE`) with these turn pieces
+    (the defaults are Qwen2-VL's); with ``generation`` an assistant turn's content and
+    ``turn_end`` are wrapped in ``{% generation %}...{% endgeneration %}``, the markers
+    ``return_assistant_tokens_mask`` reads. Content items: ``{"type": "image"}`` renders
+    :data:`IMAGE_PLACEHOLDER`, ``{"type": "text"}`` its text; a string content renders as is."""
+    head, _, tail = turn_start.partition("{role}")
+    header = _jinja_literal(head) + "{{ message['role'] }}" + _jinja_literal(tail)
+    body = (
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' %}" + _jinja_literal(IMAGE_PLACEHOLDER) + ""
+        "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+        + _jinja_literal(turn_end)
+    )
+    if generation:
+        body = (
+            "{% if message['role'] == 'assistant' %}{% generation %}" + body + "{% endgeneration %}"
+            "{% else %}" + body + "{% endif %}"
+        )
+    default = ""
+    if system is not None:
+        system_header = _jinja_literal(turn_start.format(role="system"))
+        default = (
+            "{% if loop.first and message['role'] != 'system' %}"
+            + system_header
+            + _jinja_literal(system + turn_end + turn_separator)
+            + "{% endif %}"
+        )
+    return (
+        "{% for message in messages %}"
+        + default
+        + header
+        + body
+        + _jinja_literal(turn_separator)
+        + ("{% endfor %}")
+    )
+
+
+def write_chat_tokenizer_json(path: str, tokenizer_path: str = TOKENIZER) -> str:
+    """As :func:`write_tokenizer_json`, with ``<|im_start|>`` and ``<|im_end|>`` added as special
+    tokens after the three vision tokens (ids 1003 and 1004 for the fixture). Returns ``path``."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_path)
+    tok.add_special_tokens(
+        [
+            AddedToken(s, special=True, normalized=False)
+            for s in (VISION_START, VISION_END, IMAGE_PAD, IM_START, IM_END)
+        ]
+    )
+    tok.save(path)
+    return path
+
+
+def make_chat_processor(
+    min_pixels: int, max_pixels: int, *, fast: bool = False, tokenizer_path: str = TOKENIZER
+):
+    """:func:`make_processor` whose tokenizer also holds ``<|im_start|>`` (1003) and ``<|im_end|>``
+    (1004) as special tokens, in :func:`write_chat_tokenizer_json`'s order."""
+    processor = make_processor(min_pixels, max_pixels, fast=fast, tokenizer_path=tokenizer_path)
+    processor.tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
+    ids = processor.tokenizer.convert_tokens_to_ids([IM_START, IM_END])
+    assert ids == [len(processor.tokenizer) - 2, len(processor.tokenizer) - 1], ids
+    return processor
+
+
+def conversation_messages(conv: list[dict], images: list, *, roles: dict | None = None) -> list[dict]:
+    """A LLaVA conversation (``[{"from": ..., "value": ...}, ...]``) as chat messages: each turn's
+    role by ``roles`` (default :data:`ROLES`), its content a list of ``{"type": "text"}`` items for
+    the text between placeholders (empty ones left out) and ``{"type": "image", "image": ...}``
+    where each :data:`CONVERSATION_IMAGE` stood, taking ``images`` in order over the whole
+    conversation. Raises ``ValueError`` when the placeholders and the images differ in number."""
+    roles = ROLES if roles is None else roles
+    messages, used = [], 0
+    for turn in conv:
+        content: list[dict] = []
+        for j, text in enumerate(turn["value"].split(CONVERSATION_IMAGE)):
+            if j:
+                if used == len(images):
+                    raise ValueError("more image placeholders than images")
+                content.append({"type": "image", "image": images[used]})
+                used += 1
+            if text:
+                content.append({"type": "text", "text": text})
+        messages.append({"role": roles[turn["from"]], "content": content})
+    if used != len(images):
+        raise ValueError(f"{used} image placeholders for {len(images)} images")
+    return messages
+
+
+def render_conversation(
+    conv: list[dict],
+    *,
+    system: str | None = DEFAULT_SYSTEM,
+    turn_start: str = IM_START + "{role}\n",
+    turn_end: str = IM_END,
+    turn_separator: str = "\n",
+    roles: dict | None = None,
+) -> str:
+    """The ChatML rule in plain Python (before image expansion): the default system turn unless
+    the first turn is a system one, then per turn its header, its value with each placeholder as
+    :data:`IMAGE_PLACEHOLDER`, ``turn_end`` and ``turn_separator``. What :func:`chat_template`
+    renders without the generation markers."""
+    roles = ROLES if roles is None else roles
+    out = []
+    if system is not None and (not conv or roles[conv[0]["from"]] != "system"):
+        out.append(turn_start.format(role="system") + system + turn_end + turn_separator)
+    for turn in conv:
+        value = turn["value"].replace(CONVERSATION_IMAGE, IMAGE_PLACEHOLDER)
+        out.append(turn_start.format(role=roles[turn["from"]]) + value + turn_end + turn_separator)
+    return "".join(out)
+
+
+def reference_conversation(
+    processor,
+    conv: list[dict],
+    images: list[bytes],
+    eos_id: int,
+    assistant_only: bool = True,
+    **template,
+) -> dict:
+    """What transformers makes of one conversation: ``processor.apply_chat_template`` of
+    :func:`conversation_messages` (images decoded as :func:`decode_image`) under
+    :func:`chat_template` (``template`` passes its turn pieces), tokenized with
+    ``add_special_tokens=False``, with ``return_assistant_tokens_mask=True``:
+
+    * ``input_ids``: ``list[int]``, then ``eos_id``;
+    * ``mask``: ``list[int]`` aligned with them, 1 where a token is trained: with
+      ``assistant_only`` the processor's ``assistant_masks`` (a token overlapping, by character
+      span, an assistant turn's content + ``turn_end``) and 0 for the EOS; else every token but
+      the vision tokens (the EOS too);
+    * ``image_grid_thw``, ``pixel_values`` as :func:`reference_document`'s;
+    * ``text``: the rendered string (before image expansion)."""
+    roles = template.pop("roles", None)
+    pil = [decode_image(b) for b in images]
+    messages = conversation_messages(conv, pil, roles=roles)
+    out = processor.apply_chat_template(
+        messages,
+        chat_template=chat_template(**template),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        return_tensors="np",
+        processor_kwargs={"add_special_tokens": False, "do_rescale": False, "do_normalize": False},
+    )
+    ids = [int(i) for i in out["input_ids"][0]]
+    vision = set(reference_added_ids(processor))
+    if assistant_only:
+        mask = [int(m) for m in out["assistant_masks"][0]]
+    else:
+        mask = [0 if i in vision else 1 for i in ids]
+    if pil:
+        grid = np.asarray(out["image_grid_thw"], dtype=np.int64)
+        pixels = np.asarray(out["pixel_values"], dtype=np.float32)
+    else:
+        grid = np.zeros((0, 3), dtype=np.int64)
+        pixels = np.zeros((0, PATCH_DIM), dtype=np.float32)
+    text = processor.apply_chat_template(messages, chat_template=chat_template(generation=False, **template))
+    return {
+        "input_ids": ids + [int(eos_id)],
+        "mask": mask + [0 if assistant_only else 1],
+        "image_grid_thw": grid,
+        "pixel_values": pixels,
+        "text": text,
+    }

@@ -23,7 +23,7 @@ Sample kinds
     ranks); interleaved image-text documents for VLMs (:mod:`shardstream.kinds.interleaved`):
     :func:`count_interleaved`, :class:`InterleavedCounts`, :class:`InterleavedLoader`,
     :class:`InterleavedBatch`, the Qwen2-VL image rule :class:`QwenVL` and its collator
-    :class:`QwenVLCollator`.
+    :class:`QwenVLCollator`, and multi-image conversations :class:`Conversations`.
 
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
@@ -62,6 +62,7 @@ from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
 
 if TYPE_CHECKING:
+    from shardstream.kinds.conversations import Conversations
     from shardstream.kinds.interleaved import (
         InterleavedBatch,
         InterleavedCounts,
@@ -102,6 +103,7 @@ __all__ = [
     "InterleavedBatch",
     "QwenVL",
     "QwenVLCollator",
+    "Conversations",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",
@@ -146,6 +148,10 @@ def __getattr__(name: str) -> Any:
         from shardstream.kinds import interleaved
 
         return getattr(interleaved, name)
+    if name == "Conversations":
+        from shardstream.kinds.conversations import Conversations
+
+        return Conversations
     if name in ("TextMixture", "TextSource"):
         from shardstream.kinds import text_mixture
 

@@ -428,7 +428,8 @@ def interleaved_tokens(config: dict[str, Any]) -> tuple[str, int, tuple[int, int
     """(the tokenizer file's fingerprint, its EOS id, the (vision start, end, pad) ids) under an
     interleaved ``config`` (tokenizer, eos_token, vision, vision_tokens, texts, images,
     max_images_per_document, max_document_bytes, seq_len, batch_size, max_patches_per_batch,
-    max_pixels); ValueError when the tokenizer lacks a token or a setting is out of range."""
+    max_pixels, conversations: None or the fields of ``Conversations``); ValueError when the
+    tokenizer lacks a token or a setting is out of range."""
 
 def count_interleaved(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
     """Per unit (Parquet row group or tar shard), in file order, under an interleaved ``config``

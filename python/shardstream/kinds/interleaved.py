@@ -39,6 +39,7 @@ from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError
 from shardstream.kinds import counts_file
+from shardstream.kinds.conversations import Conversations
 from shardstream.kinds.counting import CountingKind, count_units
 from shardstream.kinds.unit_plan import UnitPlanLoader
 
@@ -182,6 +183,8 @@ def _core_config(tokenizer: str, settings: dict[str, Any]) -> dict[str, Any]:
         "tokenizer": tokenizer,
         **vision.core_config(),
         **{k: settings[k] for k in (*keys, *more)},
+        # Counts made before conversations existed have no such setting.
+        "conversations": settings.get("conversations"),
     }
 
 
@@ -205,6 +208,7 @@ def count_interleaved(
     max_document_bytes: int = 256 << 20,
     max_pixels: int | None = None,
     eos_token: str | None = None,
+    conversations: Conversations | None = None,
     threads: int | None = None,
     output: str | os.PathLike[str] | None = None,
     source: SourceOptions | None = None,
@@ -239,6 +243,9 @@ def count_interleaved(
         max_pixels: An image of more pixels by its header is a pixel bomb: its document is
             skipped (``too_many_pixels``) before anything is decoded; default: the loader's.
         eos_token: The token after every document; None: the tokenizer's usual EOS.
+        conversations: Read tars of LLaVA-style multi-image conversations, rendered and labelled
+            as the :class:`~shardstream.Conversations` given says (``texts`` and ``images`` are
+            then unused); None: interleaved documents.
         threads: Threads reading and tokenizing (default: this process's share of the cores).
         output: If given, the counts are also saved there.
         source: How the files are fetched (S3 endpoint, cache, ...).
@@ -275,11 +282,19 @@ def count_interleaved(
             "max_patches_per_batch",
             f"must hold one image of max_pixels={spec.max_pixels} ({spec.max_patches} patches), not {cap}",
         )
+    if conversations is not None and not isinstance(conversations, Conversations):
+        raise OptionError(
+            "conversations", f"must be a shardstream.Conversations, not {type(conversations).__name__}"
+        )
     counts_file.check_on_error(on_error)
     options = (source or SourceOptions()).keywords()
     shards = expand_urls(urls, **options)
     if not shards:
         raise ValueError(f"no files match {urls!r}")
+    parquet = [s for s in shards if str(s).split("?")[0].endswith(".parquet")]
+    if conversations is not None and parquet:
+        shown = getattr(parquet[0], "display", parquet[0])
+        raise OptionError("conversations", f"conversations are read from WebDataset tars; {shown} is Parquet")
     tokenizer = os.path.abspath(os.fspath(tokenizer))
     settings = {
         "spec": {**asdict(spec), "vision_tokens": list(spec.vision_tokens)},
@@ -292,6 +307,7 @@ def count_interleaved(
         "max_document_bytes": max_document_bytes,
         "max_pixels": int(max_pixels) if max_pixels is not None else int(DEFAULTS.max_pixels),
         "eos_token": eos_token,
+        "conversations": conversations.settings() if conversations is not None else None,
     }
     config = {**source_config(shards, options), **_core_config(tokenizer, settings)}
     try:

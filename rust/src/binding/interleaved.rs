@@ -11,8 +11,8 @@ use super::convert::{json_to_py, present, source_options};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
-    self, count_files, DocumentSpec, InterleavedCount, InterleavedInput, InterleavedMeta,
-    InterleavedSpec, PackShape, QwenVlSpec,
+    self, count_files, ChatFormat, DocumentSpec, InterleavedCount, InterleavedInput,
+    InterleavedMeta, InterleavedSpec, PackShape, QwenVlSpec,
 };
 use crate::plan::budget::BudgetShape;
 use crate::tokenize::DocumentEncoder;
@@ -52,10 +52,30 @@ fn vision_spec(
     })
 }
 
+/// The chat format of `config["conversations"]` (a dict of `ChatFormat`'s fields, `roles` a
+/// dict), or None.
+fn chat_format(config: &Bound<'_, PyDict>) -> PyResult<Option<ChatFormat>> {
+    let Some(c) = present(config, "conversations")? else {
+        return Ok(None);
+    };
+    let c = c.cast::<PyDict>()?;
+    let roles: std::collections::BTreeMap<String, String> = need(c, "roles")?;
+    Ok(Some(ChatFormat {
+        field: need(c, "field")?,
+        placeholder: need(c, "placeholder")?,
+        system: present(c, "system")?.map(|v| v.extract()).transpose()?,
+        turn_start: need(c, "turn_start")?,
+        turn_end: need(c, "turn_end")?,
+        turn_separator: need(c, "turn_separator")?,
+        roles: roles.into_iter().collect(),
+        assistant_only: need(c, "assistant_only")?,
+    }))
+}
+
 /// The encoder and spec of `config`: `tokenizer`, `eos_token`, `vision` (patch_size,
 /// merge_size, temporal_patch_size, min_pixels, max_pixels), `vision_tokens` (start, end, pad
 /// names), `texts`, `images`, `max_images_per_document`, `max_document_bytes`, `seq_len`,
-/// `batch_size`, `max_patches_per_batch`, `max_pixels`.
+/// `batch_size`, `max_patches_per_batch`, `max_pixels`, `conversations` (None or a dict).
 fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, InterleavedSpec)> {
     let bad = |e: String| PyValueError::new_err(e);
     let tokenizer: String = need(config, "tokenizer")?;
@@ -71,6 +91,7 @@ fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, In
             images: need(config, "images")?,
             max_images: need(config, "max_images_per_document")?,
             max_document_bytes: need(config, "max_document_bytes")?,
+            conversation: chat_format(config)?,
         },
         vision,
         shape: PackShape {
@@ -80,7 +101,7 @@ fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, In
         },
         max_pixels: need(config, "max_pixels")?,
     };
-    spec.validate().map_err(bad)?;
+    spec.validate(&encoder).map_err(bad)?;
     Ok((encoder, spec))
 }
 

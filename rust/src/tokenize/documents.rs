@@ -32,6 +32,9 @@ pub enum EncoderError {
     Format { path: String, detail: String },
 }
 
+/// Token ids and, for each, the byte span of the text it stands for.
+pub type TokenSpans = (Vec<u32>, Vec<(usize, usize)>);
+
 /// Encodes documents for a packed text kind.
 pub struct DocumentEncoder {
     tokenizer: tokenizers::Tokenizer,
@@ -142,6 +145,18 @@ impl DocumentEncoder {
             out.extend_from_slice(encoding.get_ids());
         }
         Ok(())
+    }
+
+    /// The ids of `text` alone, each with the byte span of `text` it stands for (as the library
+    /// reports offsets: a span may be trimmed of the spaces its token holds, or empty). Encoded
+    /// whole by the library, never cut, so the spans are its own: for a text whose tokens are
+    /// told apart by where they lie (a conversation's prompts and answers).
+    pub fn encode_with_spans(&self, text: &str) -> Result<TokenSpans, String> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| e.to_string())?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
     }
 
     /// The id of `token` in the vocabulary (an added token included).

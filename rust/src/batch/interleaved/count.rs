@@ -104,7 +104,9 @@ pub fn count_unit(
                         out.documents += 1;
                         for item in &doc.items {
                             match item {
-                                Item::Text(ids) => out.text_tokens += ids.len() as u64,
+                                Item::Text(ids) | Item::Context(ids) => {
+                                    out.text_tokens += ids.len() as u64
+                                }
                                 Item::Image { tokens, .. } => {
                                     out.image_tokens += *tokens as u64;
                                     out.images += 1;

@@ -7,6 +7,7 @@
 //!   the two holds a value. A unit is one row group, read whole.
 //! - WebDataset tars (MINT-1T, Energon): `KEY.json` holding `texts` and `images` lists whose
 //!   image entries name members of the same sample by extension (`"0.jpg"` for `KEY.0.jpg`).
+//! - Conversations in tars (LLaVA): see `conversation`, which renders them into parts.
 //!
 //! A document that cannot be used is a counted skip with a typed reason, the same in the count
 //! pass and the loader.
@@ -14,6 +15,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::conversation::{conversation_document, ChatFormat};
 use crate::batch::packed::TextUnit;
 use crate::batch::sample::Rejection;
 use crate::error::{Fault, Reason, SourceKind};
@@ -26,7 +28,11 @@ use crate::read::source::{Expected, SourceOptions, SourceStats};
 /// One part of a document.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {
+    /// Text the model learns (its tokens are labels).
     Text(String),
+    /// Text the model is given but does not learn (a conversation's prompts, under
+    /// `assistant_only`): its labels are masked.
+    Prompt(String),
     /// An encoded image (JPEG, PNG or WebP).
     Image(Vec<u8>),
 }
@@ -49,7 +55,7 @@ impl Part {
     /// Bytes of its text or encoded image.
     pub fn bytes(&self) -> usize {
         match self {
-            Part::Text(t) => t.len(),
+            Part::Text(t) | Part::Prompt(t) => t.len(),
             Part::Image(b) => b.len(),
         }
     }
@@ -69,6 +75,8 @@ pub struct DocumentSpec {
     pub max_images: u32,
     /// A document (or a tar member) of more bytes is skipped (`member_too_large`).
     pub max_document_bytes: u64,
+    /// Tars hold LLaVA conversations rendered by this format (`texts` and `images` unused).
+    pub conversation: Option<ChatFormat>,
 }
 
 enum Rows {
@@ -112,6 +120,13 @@ impl UnitDocuments {
             kind,
         };
         let rows = if is_parquet_name(&unit.url) {
+            if spec.conversation.is_some() {
+                return Err(fault(
+                    Reason::Unreadable,
+                    "conversations are read from WebDataset tars, not Parquet files".into(),
+                    SourceKind::Other,
+                ));
+            }
             let file = ParquetFile::open(&unit.url, &expected, opts, stats)
                 .map_err(|f| fault(f.reason, f.detail, f.kind))?;
             let counts = file.row_counts();
@@ -199,7 +214,15 @@ impl UnitDocuments {
                     detail: f.detail,
                     kind: f.kind,
                 }),
-                Ok(raw) => Ok(tar_document(raw, &self.spec)),
+                Ok(raw) => Ok(match &self.spec.conversation {
+                    Some(format) => conversation_document(raw, format).and_then(|doc| {
+                        match check_caps(&doc.parts, &self.spec) {
+                            Ok(()) => Ok(doc),
+                            Err(r) => Err((doc.key, r)),
+                        }
+                    }),
+                    None => tar_document(raw, &self.spec),
+                }),
             }),
         }
     }
@@ -318,7 +341,8 @@ fn aligned(
     Ok(parts)
 }
 
-fn check_caps(parts: &[Part], spec: &DocumentSpec) -> Result<(), Rejection> {
+/// A document's images and bytes within the caps, and not empty.
+pub(super) fn check_caps(parts: &[Part], spec: &DocumentSpec) -> Result<(), Rejection> {
     let images = parts.iter().filter(|p| matches!(p, Part::Image(_))).count();
     let bytes = parts.iter().map(Part::bytes).sum::<usize>();
     if images > spec.max_images as usize {

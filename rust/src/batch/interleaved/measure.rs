@@ -12,7 +12,10 @@ use crate::tokenize::DocumentEncoder;
 /// One part of a measured document.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Item {
+    /// Text the model learns: its tokens are labels.
     Text(Vec<u32>),
+    /// Text the model is given, not taught (a conversation's prompts): labels masked.
+    Context(Vec<u32>),
     /// An image: its bytes (empty in the count pass, which never decodes), grid and tokens.
     Image {
         bytes: Vec<u8>,
@@ -24,14 +27,14 @@ pub enum Item {
 impl Item {
     pub fn tokens(&self) -> usize {
         match self {
-            Item::Text(ids) => ids.len(),
+            Item::Text(ids) | Item::Context(ids) => ids.len(),
             Item::Image { tokens, .. } => *tokens,
         }
     }
 
     pub fn patches(&self) -> u64 {
         match self {
-            Item::Text(_) => 0,
+            Item::Text(_) | Item::Context(_) => 0,
             Item::Image { grid, .. } => grid.patches(),
         }
     }
@@ -64,26 +67,13 @@ impl Measure<'_> {
     pub fn measure(&self, doc: Document, decoder: &mut Decoder) -> Result<Measured, Rejection> {
         let mut items = Vec::with_capacity(doc.parts.len() + 1);
         // Adjacent text parts are one piece, as the processor tokenizes the joined string.
-        let mut text = String::new();
-        let flush = |text: &mut String, items: &mut Vec<Item>| -> Result<(), Rejection> {
-            if text.is_empty() {
-                return Ok(());
-            }
-            let mut ids = Vec::with_capacity(text.len() / 3 + 1);
-            self.encoder
-                .encode_into(text, &mut ids)
-                .map_err(|e| (Reason::Internal, format!("the tokenizer failed: {e}")))?;
-            text.clear();
-            if !ids.is_empty() {
-                items.push(Item::Text(ids));
-            }
-            Ok(())
-        };
+        let mut text = Joined::default();
         for (i, part) in doc.parts.into_iter().enumerate() {
             match part {
-                Part::Text(t) => text.push_str(&t),
+                Part::Text(t) => text.push(&t, true),
+                Part::Prompt(t) => text.push(&t, false),
                 Part::Image(bytes) => {
-                    flush(&mut text, &mut items)?;
+                    self.flush(&mut text, &mut items)?;
                     let probe = decoder
                         .probe(&bytes)
                         .map_err(|e| (e.reason, format!("image {i}: {}", e.detail)))?;
@@ -120,9 +110,10 @@ impl Measure<'_> {
                 }
             }
         }
-        flush(&mut text, &mut items)?;
+        self.flush(&mut text, &mut items)?;
+        // The EOS is learned as what it follows is (a conversation's closing separator: not).
         match items.last_mut() {
-            Some(Item::Text(ids)) => ids.push(self.encoder.eos),
+            Some(Item::Text(ids) | Item::Context(ids)) => ids.push(self.encoder.eos),
             _ => items.push(Item::Text(vec![self.encoder.eos])),
         }
         Ok(Measured {
@@ -131,5 +122,75 @@ impl Measure<'_> {
             patches: items.iter().map(Item::patches).sum(),
             items,
         })
+    }
+
+    /// The joined text's tokens as items: one `Text` item when all of it is learned (one
+    /// `Context` item when none is), else runs of `Text` and `Context` as each token overlaps
+    /// learned text or not (the rule of transformers' `return_assistant_tokens_mask`: a token
+    /// overlapping a learned span is learned; an empty span never is).
+    fn flush(&self, text: &mut Joined, items: &mut Vec<Item>) -> Result<(), Rejection> {
+        if text.text.is_empty() {
+            return Ok(());
+        }
+        let failed = |e: String| (Reason::Internal, format!("the tokenizer failed: {e}"));
+        let all = text.learned.len() == 1 && text.learned[0] == (0, text.text.len());
+        if all || text.learned.is_empty() {
+            let mut ids = Vec::with_capacity(text.text.len() / 3 + 1);
+            self.encoder
+                .encode_into(&text.text, &mut ids)
+                .map_err(failed)?;
+            if !ids.is_empty() {
+                items.push(if all {
+                    Item::Text(ids)
+                } else {
+                    Item::Context(ids)
+                });
+            }
+        } else {
+            let (ids, spans) = self.encoder.encode_with_spans(&text.text).map_err(failed)?;
+            let learned =
+                |&(s, e): &(usize, usize)| text.learned.iter().any(|&(a, b)| s < b && e > a);
+            let mut at = 0;
+            while at < ids.len() {
+                let kind = learned(&spans[at]);
+                let run = spans[at..]
+                    .iter()
+                    .take_while(|s| learned(s) == kind)
+                    .count();
+                let run_ids = ids[at..at + run].to_vec();
+                items.push(if kind {
+                    Item::Text(run_ids)
+                } else {
+                    Item::Context(run_ids)
+                });
+                at += run;
+            }
+        }
+        text.text.clear();
+        text.learned.clear();
+        Ok(())
+    }
+}
+
+/// Text parts joined since the last image, and the byte spans of those the model learns.
+#[derive(Default)]
+struct Joined {
+    text: String,
+    /// Learned spans, adjacent ones merged.
+    learned: Vec<(usize, usize)>,
+}
+
+impl Joined {
+    fn push(&mut self, text: &str, learned: bool) {
+        let start = self.text.len();
+        self.text.push_str(text);
+        let end = self.text.len();
+        if !learned || start == end {
+            return;
+        }
+        match self.learned.last_mut() {
+            Some((_, last_end)) if *last_end == start => *last_end = end,
+            _ => self.learned.push((start, end)),
+        }
     }
 }

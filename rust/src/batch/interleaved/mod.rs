@@ -3,7 +3,7 @@
 //! tokens with their images' patches, exact across ranks, workers and resume.
 //!
 //! One job a module: `documents` (a unit's documents from Parquet list columns or a tar's JSON
-//! member), `spec` (a model family's image rule: grid, token run, `pixel_values` layout),
+//! member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `spec` (a model family's image rule: grid, token run, `pixel_values` layout),
 //! `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
 //! rows, deterministically per unit), `count` (the count pass: batches per unit) and `pipeline`
 //! (one reader's planned batches, decoded into the lent buffers).
@@ -12,6 +12,7 @@
 //! kind's: every rank yields the same number of batches, and a resume continues at the exact
 //! next batch, also onto another world size.
 
+mod conversation;
 mod count;
 mod documents;
 mod measure;
@@ -19,6 +20,7 @@ mod pack;
 mod pipeline;
 mod spec;
 
+pub use conversation::ChatFormat;
 pub use count::{count_files, count_unit, InterleavedCount};
 pub use documents::DocumentSpec;
 pub use pack::PackShape;
@@ -42,9 +44,12 @@ pub struct InterleavedSpec {
 }
 
 impl InterleavedSpec {
-    /// What a pipeline cannot run with.
-    pub fn validate(&self) -> Result<(), String> {
+    /// What a pipeline cannot run with under `encoder`.
+    pub fn validate(&self, encoder: &DocumentEncoder) -> Result<(), String> {
         self.vision.validate()?;
+        if let Some(format) = &self.documents.conversation {
+            format.validate(encoder)?;
+        }
         let s = &self.shape;
         if s.seq_len < 8 || s.rows == 0 {
             return Err(format!(

@@ -234,7 +234,7 @@ impl Packer {
         };
         for (i, item) in doc.items.iter().enumerate() {
             match item {
-                Item::Text(ids) => {
+                Item::Text(ids) | Item::Context(ids) => {
                     let mut offset = 0;
                     while offset < ids.len() {
                         let room = len - self.open.rows[row].fill;

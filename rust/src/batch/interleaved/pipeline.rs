@@ -456,6 +456,13 @@ impl InterleavedBatches {
                                 at += 1;
                             }
                         }
+                        Item::Context(tokens) => {
+                            for &t in &tokens[a..b] {
+                                ids[at] = t as i64;
+                                positions[at] = (at - start) as i64;
+                                at += 1;
+                            }
+                        }
                         Item::Image {
                             bytes,
                             grid,

@@ -1,0 +1,93 @@
+"""Multi-image conversations (LLaVA layout) for the interleaved kind: how a conversation in a
+WebDataset tar is rendered into tokens, and which of them the model learns.
+
+A sample is ``KEY.json`` holding ``conversations``, a list of ``{"from": ..., "value": ...}``
+turns whose ``<image>`` placeholders stand for the sample's images, and ``image`` (one name) or
+``images`` (a list of names); each name is a member of the sample by its extension (``"jpg"``
+for ``KEY.jpg``, ``"0.jpg"`` for ``KEY.0.jpg``). A single ``image`` that names no member (LLaVA
+keeps the original path, ``"coco/train2017/....jpg"``) is the sample's one image member.
+
+The rendering and its labels are described once, on :class:`Conversations`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shardstream.errors import OptionError
+
+#: LLaVA's and ShareGPT's names for the speakers, and the roles Qwen2-VL's template writes.
+DEFAULT_ROLES: dict[str, str] = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """Reads tars of LLaVA-style conversations instead of interleaved documents, for
+    :func:`~shardstream.count_interleaved`'s ``conversations=``.
+
+    A conversation is rendered as a chat template renders string contents (the defaults are
+    ChatML, as Qwen2-VL's and Qwen2.5-VL's templates): when ``system`` is set and the first turn
+    is not a system turn, ``turn_start`` (role ``system``) + ``system`` + ``turn_end`` +
+    ``turn_separator`` first; then for each turn ``turn_start`` (``{role}`` replaced by
+    ``roles[turn["from"]]``) + its ``value`` + ``turn_end`` + ``turn_separator``. Each
+    ``placeholder`` in a value becomes the next image, as the vision spec writes it (for
+    :class:`~shardstream.QwenVL`: ``<|vision_start|>``, its ``<|image_pad|>`` run,
+    ``<|vision_end|>``, as Qwen2-VL fine-tuning code replaces ``<image>``). The EOS follows the
+    conversation, as it follows every document.
+
+    Labels, with ``assistant_only``: a token is learned when it overlaps an assistant turn's
+    value or the ``turn_end`` closing it, the rule of transformers'
+    ``return_assistant_tokens_mask`` with a ``{% generation %}`` block around them. Role
+    headers, the system and user turns, separators, the EOS after the conversation, image
+    tokens and padding are -100. Without ``assistant_only``, every text token is learned.
+
+    A sample is skipped, counted by reason, when its placeholders and images differ in number
+    (``misaligned_document``), it names a member it lacks (``missing_image``), a turn has no
+    string ``from`` and ``value`` or an unknown ``from``, or there is no ``field`` list
+    (``bad_json``), or, with ``assistant_only``, it has no assistant turn and would teach nothing
+    (``missing_text``).
+
+    Attributes:
+        field: The JSON field holding the turns.
+        placeholder: What stands for an image in a turn's value.
+        system: The system turn put first when a conversation has none; None: none.
+        turn_start: Opens a turn; ``{role}`` is replaced by the turn's role.
+        turn_end: Closes a turn; learned with an assistant turn. It must be one token of the
+            tokenizer's vocabulary (a special token): a template whose end is not one token
+            would be tokenized as plain text without anyone noticing.
+        turn_separator: Between a turn's end and the next turn; never learned.
+        roles: A turn's ``from`` -> the role written in ``turn_start``; one must map to
+            ``"assistant"``.
+        assistant_only: Learn only the assistant turns (else every text token).
+    """
+
+    field: str = "conversations"
+    placeholder: str = "<image>"
+    system: str | None = "You are a helpful assistant."
+    turn_start: str = "<|im_start|>{role}\n"
+    turn_end: str = "<|im_end|>"
+    turn_separator: str = "\n"
+    # `dataclasses.field` by its module: the attribute `field` above shadows the name here.
+    roles: dict[str, str] = dataclasses.field(default_factory=lambda: dict(DEFAULT_ROLES))
+    assistant_only: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("field", "placeholder", "turn_start", "turn_end", "turn_separator"):
+            if not isinstance(getattr(self, name), str):
+                raise OptionError(f"conversations.{name}", f"must be a string, not {getattr(self, name)!r}")
+        if not self.placeholder:
+            raise OptionError("conversations.placeholder", "must not be empty")
+        if "assistant" not in self.roles.values():
+            raise OptionError("conversations.roles", f"no speaker maps to 'assistant': {self.roles!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """Its fields as the counts record them (and the core reads them)."""
+        return asdict(self)
