@@ -1,5 +1,5 @@
 """LLaVA-style multi-image conversations in WebDataset tars (``count_interleaved(...,
-conversations=Conversations())`` + ``InterleavedLoader``) on real photos and real captions: every
+layout=Conversations())`` + ``InterleavedLoader``) on real photos and real captions: every
 conversation's ids, grids and assistant-only labels equal what transformers' ``Qwen2VLProcessor``
 gives through ``apply_chat_template(..., return_assistant_tokens_mask=True)`` under a ChatML
 template (Qwen2-VL's, with ``{% generation %}`` markers), its pixels within the interleaved kind's
@@ -84,7 +84,7 @@ def references(convs, processor) -> dict[str, dict]:
 def count(files, tokenizer, conversations=None, **kw) -> InterleavedCounts:
     conversations = conversations if conversations is not None else Conversations()
     settings = {"spec": SPEC, "seq_len": SEQ_LEN, "batch_size": BATCH, "eos_token": EOS, "threads": 2, **kw}
-    return count_interleaved(files, tokenizer=tokenizer, conversations=conversations, **settings)
+    return count_interleaved(files, tokenizer=tokenizer, layout=conversations, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +288,18 @@ def test_no_default_system_turn_and_other_role_names(tokenizer, processor, tmp_p
     roles = {"user": "user", "bot": "assistant", "system": "system"}
     pairs = read_against_reference(convs, tokenizer, processor, tmp_path, system=None, roles=roles)
     assert not any(ref["text"].startswith("<|im_start|>system\nYou are") for _, ref in pairs)
+
+
+def test_without_a_turn_separator_the_eos_after_the_last_answer_is_still_not_learned(
+    tokenizer, processor, tmp_path
+):
+    """A template with nothing between turns (``turn_separator=""``, as Llama 3's after
+    ``<|eot_id|>``) ends the conversation on the assistant's ``turn_end``: the EOS after it is
+    still -100, as in the reference's mask (it once took the learned label of the answer it
+    followed)."""
+    convs = [c for c in real_conversations(10, seed=9) if c["conversations"][-1]["from"] == "gpt"]
+    pairs = read_against_reference(convs, tokenizer, processor, tmp_path, turn_separator="")
+    assert pairs and all(mine["labels"][-1] == -100 for mine, _ in pairs)
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_KINDS))

@@ -23,7 +23,9 @@ Sample kinds
     ranks); interleaved image-text documents for VLMs (:mod:`shardstream.kinds.interleaved`):
     :func:`count_interleaved`, :class:`InterleavedCounts`, :class:`InterleavedLoader`,
     :class:`InterleavedBatch`, the Qwen2-VL image rule :class:`QwenVL` and its collator
-    :class:`QwenVLCollator`, and multi-image conversations :class:`Conversations`.
+    :class:`QwenVLCollator`; its layouts :class:`Conversations` (multi-image LLaVA
+    conversations) and :class:`Captions` (image-caption pairs); and :class:`VlmMixture`
+    (interleaved, caption and text sources mixed by token weight in every batch).
 
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
@@ -62,6 +64,7 @@ from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
 
 if TYPE_CHECKING:
+    from shardstream.kinds.captions import Captions
     from shardstream.kinds.conversations import Conversations
     from shardstream.kinds.interleaved import (
         InterleavedBatch,
@@ -74,6 +77,7 @@ if TYPE_CHECKING:
     from shardstream.kinds.naflex_budget import NaFlexBudgetLoader, PatchCounts, count_patches
     from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts, count_tokens
     from shardstream.kinds.text_mixture import TextMixture, TextSource
+    from shardstream.kinds.vlm_mixture import VlmMixture, VlmSource, vlm_rows
     from shardstream.loader import Batch, ShardLoader
 
 __all__ = [
@@ -104,6 +108,10 @@ __all__ = [
     "QwenVL",
     "QwenVLCollator",
     "Conversations",
+    "Captions",
+    "VlmMixture",
+    "VlmSource",
+    "vlm_rows",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",
@@ -152,6 +160,14 @@ def __getattr__(name: str) -> Any:
         from shardstream.kinds.conversations import Conversations
 
         return Conversations
+    if name == "Captions":
+        from shardstream.kinds.captions import Captions
+
+        return Captions
+    if name in ("VlmMixture", "VlmSource", "vlm_rows"):
+        from shardstream.kinds import vlm_mixture
+
+        return getattr(vlm_mixture, name)
     if name in ("TextMixture", "TextSource"):
         from shardstream.kinds import text_mixture
 

@@ -31,7 +31,7 @@ DEFAULT_ROLES: dict[str, str] = {
 @dataclass(frozen=True)
 class Conversations:
     """Reads tars of LLaVA-style conversations instead of interleaved documents, for
-    :func:`~shardstream.count_interleaved`'s ``conversations=``.
+    :func:`~shardstream.count_interleaved`'s ``layout=``.
 
     A conversation is rendered as a chat template renders string contents (the defaults are
     ChatML, as Qwen2-VL's and Qwen2.5-VL's templates): when ``system`` is set and the first turn
@@ -90,4 +90,4 @@ class Conversations:
 
     def settings(self) -> dict[str, Any]:
         """Its fields as the counts record them (and the core reads them)."""
-        return asdict(self)
+        return {"kind": "conversations", **asdict(self)}

@@ -39,6 +39,7 @@ from shardstream._system import default_loader_threads
 from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError
 from shardstream.kinds import counts_file
+from shardstream.kinds.captions import Captions
 from shardstream.kinds.conversations import Conversations
 from shardstream.kinds.counting import CountingKind, count_units
 from shardstream.kinds.unit_plan import UnitPlanLoader
@@ -183,8 +184,8 @@ def _core_config(tokenizer: str, settings: dict[str, Any]) -> dict[str, Any]:
         "tokenizer": tokenizer,
         **vision.core_config(),
         **{k: settings[k] for k in (*keys, *more)},
-        # Counts made before conversations existed have no such setting.
-        "conversations": settings.get("conversations"),
+        # Counts made before layouts existed have no such setting (their layout is the lists).
+        "layout": settings.get("layout"),
     }
 
 
@@ -208,7 +209,7 @@ def count_interleaved(
     max_document_bytes: int = 256 << 20,
     max_pixels: int | None = None,
     eos_token: str | None = None,
-    conversations: Conversations | None = None,
+    layout: Conversations | Captions | None = None,
     threads: int | None = None,
     output: str | os.PathLike[str] | None = None,
     source: SourceOptions | None = None,
@@ -234,8 +235,8 @@ def count_interleaved(
         seq_len: Tokens per row.
         batch_size: Rows per batch.
         max_patches_per_batch: Patches a batch may hold (bounds the vision tower's memory);
-            default ``4 * batch_size * seq_len``, what the rows can hold at most; at least one
-            largest image (``spec.max_patches``).
+            default ``4 * batch_size * seq_len``, what the rows can hold at most, or one largest
+            image (``spec.max_patches``) when that is more; at least one largest image.
         texts: The text list column (Parquet) or JSON field (tar).
         images: The image list column or JSON field.
         max_images_per_document: A document with more images is skipped (``too_many_images``).
@@ -243,9 +244,10 @@ def count_interleaved(
         max_pixels: An image of more pixels by its header is a pixel bomb: its document is
             skipped (``too_many_pixels``) before anything is decoded; default: the loader's.
         eos_token: The token after every document; None: the tokenizer's usual EOS.
-        conversations: Read tars of LLaVA-style multi-image conversations, rendered and labelled
-            as the :class:`~shardstream.Conversations` given says (``texts`` and ``images`` are
-            then unused); None: interleaved documents.
+        layout: What a tar sample is, when not an interleaved document: a multi-image LLaVA
+            conversation (:class:`~shardstream.Conversations`, which says how it is rendered
+            and labelled) or an image-caption pair (:class:`~shardstream.Captions`); ``texts``
+            and ``images`` are then unused. None: interleaved documents (the lists).
         threads: Threads reading and tokenizing (default: this process's share of the cores).
         output: If given, the counts are also saved there.
         source: How the files are fetched (S3 endpoint, cache, ...).
@@ -276,15 +278,16 @@ def count_interleaved(
     _positive("batch_size", batch_size)
     _positive("max_images_per_document", max_images_per_document)
     _positive("max_document_bytes", max_document_bytes)
-    cap = 4 * batch_size * seq_len if max_patches_per_batch is None else max_patches_per_batch
+    default_cap = max(4 * batch_size * seq_len, spec.max_patches)
+    cap = default_cap if max_patches_per_batch is None else max_patches_per_batch
     if _positive("max_patches_per_batch", cap) < spec.max_patches:
         raise OptionError(
             "max_patches_per_batch",
             f"must hold one image of max_pixels={spec.max_pixels} ({spec.max_patches} patches), not {cap}",
         )
-    if conversations is not None and not isinstance(conversations, Conversations):
+    if layout is not None and not isinstance(layout, (Conversations, Captions)):
         raise OptionError(
-            "conversations", f"must be a shardstream.Conversations, not {type(conversations).__name__}"
+            "layout", f"must be shardstream.Conversations, Captions or None, not {type(layout).__name__}"
         )
     counts_file.check_on_error(on_error)
     options = (source or SourceOptions()).keywords()
@@ -292,9 +295,10 @@ def count_interleaved(
     if not shards:
         raise ValueError(f"no files match {urls!r}")
     parquet = [s for s in shards if str(s).split("?")[0].endswith(".parquet")]
-    if conversations is not None and parquet:
+    if layout is not None and parquet:
         shown = getattr(parquet[0], "display", parquet[0])
-        raise OptionError("conversations", f"conversations are read from WebDataset tars; {shown} is Parquet")
+        what = type(layout).__name__
+        raise OptionError("layout", f"{what} are read from WebDataset tars; {shown} is Parquet")
     tokenizer = os.path.abspath(os.fspath(tokenizer))
     settings = {
         "spec": {**asdict(spec), "vision_tokens": list(spec.vision_tokens)},
@@ -307,7 +311,7 @@ def count_interleaved(
         "max_document_bytes": max_document_bytes,
         "max_pixels": int(max_pixels) if max_pixels is not None else int(DEFAULTS.max_pixels),
         "eos_token": eos_token,
-        "conversations": conversations.settings() if conversations is not None else None,
+        "layout": layout.settings() if layout is not None else None,
     }
     config = {**source_config(shards, options), **_core_config(tokenizer, settings)}
     try:

@@ -11,8 +11,8 @@ use super::convert::{json_to_py, present, source_options};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
-    self, count_files, ChatFormat, DocumentSpec, InterleavedCount, InterleavedInput,
-    InterleavedMeta, InterleavedSpec, PackShape, QwenVlSpec,
+    self, count_files, CaptionKeys, ChatFormat, DocumentSpec, InterleavedCount, InterleavedInput,
+    InterleavedMeta, InterleavedSpec, Layout, PackShape, QwenVlSpec,
 };
 use crate::plan::budget::BudgetShape;
 use crate::tokenize::DocumentEncoder;
@@ -52,15 +52,22 @@ fn vision_spec(
     })
 }
 
-/// The chat format of `config["conversations"]` (a dict of `ChatFormat`'s fields, `roles` a
-/// dict), or None.
-fn chat_format(config: &Bound<'_, PyDict>) -> PyResult<Option<ChatFormat>> {
-    let Some(c) = present(config, "conversations")? else {
-        return Ok(None);
+/// The layout of `config["layout"]`: None (lists), or a dict with `kind` "conversations" (and
+/// `ChatFormat`'s fields, `roles` a dict) or "captions" (`image_keys`, `caption_key`).
+fn layout(config: &Bound<'_, PyDict>) -> PyResult<Layout> {
+    let Some(c) = present(config, "layout")? else {
+        return Ok(Layout::Lists);
     };
     let c = c.cast::<PyDict>()?;
+    let kind: String = need(c, "kind")?;
+    if kind == "captions" {
+        return Ok(Layout::Captions(CaptionKeys {
+            image_keys: need(c, "image_keys")?,
+            caption_key: need(c, "caption_key")?,
+        }));
+    }
     let roles: std::collections::BTreeMap<String, String> = need(c, "roles")?;
-    Ok(Some(ChatFormat {
+    Ok(Layout::Conversations(ChatFormat {
         field: need(c, "field")?,
         placeholder: need(c, "placeholder")?,
         system: present(c, "system")?.map(|v| v.extract()).transpose()?,
@@ -75,7 +82,7 @@ fn chat_format(config: &Bound<'_, PyDict>) -> PyResult<Option<ChatFormat>> {
 /// The encoder and spec of `config`: `tokenizer`, `eos_token`, `vision` (patch_size,
 /// merge_size, temporal_patch_size, min_pixels, max_pixels), `vision_tokens` (start, end, pad
 /// names), `texts`, `images`, `max_images_per_document`, `max_document_bytes`, `seq_len`,
-/// `batch_size`, `max_patches_per_batch`, `max_pixels`, `conversations` (None or a dict).
+/// `batch_size`, `max_patches_per_batch`, `max_pixels`, `layout` (None or a dict).
 fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, InterleavedSpec)> {
     let bad = |e: String| PyValueError::new_err(e);
     let tokenizer: String = need(config, "tokenizer")?;
@@ -91,7 +98,7 @@ fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, In
             images: need(config, "images")?,
             max_images: need(config, "max_images_per_document")?,
             max_document_bytes: need(config, "max_document_bytes")?,
-            conversation: chat_format(config)?,
+            layout: layout(config)?,
         },
         vision,
         shape: PackShape {

@@ -8,6 +8,7 @@
 //! - WebDataset tars (MINT-1T, Energon): `KEY.json` holding `texts` and `images` lists whose
 //!   image entries name members of the same sample by extension (`"0.jpg"` for `KEY.0.jpg`).
 //! - Conversations in tars (LLaVA): see `conversation`, which renders them into parts.
+//! - Image-caption pairs in tars: see `captions` (one-image documents).
 //!
 //! A document that cannot be used is a counted skip with a typed reason, the same in the count
 //! pass and the loader.
@@ -15,6 +16,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::captions::{caption_document, CaptionKeys};
 use super::conversation::{conversation_document, ChatFormat};
 use crate::batch::packed::TextUnit;
 use crate::batch::sample::Rejection;
@@ -75,8 +77,20 @@ pub struct DocumentSpec {
     pub max_images: u32,
     /// A document (or a tar member) of more bytes is skipped (`member_too_large`).
     pub max_document_bytes: u64,
-    /// Tars hold LLaVA conversations rendered by this format (`texts` and `images` unused).
-    pub conversation: Option<ChatFormat>,
+    /// What a sample is (`texts` and `images` serve `Layout::Lists` alone).
+    pub layout: Layout,
+}
+
+/// How a unit's samples are documents.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Aligned `texts` and `images` lists: Parquet columns, or a tar sample's JSON member.
+    #[default]
+    Lists,
+    /// A tar sample's LLaVA conversation, rendered by this chat format.
+    Conversations(ChatFormat),
+    /// A tar sample's image-caption pair, as a one-image document.
+    Captions(CaptionKeys),
 }
 
 enum Rows {
@@ -120,10 +134,11 @@ impl UnitDocuments {
             kind,
         };
         let rows = if is_parquet_name(&unit.url) {
-            if spec.conversation.is_some() {
+            if spec.layout != Layout::Lists {
                 return Err(fault(
                     Reason::Unreadable,
-                    "conversations are read from WebDataset tars, not Parquet files".into(),
+                    "conversations and caption pairs are read from WebDataset tars, not Parquet"
+                        .into(),
                     SourceKind::Other,
                 ));
             }
@@ -214,16 +229,23 @@ impl UnitDocuments {
                     detail: f.detail,
                     kind: f.kind,
                 }),
-                Ok(raw) => Ok(match &self.spec.conversation {
-                    Some(format) => conversation_document(raw, format).and_then(|doc| {
-                        match check_caps(&doc.parts, &self.spec) {
-                            Ok(()) => Ok(doc),
-                            Err(r) => Err((doc.key, r)),
-                        }
-                    }),
-                    None => tar_document(raw, &self.spec),
-                }),
+                Ok(raw) => Ok(self.document(raw)),
             }),
+        }
+    }
+}
+
+impl UnitDocuments {
+    /// A tar sample's document under the layout, within the caps.
+    fn document(&self, raw: RawSample) -> DocumentResult {
+        let doc = match &self.spec.layout {
+            Layout::Lists => return tar_document(raw, &self.spec),
+            Layout::Conversations(format) => conversation_document(raw, format)?,
+            Layout::Captions(keys) => caption_document(raw, keys)?,
+        };
+        match check_caps(&doc.parts, &self.spec) {
+            Ok(()) => Ok(doc),
+            Err(r) => Err((doc.key, r)),
         }
     }
 }

@@ -68,10 +68,18 @@ impl Measure<'_> {
         let mut items = Vec::with_capacity(doc.parts.len() + 1);
         // Adjacent text parts are one piece, as the processor tokenizes the joined string.
         let mut text = Joined::default();
+        // Whether the document's last text part is learned: its EOS is learned as that part is.
+        let mut eos_learned = true;
         for (i, part) in doc.parts.into_iter().enumerate() {
             match part {
-                Part::Text(t) => text.push(&t, true),
-                Part::Prompt(t) => text.push(&t, false),
+                Part::Text(t) => {
+                    eos_learned = true;
+                    text.push(&t, true)
+                }
+                Part::Prompt(t) => {
+                    eos_learned = false;
+                    text.push(&t, false)
+                }
                 Part::Image(bytes) => {
                     self.flush(&mut text, &mut items)?;
                     let probe = decoder
@@ -111,10 +119,13 @@ impl Measure<'_> {
             }
         }
         self.flush(&mut text, &mut items)?;
-        // The EOS is learned as what it follows is (a conversation's closing separator: not).
-        match items.last_mut() {
-            Some(Item::Text(ids) | Item::Context(ids)) => ids.push(self.encoder.eos),
-            _ => items.push(Item::Text(vec![self.encoder.eos])),
+        // The EOS is learned as the last text part is (after a conversation's closing
+        // separator: not), whatever tokens that part gave.
+        let eos = self.encoder.eos;
+        match (items.last_mut(), eos_learned) {
+            (Some(Item::Text(ids)), true) | (Some(Item::Context(ids)), false) => ids.push(eos),
+            (_, true) => items.push(Item::Text(vec![eos])),
+            (_, false) => items.push(Item::Context(vec![eos])),
         }
         Ok(Measured {
             key: doc.key,

@@ -3,8 +3,9 @@
 //! tokens with their images' patches, exact across ranks, workers and resume.
 //!
 //! One job a module: `documents` (a unit's documents from Parquet list columns or a tar's JSON
-//! member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `spec` (a model family's image rule: grid, token run, `pixel_values` layout),
-//! `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
+//! member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `captions`
+//! (a tar's image-caption pair as a one-image document), `spec` (a model family's image rule:
+//! grid, token run, `pixel_values` layout), `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
 //! rows, deterministically per unit), `count` (the count pass: batches per unit) and `pipeline`
 //! (one reader's planned batches, decoded into the lent buffers).
 //!
@@ -12,6 +13,7 @@
 //! kind's: every rank yields the same number of batches, and a resume continues at the exact
 //! next batch, also onto another world size.
 
+mod captions;
 mod conversation;
 mod count;
 mod documents;
@@ -20,9 +22,10 @@ mod pack;
 mod pipeline;
 mod spec;
 
+pub use captions::CaptionKeys;
 pub use conversation::ChatFormat;
 pub use count::{count_files, count_unit, InterleavedCount};
-pub use documents::DocumentSpec;
+pub use documents::{DocumentSpec, Layout};
 pub use pack::PackShape;
 pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
 pub use spec::QwenVlSpec;
@@ -47,7 +50,7 @@ impl InterleavedSpec {
     /// What a pipeline cannot run with under `encoder`.
     pub fn validate(&self, encoder: &DocumentEncoder) -> Result<(), String> {
         self.vision.validate()?;
-        if let Some(format) = &self.documents.conversation {
+        if let documents::Layout::Conversations(format) = &self.documents.layout {
             format.validate(encoder)?;
         }
         let s = &self.shape;

@@ -1,0 +1,183 @@
+"""The VLM mixture: interleaved documents, multi-image conversations, image-caption pairs (as
+one-image documents) and text corpora in one epoch by token weight, every batch holding each
+source's share of rows (stratified per batch, exactly), resumable; how shares, epochs and states
+work is :mod:`shardstream.kinds.row_mixture`'s.
+
+Each image-text source is read by its own :class:`~shardstream.InterleavedLoader`, which packs a
+unit into batches of its own rows at count time: so such a source is counted
+(:func:`~shardstream.count_interleaved`) with ``batch_size`` equal to its rows of the mixture's
+batch, which :func:`vlm_rows` tells before counting. A text source is read by a
+:class:`~shardstream.TextLoader` with its rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardstream.config import SourceOptions
+from shardstream.errors import OptionError
+from shardstream.kinds.interleaved import IGNORE_INDEX, InterleavedBatch, InterleavedCounts, InterleavedLoader
+from shardstream.kinds.row_mixture import RowMixture, check_weights
+from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts
+
+
+@dataclass(frozen=True)
+class VlmSource:
+    """One source of a :class:`VlmMixture`.
+
+    Attributes:
+        counts: Its :class:`~shardstream.InterleavedCounts` (interleaved documents,
+            conversations or caption pairs) or :class:`~shardstream.TokenCounts` (a text
+            corpus), or the path of a saved one.
+        weight: Its share of every batch's tokens, relative to the other sources' weights.
+        name: What its stats are reported under (default: ``source{i}``).
+    """
+
+    counts: InterleavedCounts | TokenCounts | str | os.PathLike[str]
+    weight: float
+    name: str | None = None
+
+
+def vlm_rows(weights: Sequence[float], batch_size: int) -> list[int]:
+    """Each source's rows of a ``batch_size``-row batch, as :class:`VlmMixture` gives them: the
+    ``batch_size`` to count each image-text source with.
+
+    Args:
+        weights: The sources' weights, in order.
+        batch_size: Rows per batch over all sources.
+
+    Returns:
+        Rows per source.
+    """
+    return check_weights([f"source{i}" for i in range(len(weights))], weights, batch_size)
+
+
+def _load_counts(counts: Any) -> InterleavedCounts | TokenCounts:
+    if isinstance(counts, (InterleavedCounts, TokenCounts)):
+        return counts
+    path = os.fspath(counts)
+    opener = __import__("gzip").open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        fmt = json.load(f).get("format")
+    kind = InterleavedCounts if fmt == InterleavedCounts.FORMAT else TokenCounts
+    return kind.load(path)
+
+
+class VlmMixture(RowMixture):
+    """Iterable of :class:`~shardstream.InterleavedBatch` mixing image-text and text sources by
+    token weight: rows ``0 .. rows_0`` of every batch are source 0's, the next ``rows_1``
+    source 1's, and so on.
+
+    A text source's rows take the interleaved kind's conventions: their labels are the ids with
+    -100 on the first token of each sequence (the text kind's rows hold no padding), and they hold
+    no images. ``documents`` and ``keys`` count the image-text sources' documents alone;
+    ``tokens`` all sources'.
+
+    Args:
+        sources: The sources (:class:`VlmSource`), at least one an image-text one; all counted
+            with the same tokenizer, the image-text ones with the same ``seq_len`` and spec, each
+            with ``batch_size`` equal to its rows (:func:`vlm_rows`).
+        batch_size: Rows per batch on one rank, over all sources.
+        seed: Seeds every source's order (each source derives its own from it).
+        pad_token_id: The id padding is written with (as :class:`~shardstream.InterleavedLoader`).
+        rank: This process's rank (default as :class:`~shardstream.InterleavedLoader`).
+        world_size: Ranks (default as :class:`~shardstream.InterleavedLoader`).
+        threads: Threads, shared out between the sources (default: this process's share of the
+            cores).
+        source: How files are fetched (S3 endpoint, cache, ...).
+
+    Raises:
+        OptionError: a weight is not positive, a source would get no row of a batch, or an
+            image-text source was counted with another ``batch_size`` than its rows.
+        ValueError: the sources were counted with different tokenizers, ``seq_len`` or specs,
+            or none is an image-text source.
+    """
+
+    STATE_FORMAT = "shardstream-vlm-mixture-state"
+
+    def __init__(
+        self,
+        sources: Sequence[VlmSource],
+        *,
+        batch_size: int,
+        seed: int = 0,
+        pad_token_id: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        threads: int | None = None,
+        source: SourceOptions | None = None,
+    ) -> None:
+        from shardstream._system import default_loader_threads
+
+        self.names = [s.name or f"source{i}" for i, s in enumerate(sources)]
+        self.rows = check_weights(self.names, [s.weight for s in sources], batch_size)
+        counts = [_load_counts(s.counts) for s in sources]
+        vlm = [c for c in counts if isinstance(c, InterleavedCounts)]
+        if not vlm:
+            raise ValueError("a VlmMixture needs at least one image-text source (InterleavedCounts)")
+        first = vlm[0].settings
+        for name, c, rows in zip(self.names, counts, self.rows, strict=True):
+            if isinstance(c, InterleavedCounts):
+                if int(c.settings["batch_size"]) != rows:
+                    detail = f"source {name!r} has {rows} rows of each batch: count it with batch_size={rows}"
+                    raise OptionError("batch_size", f"{detail}, not {c.settings['batch_size']}")
+                for key in ("seq_len", "spec"):
+                    if c.settings[key] != first[key]:
+                        raise ValueError(f"source {name!r} was counted with another {key} than the first")
+        if len({c.fingerprint for c in counts}) > 1:
+            raise ValueError("the sources were counted with different tokenizers (or EOS)")
+        self.batch_size, self.seq_len = batch_size, int(first["seq_len"])
+        share = max(1, (threads or default_loader_threads()) // len(sources))
+        common = {"rank": rank, "world_size": world_size, "threads": share, "source": source}
+        self.loaders: list[Any] = []
+        for i, (c, rows) in enumerate(zip(counts, self.rows, strict=True)):
+            seed_i = seed * 1_000_003 + i
+            if isinstance(c, InterleavedCounts):
+                self.loaders.append(InterleavedLoader(c, seed=seed_i, pad_token_id=pad_token_id, **common))
+            else:
+                loader = TextLoader(
+                    c, batch_size=rows, seq_len=self.seq_len, seed=seed_i, boundaries=True, **common
+                )
+                self.loaders.append(loader)
+        self._image_token_id = self.loaders[counts.index(vlm[0])]._image_token_id
+        super().__init__()
+
+    def _join(self, parts: list[InterleavedBatch | TextBatch]) -> InterleavedBatch:
+        import torch
+
+        ids, labels, positions, pixels, grids, keys = [], [], [], [], [], []
+        documents = tokens = 0
+        for p in parts:
+            ids.append(torch.as_tensor(p.input_ids))
+            positions.append(torch.as_tensor(p.position_ids))
+            if isinstance(p, InterleavedBatch):
+                labels.append(torch.as_tensor(p.labels))
+                pixels.append(torch.as_tensor(p.pixel_values))
+                grids.append(torch.as_tensor(p.image_grid_thw))
+                keys.extend(p.keys)
+                documents += p.documents
+                tokens += p.tokens
+            else:
+                label = torch.as_tensor(p.input_ids).clone()
+                # Each sequence's first token is not predicted across a boundary (as the
+                # interleaved rows): its label is masked.
+                label.view(-1)[torch.as_tensor(p.cu_seqlens[:-1], dtype=torch.int64)] = IGNORE_INDEX
+                labels.append(label)
+                tokens += label.numel()
+        return InterleavedBatch(
+            input_ids=torch.cat(ids),
+            labels=torch.cat(labels),
+            position_ids=torch.cat(positions),
+            pixel_values=torch.cat(pixels),
+            image_grid_thw=torch.cat(grids),
+            cu_seqlens=torch.tensor(self._joined_cu_seqlens(parts), dtype=torch.int32),
+            max_seqlen=max(int(p.max_seqlen) for p in parts),
+            documents=documents,
+            keys=keys,
+            tokens=tokens,
+            image_token_id=self._image_token_id,
+        )
