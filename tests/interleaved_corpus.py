@@ -443,3 +443,22 @@ def write_missing_member_tar(path: str, *, good: int = 2) -> tuple[str, str]:
     }
     write_mint_tar(path, with_good_neighbours(bad, good), missing={bad["key"]: {1}})
     return path, bad["key"]
+
+
+# -- image-caption pairs -----------------------------------------------------------------------------
+
+
+def write_caption_tar(path: str, n: int, seed: int = 3, *, bad: dict[int, str] | None = None) -> str:
+    """A WebDataset tar of ``n`` pairs ``KEY.jpg`` + ``KEY.txt`` of real photos and real captions
+    (CLIP data, read by the interleaved kind with ``layout=Captions()``); ``bad`` maps a pair's
+    index to the member it lacks (``"jpg"`` or ``"txt"``). Keys carry the seed, so tars of other
+    seeds hold other keys."""
+    rng = random.Random(seed)
+    caps = captions()
+    with tarfile.open(path, "w") as tar:
+        for i in range(n):
+            members = {"jpg": real_image(rng), "txt": rng.choice(caps).encode()}
+            members.pop((bad or {}).get(i, ""), None)
+            for ext, data in members.items():
+                _add(tar, f"pair-{seed}-{i:04d}.{ext}", data)
+    return path

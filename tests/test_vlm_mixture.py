@@ -8,16 +8,12 @@ caption alone is learned; and a source counted for another share is refused by n
 
 from __future__ import annotations
 
-import io
-import random
-import tarfile
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from interleaved_corpus import captions, real_documents, real_image, write_obelics_parquet  # noqa: E402
+from interleaved_corpus import captions, real_documents, write_caption_tar, write_obelics_parquet  # noqa: E402
 from qwen_reference import EOS, IMAGE_PAD, VISION_END, VISION_START, write_tokenizer_json  # noqa: E402
 from shardstream import (  # noqa: E402
     Captions,
@@ -37,22 +33,6 @@ SPEC = QwenVL(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
 SEQ_LEN, BATCH = 512, 4
 WEIGHTS = (0.5, 0.25, 0.25)  # interleaved, captions, text: rows 2, 1, 1 of every batch
 PAD = 2
-
-
-def write_caption_tar(path: str, n: int, seed: int = 3, *, bad: dict[int, str] | None = None) -> str:
-    """``n`` pairs ``KEY.jpg`` + ``KEY.txt`` of real photos and real captions; ``bad`` maps a
-    pair's index to the member it lacks (``"jpg"`` or ``"txt"``)."""
-    rng = random.Random(seed)
-    caps = captions()
-    with tarfile.open(path, "w") as tar:
-        for i in range(n):
-            members = {"jpg": real_image(rng), "txt": rng.choice(caps).encode()}
-            members.pop((bad or {}).get(i, ""), None)
-            for ext, data in members.items():
-                info = tarfile.TarInfo(f"pair-{i:04d}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return path
 
 
 @pytest.fixture(scope="module")
