@@ -22,7 +22,8 @@ Sample kinds
     :class:`NaFlexBudgetLoader` (as many images per batch as fit the budget, exact across
     ranks); interleaved image-text documents for VLMs (:mod:`shardstream.kinds.interleaved`):
     :func:`count_interleaved`, :class:`InterleavedCounts`, :class:`InterleavedLoader`,
-    :class:`InterleavedBatch`, the Qwen2-VL image rule :class:`QwenVL` and its collator
+    :class:`InterleavedBatch`, the image rules :class:`QwenVL` (Qwen2-VL) and :class:`NaFlexVL`
+    (SigLIP 2), the collator
     :class:`QwenVLCollator`; its layouts :class:`Conversations` (multi-image LLaVA
     conversations) and :class:`Captions` (image-caption pairs); and :class:`VlmMixture`
     (interleaved, caption and text sources mixed by token weight in every batch).
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
         InterleavedBatch,
         InterleavedCounts,
         InterleavedLoader,
+        NaFlexVL,
         QwenVL,
         QwenVLCollator,
         count_interleaved,
@@ -106,6 +108,7 @@ __all__ = [
     "InterleavedLoader",
     "InterleavedBatch",
     "QwenVL",
+    "NaFlexVL",
     "QwenVLCollator",
     "Conversations",
     "Captions",
@@ -151,6 +154,7 @@ def __getattr__(name: str) -> Any:
         "InterleavedLoader",
         "InterleavedBatch",
         "QwenVL",
+        "NaFlexVL",
         "QwenVLCollator",
     ):
         from shardstream.kinds import interleaved

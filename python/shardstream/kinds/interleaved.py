@@ -98,6 +98,59 @@ class QwenVL:
         vision = (*patches, self.min_pixels, self.max_pixels)
         return {"vision": vision, "vision_tokens": tuple(self.vision_tokens)}
 
+    def settings(self) -> dict[str, Any]:
+        """Its fields as the counts record them."""
+        return {**asdict(self), "vision_tokens": list(self.vision_tokens)}
+
+
+@dataclass(frozen=True)
+class NaFlexVL:
+    """SigLIP 2's NaFlex image rule, for VLMs whose vision tower is a NaFlex SigLIP 2, as
+    ``Siglip2ImageProcessor``: the largest grid of ``patch_size`` patches that holds at most
+    ``max_num_patches`` of them, the aspect kept (``get_image_size_for_max_num_patches``); the
+    antialiased BILINEAR resize; one ``pixel_values`` row per patch in raster order, each
+    ``(y, x, channel)``, uint8 (on the device: ``/ 255``, then mean and std 0.5, which
+    :class:`QwenVLCollator` does with ``image_mean=(0.5,) * 3, image_std=(0.5,) * 3``). In the
+    text an image is its start token, one pad token per patch, its end token;
+    ``image_grid_thw`` holds ``(1, rows, columns)``, the processor's ``spatial_shapes``.
+
+    Attributes:
+        patch_size: Pixels a side of a patch.
+        max_num_patches: Most patches of one image.
+        vision_tokens: The (start, end, pad) tokens; the tokenizer must hold them.
+    """
+
+    patch_size: int = 16
+    max_num_patches: int = 256
+    vision_tokens: tuple[str, str, str] = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+
+    @property
+    def row_len(self) -> int:
+        """Bytes of one row of ``pixel_values``: ``3 * patch_size**2``."""
+        return 3 * self.patch_size**2
+
+    @property
+    def max_patches(self) -> int:
+        """Patches of the largest image: ``max_num_patches``."""
+        return self.max_num_patches
+
+    def core_config(self) -> dict[str, Any]:
+        """The settings as the Rust core takes them."""
+        vision = (self.patch_size, self.max_num_patches)
+        return {"vision_kind": "naflex", "vision": vision, "vision_tokens": tuple(self.vision_tokens)}
+
+    def settings(self) -> dict[str, Any]:
+        """Its fields as the counts record them (``family`` tells it from :class:`QwenVL`)."""
+        return {**asdict(self), "vision_tokens": list(self.vision_tokens), "family": "naflex"}
+
+
+def _spec_of(settings: dict[str, Any]) -> QwenVL | NaFlexVL:
+    """The vision spec recorded in counts' ``settings["spec"]`` (no ``family``: Qwen2-VL)."""
+    s = dict(settings["spec"])
+    family = s.pop("family", None)
+    s["vision_tokens"] = tuple(s["vision_tokens"])
+    return NaFlexVL(**s) if family == "naflex" else QwenVL(**s)
+
 
 @dataclass(frozen=True)
 class InterleavedCounts(counts_file.CountsFile):
@@ -132,11 +185,9 @@ class InterleavedCounts(counts_file.CountsFile):
     WEIGHT: ClassVar[str] = "batches"
 
     @property
-    def spec(self) -> QwenVL:
+    def spec(self) -> QwenVL | NaFlexVL:
         """The vision spec the documents were measured with."""
-        s = dict(self.settings["spec"])
-        s["vision_tokens"] = tuple(s["vision_tokens"])
-        return QwenVL(**s)
+        return _spec_of(self.settings)
 
     @property
     def total_batches(self) -> int:
@@ -176,8 +227,7 @@ class InterleavedCounts(counts_file.CountsFile):
 
 
 def _core_config(tokenizer: str, settings: dict[str, Any]) -> dict[str, Any]:
-    spec = dict(settings["spec"])
-    vision = QwenVL(**{**spec, "vision_tokens": tuple(spec["vision_tokens"])})
+    vision = _spec_of(settings)
     keys = ("seq_len", "batch_size", "max_patches_per_batch", "texts", "images")
     more = ("max_images_per_document", "max_document_bytes", "max_pixels", "eos_token")
     return {
@@ -199,7 +249,7 @@ def count_interleaved(
     urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     tokenizer: str | os.PathLike[str],
-    spec: QwenVL | None = None,
+    spec: QwenVL | NaFlexVL | None = None,
     seq_len: int = 4096,
     batch_size: int = 8,
     max_patches_per_batch: int | None = None,
@@ -231,7 +281,8 @@ def count_interleaved(
             extension, ``"0.jpg"`` for ``KEY.0.jpg``; a unit is a shard), as
             :class:`~shardstream.ShardLoader` takes them (disk, HTTP, ``s3://``, ``hf://``).
         tokenizer: Path of a Hugging Face ``tokenizer.json`` holding the spec's vision tokens.
-        spec: The model family's image rule (default: :class:`QwenVL` ()).
+        spec: The model family's image rule: :class:`QwenVL` (the default, ``QwenVL()``) or
+            :class:`NaFlexVL`.
         seq_len: Tokens per row.
         batch_size: Rows per batch.
         max_patches_per_batch: Patches a batch may hold (bounds the vision tower's memory);
@@ -272,8 +323,8 @@ def count_interleaved(
     from shardstream.urls import expand_urls, source_config
 
     spec = spec if spec is not None else QwenVL()
-    if not isinstance(spec, QwenVL):
-        raise OptionError("spec", f"must be a shardstream.QwenVL, not {type(spec).__name__}")
+    if not isinstance(spec, (QwenVL, NaFlexVL)):
+        raise OptionError("spec", f"must be a shardstream.QwenVL or NaFlexVL, not {type(spec).__name__}")
     _positive("seq_len", seq_len)
     _positive("batch_size", batch_size)
     _positive("max_images_per_document", max_images_per_document)
@@ -283,7 +334,7 @@ def count_interleaved(
     if _positive("max_patches_per_batch", cap) < spec.max_patches:
         raise OptionError(
             "max_patches_per_batch",
-            f"must hold one image of max_pixels={spec.max_pixels} ({spec.max_patches} patches), not {cap}",
+            f"must hold one largest image of the spec ({spec.max_patches} patches), not {cap}",
         )
     if layout is not None and not isinstance(layout, (Conversations, Captions)):
         raise OptionError(
@@ -301,7 +352,7 @@ def count_interleaved(
         raise OptionError("layout", f"{what} are read from WebDataset tars; {shown} is Parquet")
     tokenizer = os.path.abspath(os.fspath(tokenizer))
     settings = {
-        "spec": {**asdict(spec), "vision_tokens": list(spec.vision_tokens)},
+        "spec": spec.settings(),
         "seq_len": seq_len,
         "batch_size": batch_size,
         "max_patches_per_batch": cap,

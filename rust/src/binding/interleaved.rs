@@ -12,7 +12,7 @@ use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
     self, count_files, CaptionKeys, ChatFormat, DocumentSpec, InterleavedCount, InterleavedInput,
-    InterleavedMeta, InterleavedSpec, Layout, PackShape, QwenVlSpec,
+    InterleavedMeta, InterleavedSpec, Layout, NaFlexVlSpec, PackShape, QwenVlSpec, VisionSpec,
 };
 use crate::plan::budget::BudgetShape;
 use crate::tokenize::DocumentEncoder;
@@ -24,32 +24,47 @@ fn need<'py, T: FromPyObjectOwned<'py>>(config: &Bound<'py, PyDict>, key: &str) 
         .map_err(Into::into)
 }
 
-/// The vision spec of `config` (`vision`: patch_size, merge_size, temporal_patch_size,
-/// min_pixels, max_pixels; `vision_tokens`: the start, end and pad tokens, looked up in
-/// `encoder`'s vocabulary).
+/// The vision spec of `config`: `vision_kind` "naflex" (`vision`: patch_size,
+/// max_num_patches) or else Qwen2-VL (`vision`: patch_size, merge_size, temporal_patch_size,
+/// min_pixels, max_pixels); `vision_tokens`: the start, end and pad tokens, looked up in
+/// `encoder`'s vocabulary.
 fn vision_spec(
     config: &Bound<'_, PyDict>,
     encoder: &DocumentEncoder,
     tokenizer: &str,
-) -> PyResult<QwenVlSpec> {
-    let (patch_size, merge_size, temporal_patch_size, min_pixels, max_pixels) =
-        need(config, "vision")?;
+) -> PyResult<VisionSpec> {
     let names: (String, String, String) = need(config, "vision_tokens")?;
     let id = |name: &str| {
         encoder.token_id(name).ok_or_else(|| {
             PyValueError::new_err(format!("the tokenizer {tokenizer} has no token {name:?}"))
         })
     };
-    Ok(QwenVlSpec {
+    let (start, end, pad) = (id(&names.0)?, id(&names.1)?, id(&names.2)?);
+    let kind: Option<String> = present(config, "vision_kind")?
+        .map(|v| v.extract())
+        .transpose()?;
+    if kind.as_deref() == Some("naflex") {
+        let (patch_size, max_num_patches) = need(config, "vision")?;
+        return Ok(VisionSpec::NaFlex(NaFlexVlSpec {
+            patch_size,
+            max_num_patches,
+            image_start: start,
+            image_end: end,
+            image_pad: pad,
+        }));
+    }
+    let (patch_size, merge_size, temporal_patch_size, min_pixels, max_pixels) =
+        need(config, "vision")?;
+    Ok(VisionSpec::Qwen(QwenVlSpec {
         patch_size,
         merge_size,
         temporal_patch_size,
         min_pixels,
         max_pixels,
-        vision_start: id(&names.0)?,
-        vision_end: id(&names.1)?,
-        image_pad: id(&names.2)?,
-    })
+        vision_start: start,
+        vision_end: end,
+        image_pad: pad,
+    }))
 }
 
 /// The layout of `config["layout"]`: None (lists), or a dict with `kind` "conversations" (and
@@ -116,12 +131,7 @@ fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, In
 #[pyfunction]
 pub fn interleaved_tokens(config: &Bound<'_, PyDict>) -> PyResult<(String, u32, (u32, u32, u32))> {
     let (e, s) = interleaved_spec(config)?;
-    let v = &s.vision;
-    Ok((
-        e.fingerprint.clone(),
-        e.eos,
-        (v.vision_start, v.vision_end, v.image_pad),
-    ))
+    Ok((e.fingerprint.clone(), e.eos, s.vision.token_ids()))
 }
 
 /// Counts the batches of every unit of `urls` (Parquet files, tar shards) on `threads`

@@ -3,7 +3,8 @@
 //! loader measure the same bytes with the same rules, so both pack the same batches.
 
 use super::documents::{Document, Part};
-use super::spec::{Grid, QwenVlSpec};
+use super::spec::Grid;
+use super::vision::VisionSpec;
 use crate::batch::sample::Rejection;
 use crate::error::Reason;
 use crate::image::decode::Decoder;
@@ -53,7 +54,7 @@ pub struct Measured {
 /// How documents are measured.
 pub struct Measure<'a> {
     pub encoder: &'a DocumentEncoder,
-    pub vision: &'a QwenVlSpec,
+    pub vision: &'a VisionSpec,
     /// An image of more pixels (by its header) is refused before it is decoded.
     pub max_pixels: u64,
     pub seq_len: usize,

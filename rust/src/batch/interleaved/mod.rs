@@ -4,8 +4,9 @@
 //!
 //! One job a module: `documents` (a unit's documents from Parquet list columns or a tar's JSON
 //! member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `captions`
-//! (a tar's image-caption pair as a one-image document), `spec` (a model family's image rule:
-//! grid, token run, `pixel_values` layout), `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
+//! (a tar's image-caption pair as a one-image document), `spec` (Qwen2-VL's image rule: grid,
+//! token run, `pixel_values` layout), `vision` (the spec a corpus is read under: Qwen2-VL or
+//! NaFlex), `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
 //! rows, deterministically per unit), `count` (the count pass: batches per unit) and `pipeline`
 //! (one reader's planned batches, decoded into the lent buffers).
 //!
@@ -21,6 +22,7 @@ mod measure;
 mod pack;
 mod pipeline;
 mod spec;
+mod vision;
 
 pub use captions::CaptionKeys;
 pub use conversation::ChatFormat;
@@ -29,6 +31,7 @@ pub use documents::{DocumentSpec, Layout};
 pub use pack::PackShape;
 pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
 pub use spec::QwenVlSpec;
+pub use vision::{NaFlexVlSpec, VisionSpec};
 
 use measure::Measure;
 
@@ -39,7 +42,7 @@ use crate::tokenize::DocumentEncoder;
 #[derive(Clone, Debug)]
 pub struct InterleavedSpec {
     pub documents: DocumentSpec,
-    pub vision: QwenVlSpec,
+    pub vision: VisionSpec,
     pub shape: PackShape,
     /// An image of more pixels (by its header) is skipped with its document
     /// (`too_many_pixels`), never decoded.
@@ -60,12 +63,12 @@ impl InterleavedSpec {
                 s.seq_len, s.rows
             ));
         }
-        // The largest image smart_resize gives must fit a batch's patch cap.
-        let largest = self.vision.max_pixels / (self.vision.patch_size as u64).pow(2);
+        // The largest image the spec gives must fit a batch's patch cap.
+        let largest = self.vision.largest_image();
         if s.max_patches < largest {
             return Err(format!(
-                "max_patches_per_batch={} is under one image of max_pixels={} ({largest} patches)",
-                s.max_patches, self.vision.max_pixels
+                "max_patches_per_batch={} is under one largest image of the spec ({largest} patches)",
+                s.max_patches
             ));
         }
         if self.documents.max_images == 0 {

@@ -26,13 +26,13 @@ use super::documents::{DocumentResult, UnitDocuments};
 use super::measure::Item;
 use super::pack::{Cursor, PackedBatch, Packer};
 use super::spec::Grid;
+use super::vision::VisionSpec;
 use super::InterleavedSpec;
 use crate::batch::packed::stream::{visits, Visit};
 use crate::batch::packed::TextUnit;
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::batch::sample::{Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
-use crate::image::convolve::Kernel;
 use crate::image::resize::CropBox;
 use crate::plan::packed::{slice, PackedReader, UnitOrder};
 use crate::read::source::SourceOptions;
@@ -566,12 +566,13 @@ impl InterleavedBatches {
     }
 }
 
-/// Decodes one image, resizes it to its grid's pixels (Pillow's BICUBIC, as the processor) and
-/// writes its rows of `pixel_values` into `slot`.
+/// Decodes one image, resizes it to its grid's pixels (with the family's filter: Pillow's
+/// BICUBIC for Qwen2-VL, antialiased BILINEAR for NaFlex) and writes its rows of
+/// `pixel_values` into `slot` in the family's layout.
 fn decode_image(
     bytes: &[u8],
     grid: Grid,
-    vision: &super::spec::QwenVlSpec,
+    vision: &VisionSpec,
     max_pixels: u64,
     worker: &mut Worker,
     planar: &mut Vec<u8>,
@@ -590,18 +591,26 @@ fn decode_image(
         w: width as f64,
         h: height as f64,
     };
-    let p = vision.patch_size;
+    let p = vision.patch_size();
     let target = (grid.w * p, grid.h * p);
     let img = decoder
         .decode_to(bytes, &probe, region, target, max_pixels, true)
         .map_err(|e| (e.reason, e.detail))?;
     let scaled = region.rescaled((width, height), img.size());
-    let n = 3 * target.0 as usize * target.1 as usize;
-    planar.resize(n, 0);
-    transformer
-        .resize_into_planar(&img, scaled, target, Kernel::Bicubic, &mut planar[..n])
-        .map_err(|e| (e.reason, e.detail))?;
-    vision.write_rows(&planar[..n], grid, slot);
+    let failed = |e: crate::image::decode::DecodeError| (e.reason, e.detail);
+    match vision {
+        VisionSpec::Qwen(qwen) => {
+            let n = 3 * target.0 as usize * target.1 as usize;
+            planar.resize(n, 0);
+            transformer
+                .resize_into_planar(&img, scaled, target, vision.kernel(), &mut planar[..n])
+                .map_err(failed)?;
+            qwen.write_rows(&planar[..n], grid, slot);
+        }
+        VisionSpec::NaFlex(_) => transformer
+            .resize_into_patches(&img, scaled, (grid.h, grid.w), p, vision.kernel(), slot)
+            .map_err(failed)?,
+    }
     Ok(())
 }
 
