@@ -8,6 +8,8 @@ caption alone is learned; and a source counted for another share is refused by n
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -186,6 +188,39 @@ def test_a_stop_and_resume_continues_with_the_batches_that_would_have_followed(s
     assert len(through) == len(mixture(sources, rank=0)) > 2
     for j, ids in enumerate(through):
         assert torch.equal(ids[:2], own_through[j])
+
+
+def test_a_resume_onto_three_ranks_reads_no_sources_batch_twice(sources):
+    """Stopped after 2 batches on each of 2 ranks and resumed onto 3: the state is the same on
+    every rank, every new rank yields the same number of batches, and over the batches read
+    before and after, no source's part of a batch (its rows, pixels included) is read twice."""
+    seen: list[set] = [set(), set(), set()]
+
+    def note(b) -> None:
+        for i, (a, e) in enumerate([(0, 2), (2, 3), (3, 4)]):
+            part = hashlib.sha256(b.input_ids[a:e].numpy().tobytes() + b.labels[a:e].numpy().tobytes())
+            digest = part.hexdigest()
+            assert digest not in seen[i], f"source {i}'s rows read twice"
+            seen[i].add(digest)
+
+    states = []
+    for rank in range(2):
+        first = mixture(sources, rank=rank)
+        it = iter(first)
+        for _ in range(2):
+            note(next(it))
+        states.append(first.state_dict())
+        it.close()
+    assert states[0] == states[1], "the state is the same on every rank"
+    lengths = []
+    for rank in range(3):
+        resumed = VlmMixture(sources, batch_size=BATCH, seed=7, pad_token_id=PAD, rank=rank, world_size=3)
+        resumed.load_state_dict(states[0])
+        batches = list(resumed)
+        lengths.append(len(batches))
+        for b in batches:
+            note(b)
+    assert len(set(lengths)) == 1 and lengths[0] > 0, lengths
 
 
 def test_a_source_counted_for_another_share_or_tokenizer_is_refused_by_name(sources, tmp_path):
