@@ -51,8 +51,9 @@ def check_weights(names: Sequence[str], weights: Sequence[Any], batch_size: int)
 class RowMixture:
     """The machinery of a mixture: its sources' loaders read side by side, one batch of each
     joined by :meth:`_join` (the subclass's), in one process or DataLoader workers, with stats
-    and a state. Subclasses set ``names``, ``rows``, ``loaders``, ``batch_size`` and
-    ``seq_len``, then call ``super().__init__()``."""
+    and a state. Subclasses call ``super().__init__(sources, batch_size)`` (names and rows),
+    then set ``loaders`` (each source's, seeded by :meth:`_source_seed`, with
+    :meth:`_thread_share` threads) and ``seq_len``."""
 
     STATE_FORMAT: ClassVar[str]
     names: list[str]
@@ -61,8 +62,30 @@ class RowMixture:
     batch_size: int
     seq_len: int
 
-    def __init__(self) -> None:
+    def __init__(self, sources: Sequence[Any], batch_size: int) -> None:
+        """``sources``: each with ``weight`` and ``name`` (None: ``source{i}``)."""
+        self.names = [s.name or f"source{i}" for i, s in enumerate(sources)]
+        self.rows = check_weights(self.names, [s.weight for s in sources], batch_size)
+        self.batch_size = batch_size
         self._batches_done = 0
+
+    @staticmethod
+    def _source_seed(seed: int, i: int) -> int:
+        """Source ``i``'s seed under the mixture's ``seed``: each source orders its own units."""
+        return seed * 1_000_003 + i
+
+    def _thread_share(self, threads: int | None) -> int:
+        """Each source's threads: ``threads`` (default: this process's share of the cores)
+        shared out between the sources, at least one."""
+        from shardstream._system import default_loader_threads
+
+        return max(1, (threads or default_loader_threads()) // len(self.names))
+
+    @staticmethod
+    def _check_one_tokenizer(fingerprints: Sequence[str]) -> None:
+        """Refuses sources counted with different tokenizers (their fingerprints differ)."""
+        if len(set(fingerprints)) > 1:
+            raise ValueError("the sources were counted with different tokenizers (or EOS/BOS)")
 
     def __len__(self) -> int:
         """Batches this rank yields in the current pass: the fewest any source has left."""

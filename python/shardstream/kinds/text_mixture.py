@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardstream.config import SourceOptions
-from shardstream.kinds.row_mixture import RowMixture, check_weights
+from shardstream.kinds.row_mixture import RowMixture
 from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts
 
 
@@ -70,11 +70,7 @@ class TextMixture(RowMixture):
         threads: int | None = None,
         source: SourceOptions | None = None,
     ) -> None:
-        self.names = [s.name or f"source{i}" for i, s in enumerate(sources)]
-        self.rows = check_weights(self.names, [s.weight for s in sources], batch_size)
-        from shardstream._system import default_loader_threads
-
-        threads = threads or default_loader_threads()
+        super().__init__(sources, batch_size)
         self.loaders = []
         for i, (s, rows) in enumerate(zip(sources, self.rows, strict=True)):
             counts = s.counts if isinstance(s.counts, TokenCounts) else TokenCounts.load(s.counts)
@@ -83,21 +79,18 @@ class TextMixture(RowMixture):
                     counts,
                     batch_size=rows,
                     seq_len=seq_len,
-                    seed=seed * 1_000_003 + i,
+                    seed=self._source_seed(seed, i),
                     block_rows=block_rows,
                     boundaries=boundaries,
                     dtype=dtype,
                     rank=rank,
                     world_size=world_size,
-                    threads=max(1, threads // len(sources)),
+                    threads=self._thread_share(threads),
                     source=source,
                 )
             )
-        fingerprints = {loader.counts.fingerprint for loader in self.loaders}
-        if len(fingerprints) > 1:
-            raise ValueError("the sources were counted with different tokenizers (or EOS/BOS)")
-        self.batch_size, self.seq_len, self.boundaries = batch_size, seq_len, boundaries
-        super().__init__()
+        self._check_one_tokenizer([loader.counts.fingerprint for loader in self.loaders])
+        self.seq_len, self.boundaries = seq_len, boundaries
 
     def _join(self, parts: list[TextBatch]) -> TextBatch:
         import torch

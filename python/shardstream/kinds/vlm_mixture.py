@@ -111,10 +111,7 @@ class VlmMixture(RowMixture):
         threads: int | None = None,
         source: SourceOptions | None = None,
     ) -> None:
-        from shardstream._system import default_loader_threads
-
-        self.names = [s.name or f"source{i}" for i, s in enumerate(sources)]
-        self.rows = check_weights(self.names, [s.weight for s in sources], batch_size)
+        super().__init__(sources, batch_size)
         counts = [_load_counts(s.counts) for s in sources]
         vlm = [c for c in counts if isinstance(c, InterleavedCounts)]
         if not vlm:
@@ -128,14 +125,13 @@ class VlmMixture(RowMixture):
                 for key in ("seq_len", "spec"):
                     if c.settings[key] != first[key]:
                         raise ValueError(f"source {name!r} was counted with another {key} than the first")
-        if len({c.fingerprint for c in counts}) > 1:
-            raise ValueError("the sources were counted with different tokenizers (or EOS)")
-        self.batch_size, self.seq_len = batch_size, int(first["seq_len"])
-        share = max(1, (threads or default_loader_threads()) // len(sources))
+        self._check_one_tokenizer([c.fingerprint for c in counts])
+        self.seq_len = int(first["seq_len"])
+        share = self._thread_share(threads)
         common = {"rank": rank, "world_size": world_size, "threads": share, "source": source}
         self.loaders: list[Any] = []
         for i, (c, rows) in enumerate(zip(counts, self.rows, strict=True)):
-            seed_i = seed * 1_000_003 + i
+            seed_i = self._source_seed(seed, i)
             if isinstance(c, InterleavedCounts):
                 self.loaders.append(InterleavedLoader(c, seed=seed_i, pad_token_id=pad_token_id, **common))
             else:
@@ -144,7 +140,6 @@ class VlmMixture(RowMixture):
                 )
                 self.loaders.append(loader)
         self._image_token_id = self.loaders[counts.index(vlm[0])]._image_token_id
-        super().__init__()
 
     def _join(self, parts: list[InterleavedBatch | TextBatch]) -> InterleavedBatch:
         import torch

@@ -9,7 +9,7 @@
 //! each assistant turn's value and its `turn_end`; everything else is context (`Part::Prompt`),
 //! its labels masked.
 
-use super::documents::{Document, DocumentResult, Part};
+use super::documents::{take_member, Document, DocumentResult, Part};
 use crate::batch::sample::Rejection;
 use crate::defaults::IMAGE_KEYS;
 use crate::error::Reason;
@@ -242,32 +242,11 @@ fn take_images(raw: &mut RawSample, names: &[String]) -> Result<Vec<Vec<u8>>, Re
             }
         }
     }
-    let mut out = Vec::with_capacity(names.len());
-    for (i, name) in names.iter().enumerate() {
-        if name.contains("://") {
-            return Err((
-                Reason::ImageUrlOnly,
-                format!("image {i} is given only as a URL; nothing is fetched"),
-            ));
-        }
-        let at = find(raw, name).ok_or_else(|| {
-            (
-                Reason::MissingImage,
-                format!(
-                    "image {i} names the member {}.{name}, which the sample lacks",
-                    raw.key
-                ),
-            )
-        })?;
-        // Moved out, unless a later entry names the same member.
-        let member = &mut raw.members[at].1;
-        out.push(if names[i + 1..].contains(name) {
-            member.clone()
-        } else {
-            std::mem::take(member)
-        });
-    }
-    Ok(out)
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| take_member(raw, i, name, names[i + 1..].contains(name)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -432,32 +432,10 @@ fn tar_document(mut raw: RawSample, spec: &DocumentSpec) -> DocumentResult {
         let part = match (text, image) {
             (Text(t), Null) => Part::Text(t),
             (Null, Text(name)) => {
-                if name.contains("://") {
-                    return fail((
-                        Reason::ImageUrlOnly,
-                        format!("image {i} is given only as a URL; nothing is fetched"),
-                    ));
-                }
-                let ext = name.to_lowercase();
-                match raw.members.iter().position(|(e, _)| *e == ext) {
-                    // Moved out, unless a later position names the same member.
-                    Some(at) => {
-                        let again = images[i + 1..].iter().any(|n| n.as_str() == Some(name));
-                        let member = &mut raw.members[at].1;
-                        Part::Image(if again {
-                            member.clone()
-                        } else {
-                            std::mem::take(member)
-                        })
-                    }
-                    None => {
-                        return fail((
-                            Reason::MissingImage,
-                            format!(
-                                "image {i} names the member {key}.{name}, which the sample lacks"
-                            ),
-                        ))
-                    }
+                let again = images[i + 1..].iter().any(|n| n.as_str() == Some(name));
+                match take_member(&mut raw, i, name, again) {
+                    Ok(bytes) => Part::Image(bytes),
+                    Err(r) => return fail(r),
                 }
             }
             _ => {
@@ -475,6 +453,39 @@ fn tar_document(mut raw: RawSample, spec: &DocumentSpec) -> DocumentResult {
         return fail(r);
     }
     Ok(Document { key, parts })
+}
+
+/// The member image entry `i` names by its extension (`"0.jpg"` for `KEY.0.jpg`), moved out of
+/// the sample, or copied when a later entry names it `again`. A URL is never fetched
+/// (`image_url_only`); a member the sample lacks is `missing_image`.
+pub(super) fn take_member(
+    raw: &mut RawSample,
+    i: usize,
+    name: &str,
+    again: bool,
+) -> Result<Vec<u8>, Rejection> {
+    if name.contains("://") {
+        return Err((
+            Reason::ImageUrlOnly,
+            format!("image {i} is given only as a URL; nothing is fetched"),
+        ));
+    }
+    let ext = name.to_lowercase();
+    let Some(at) = raw.members.iter().position(|(e, _)| *e == ext) else {
+        return Err((
+            Reason::MissingImage,
+            format!(
+                "image {i} names the member {}.{name}, which the sample lacks",
+                raw.key
+            ),
+        ));
+    };
+    let member = &mut raw.members[at].1;
+    Ok(if again {
+        member.clone()
+    } else {
+        std::mem::take(member)
+    })
 }
 
 /// The file name without its folder and `.parquet`.
