@@ -250,9 +250,10 @@ class ShardLoader(LoaderBase):
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
         self._tokenizer = resolve_tokenizer(tokenizer, context_length) if tokenizer is not None else None
         self._config["tokenizer"] = self._tokenizer
-        from shardstream.urls import READER_OPTIONS
+        from shardstream.urls import split_options
 
-        self._config.update({k: v for k, v in source_options.items() if k in READER_OPTIONS})
+        self._source_options = source_options
+        self._config.update(split_options(source_options).reader)
         self._plan = None
         self._source_names: list[str] | None = None
         if sources is not None:
@@ -356,7 +357,7 @@ class ShardLoader(LoaderBase):
             spans, extra = self._streaming_reader(worker, workers)
             phase_reader = worker
             config.update(extra, block_size=self.shuffle_buffer, first_block=0)
-            config.update(source_config(self._shards, config))  # an explicit ca_bundle wins
+            config.update(source_config(self._shards, self._source_options))  # an explicit ca_bundle wins
             display = [s.display for s in self._shards]
         config["crop_seed"] = _seed(self.seed, self.epoch)
         return _core.sample_pipeline(spans, config, display), phase_reader

@@ -67,6 +67,7 @@ PRESIGN_REUSE_SHARE = 0.1
 PRESIGN_REUSE_MAX_S = 60.0
 PRESIGN_CACHE_ENTRIES = 4096
 # Options of the Rust reader: callers may pass one set of keywords to both; they are not ours.
+# (``ca_bundle`` is also an S3 option: boto3 trusts the same roots for its own requests.)
 READER_OPTIONS = frozenset(
     {
         "connect_timeout",
@@ -151,6 +152,41 @@ def _normalise(options: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"unknown source option(s) {unknown}; S3 options are {sorted(allowed)}")
     return options
+
+
+# Options of the URL expansion itself (what it verifies before training), not of any source.
+EXPANSION_OPTIONS = frozenset({"check"})
+S3_OPTIONS = frozenset(f.name for f in fields(S3Options)) | {"region_name"}
+
+
+@dataclass(frozen=True)
+class OptionParts:
+    """Resolved source options (:meth:`SourceOptions.keywords`, or an older caller's keyword
+    dict) split by who takes them: the S3 client and signer, the Rust reader, the URL
+    expansion. The one conversion from the first to each of the others (:func:`split_options`)."""
+
+    s3: S3Options
+    reader: dict[str, Any]
+    check: str
+
+
+def split_options(options: dict[str, Any]) -> OptionParts:
+    """``options`` split into the parts each consumer takes; a key none of them takes is
+    refused by name (a :class:`TypeError`), never passed on to one that does not know it.
+
+    ``s3_options`` (an :class:`S3Options` or a dict of its fields) is the base the S3 keys
+    override; ``ca_bundle`` goes to the reader and, unless the S3 part names its own, to S3.
+    """
+    known = S3_OPTIONS | READER_OPTIONS | EXPANSION_OPTIONS | {"s3_options"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown source option(s) {unknown}; known options are {sorted(known)}")
+    s3_keys = {k: v for k, v in options.items() if k in S3_OPTIONS and k not in READER_OPTIONS}
+    s3 = S3Options.from_any(options.get("s3_options"), s3_keys)
+    if options.get("ca_bundle") and s3.ca_bundle is None:
+        s3 = replace(s3, ca_bundle=os.fspath(options["ca_bundle"]))
+    reader = {k: v for k, v in options.items() if k in READER_OPTIONS and v is not None}
+    return OptionParts(s3=s3, reader=reader, check=options.get("check", "first"))
 
 
 # -- redaction -------------------------------------------------------------------------------------
@@ -345,7 +381,7 @@ def expand_urls(
     """
     if check not in ("first", "all", "none"):
         raise ValueError(f"check must be 'first', 'all' or 'none', not {check!r}")
-    resolver = _Resolver(_s3_options(s3_options, options), tuple(suffixes))
+    resolver = _Resolver(split_options({**options, "s3_options": s3_options}).s3, tuple(suffixes))
     checked_locations: set[str] = set()
     specs: Iterable[Any] = [spec] if isinstance(spec, (str, os.PathLike)) else spec
     out: list[Shard] = []
@@ -375,13 +411,6 @@ def expand_urls(
     return out
 
 
-def _s3_options(s3_options: S3Options | dict[str, Any] | None, options: dict[str, Any]) -> S3Options:
-    s3 = S3Options.from_any(s3_options, {k: v for k, v in options.items() if k not in READER_OPTIONS})
-    if options.get("ca_bundle") and s3.ca_bundle is None:
-        s3 = replace(s3, ca_bundle=os.fspath(options["ca_bundle"]))
-    return s3
-
-
 def check_first_shard(url: str, **options: Any) -> None:
     """Checks that one shard exists and is readable with the credentials at hand (a local
     ``stat``, an S3 ``HeadObject``): the bounded start-up check for an index's shards."""
@@ -398,7 +427,7 @@ def index_source_config(
         return source_config(shards, options)
     by_scheme: dict[str, Any] = {}
     if "s3" in set(schemes):
-        by_scheme["s3"] = S3Signer(_s3_options(options.get("s3_options"), options))
+        by_scheme["s3"] = S3Signer(split_options(options).s3)
     if "hf" in set(schemes):
         from shardstream.hub import HfSigner
 
@@ -516,7 +545,7 @@ def source_config(shards: Iterable[Any], options: dict[str, Any] | None = None) 
     ``ca_bundle`` is given, the CA bundle boto3 trusts for their endpoint (``ca_bundle`` of the
     S3 options, else ``AWS_CA_BUNDLE``): the Rust reader fetches the presigned URLs there."""
     shards = list(shards)
-    config = {k: v for k, v in (options or {}).items() if k in READER_OPTIONS and v is not None}
+    config = split_options(options or {}).reader
     signer = reader_signer(shards)
     if signer is not None:
         config["signer"] = signer
