@@ -1,6 +1,6 @@
 """One process of a plain accelerate loop over shardstream.integrations.accelerate (run by
 test_integration_accelerate.py under ``accelerate launch``): a small model on real-photo shards for
-two epochs; ``--save-at n`` calls save_state after n steps of the first epoch and goes on,
+--epochs epochs (2); ``--save-at n`` calls save_state after n steps of the first epoch and goes on,
 ``--load`` restores such a state and continues from it. Each step's keys are logged."""
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from accelerate import Accelerator
 from integration_support import KeyLog, end_worker, make_loader
 from shardstream.integrations.accelerate import prepare
 
-EPOCHS = 2
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
@@ -24,6 +22,7 @@ def main() -> None:
     p.add_argument("--save-at", type=int, default=None)
     p.add_argument("--load", action="store_true")
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -37,10 +36,10 @@ def main() -> None:
     if a.load:
         accelerator.load_state(a.state_dir)
         start_epoch = loader.epoch
-    for epoch in range(start_epoch, EPOCHS):
+    for epoch in range(start_epoch, a.epochs):
         loader.set_epoch(epoch)
         for step, batch in enumerate(loader, start=1):
-            log.write(batch.keys)
+            log.write(batch.keys, loader.epoch)
             loss = model(batch.images.float() / 255).square().mean()
             accelerator.backward(loss)  # DDP's all_reduce: unequal batch counts would hang here
             optimizer.step()

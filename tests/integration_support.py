@@ -111,16 +111,28 @@ def key_log(directory: Path, rank: int) -> list[list[str]]:
         return [json.loads(line) for line in f]
 
 
+def epoch_log(directory: Path, rank: int) -> list[int]:
+    """The epoch the loader was reading at each of ``key_log(directory, rank)``'s batches."""
+    path = Path(directory) / f"epochs-rank{rank}.jsonl"
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
 class KeyLog:
-    """Appends each batch's keys to ``DIR/keys-rank{RANK}.jsonl``, one line per batch, flushed
-    (a worker killed mid-run leaves every line it wrote)."""
+    """Appends each batch's keys to ``DIR/keys-rank{RANK}.jsonl`` (and, when the worker says,
+    the loader's epoch to ``DIR/epochs-rank{RANK}.jsonl``), one line per batch, flushed (a worker
+    killed mid-run leaves every line it wrote)."""
 
     def __init__(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
         rank = int(os.environ.get("RANK", "0"))
         self.file = open(os.path.join(directory, f"keys-rank{rank}.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
+        self.epochs = open(os.path.join(directory, f"epochs-rank{rank}.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
 
-    def write(self, keys: list[str]) -> None:
+    def write(self, keys: list[str], epoch: int | None = None) -> None:
+        if epoch is not None:
+            self.epochs.write(json.dumps(int(epoch)) + "\n")
+            self.epochs.flush()
         self.file.write(json.dumps(list(keys)) + "\n")
         self.file.flush()
 

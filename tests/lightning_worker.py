@@ -2,7 +2,8 @@
 shardstream.integrations.lightning (run by test_integration_lightning.py under torchrun, gloo): a
 small LightningModule for two epochs on real-photo shards, a checkpoint every 2 steps (and
 last.ckpt). ``--kill-at n``: rank 1 SIGKILLs itself when step n begins; ``--ckpt`` resumes
-(``--devices 1`` on another world size). Each training step's keys are logged."""
+(``--devices 1`` on another world size); ``--max-steps n`` stops after step n. Each training step's
+keys and the loader's epoch are logged."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class Tiny(lightning.LightningModule):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.log_file is None:
             self.log_file = KeyLog(self.keys_dir)
-        self.log_file.write(batch.keys)
+        self.log_file.write(batch.keys, self.trainer.datamodule.train_dataloader().epoch)
         return self.net(batch.images.float() / 255).square().mean()
 
     def configure_optimizers(self):
@@ -45,13 +46,14 @@ def main() -> None:
     p.add_argument("--ckpt", default=None)
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--max-epochs", type=int, default=2)
+    p.add_argument("--max-steps", type=int, default=-1)
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     datamodule = ShardDataModule(lambda: make_loader(a.shards, a.index))
     checkpoints = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=2, save_top_k=-1, save_last=True)
     trainer = lightning.Trainer(
-        strategy="ddp", accelerator="cpu", devices=a.devices, max_epochs=a.max_epochs,
+        strategy="ddp", accelerator="cpu", devices=a.devices, max_epochs=a.max_epochs, max_steps=a.max_steps,
         callbacks=[checkpoints], logger=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0,
     )  # fmt: skip

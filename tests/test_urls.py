@@ -144,3 +144,20 @@ def test_a_presigned_url_is_handed_out_again_for_a_tenth_of_its_life_at_most_a_m
     time.sleep(0.3)  # past 2 s / 10
     signer("s3://bucket/a.tar")
     assert len(made) == 3
+
+
+def test_source_options_split_once_by_who_takes_them_and_an_unknown_one_is_refused_by_name():
+    """One conversion from the resolved options to each part (issue 50: ``check``, an option of
+    the URL expansion, reached the S3 client of an index-only loader and crashed it)."""
+    from shardstream import SourceOptions
+    from shardstream.urls import split_options
+
+    resolved = SourceOptions(region="eu-west-1", check="all", cache_dir="/tmp/c", expires_in=60).keywords()
+    parts = split_options({**resolved, "connect_timeout": 2.0})
+    assert (parts.s3.region, parts.s3.expires_in, parts.check) == ("eu-west-1", 60, "all")
+    assert parts.reader == {
+        "connect_timeout": 2.0, "cache_dir": "/tmp/c", **{k: resolved[k] for k in
+        ("backoff_initial", "backoff_max", "retry_after_max", "cache_max_bytes")},
+    }  # fmt: skip
+    with pytest.raises(TypeError, match="'bogus'"):
+        split_options({**resolved, "bogus": 1})

@@ -92,6 +92,17 @@ class LoaderBase:
             return len(self)
         return sum(int(phase["batches_done"]) for phase in self._resume["phases"]) + len(self)
 
+    @property
+    def batches_per_whole_epoch(self) -> int:
+        """The batches a whole epoch yields on this rank at this world size, from its beginning:
+        what every epoch after a resumed one holds (a resumed epoch's :attr:`batches_per_epoch`
+        counts the steps done before the resume at the world size they were done at)."""
+        resume, self._resume = self._resume, None
+        try:
+            return len(self)
+        finally:
+            self._resume = resume
+
     # -- epochs and the position -----------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass read epoch ``epoch`` from its beginning (each epoch has its own

@@ -14,10 +14,14 @@ from shardstream.loader import Batch
 class FrameworkLoader:
     """``loader`` (read in this process, or by ``num_workers`` DataLoader workers) for a framework.
 
-    - ``len()`` is the epoch's steps as frameworks count them (``ShardLoader.batches_per_epoch``):
-      a whole epoch, and after a resume the n steps done before it plus the batches left, also
-      when the world size changed (Lightning stops at ``len()`` fetched batches, counting the n
-      it restored). Knowing the length also keeps Lightning's fetcher from reading ahead.
+    - ``len()`` is the steps of the epoch the framework is about to run, as frameworks count
+      them (``ShardLoader.batches_per_epoch``): a whole epoch, and after a resume the n steps
+      done before it plus the batches left, also when the world size changed (Lightning stops
+      at ``len()`` fetched batches, counting the n it restored). With ``epoch_of`` the epoch is
+      read from the framework first, so a length asked for before the next pass begins is that
+      pass's: after a resume onto another world size the resumed epoch and the whole epochs
+      after it differ in length. Knowing the length also keeps Lightning's fetcher from reading
+      ahead.
     - ``state_dict()`` is the position after the batches handed to the framework, with every
       rank's reserve use gathered (``gather``): a collective, which is safe because the adapters
       call it from checkpoint hooks that every rank runs in the same order.
@@ -50,9 +54,25 @@ class FrameworkLoader:
         self.convert = convert
         self.gather = gather
         self.epoch_of = epoch_of
+        # The last state_dict() made (a collective when gathered): a framework that saves it a
+        # second time in the same checkpoint reads it here instead of gathering again.
+        self.last_state: dict[str, Any] | None = None
 
     def __len__(self) -> int:
+        if self.epoch_of is not None:
+            self.loader.set_epoch(self.epoch_of())  # keeps a loaded position in that epoch
         return self.loader.batches_per_epoch
+
+    def pass_batches(self, epoch: int) -> int:
+        """The batches a pass of ``epoch`` yields from where the loader stands: after a resume in
+        that epoch, those left; else a whole epoch at this world size. Sets the epoch (a loaded
+        position in it is kept)."""
+        self.loader.set_epoch(epoch)
+        return len(self.loader)
+
+    def whole_epoch_batches(self) -> int:
+        """The batches of a whole epoch at this world size (every epoch after a resumed one)."""
+        return self.loader.batches_per_whole_epoch
 
     @property
     def epoch(self) -> int:
@@ -63,7 +83,8 @@ class FrameworkLoader:
         self.loader.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict(gather=self.gather)
+        self.last_state = self.loader.state_dict(gather=self.gather)
+        return self.last_state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)

@@ -8,17 +8,28 @@ re-reading the batches already trained on.
 Trainer calls ``train_dataloader.set_epoch(epoch)`` and draws exactly the batches of one update
 step at a time (no read-ahead past the step), so the state saved at step n is that of the
 n x gradient_accumulation_steps batches it trained on.
+
+Trainer sizes every epoch by ``len(train_dataloader)`` read once, when training starts, and
+derives the epoch it resumes in from the global step. Both are wrong after a resume onto another
+world size: the resumed epoch holds the steps done before the stop (at the old world size) plus
+the batches left, the epochs after it hold a whole epoch at the new one, and the global step no
+longer divides into epochs. So :class:`ShardTrainer` takes the resumed epoch from the loader's
+state, gives each epoch the length of the pass it is about to run, and counts ``max_steps`` (what
+the learning-rate schedule spans) as the steps before the resume plus those of the epochs asked for.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from shardstream.integrations import require
 from shardstream.integrations._stateful import FrameworkLoader, check_rank
+from shardstream.kinds.interleaved import InterleavedLoader
 from shardstream.kinds.naflex_budget import NaFlexBudgetLoader
 from shardstream.kinds.text import TextBatch, TextLoader
 from shardstream.loader import Batch, ShardLoader
@@ -110,6 +121,20 @@ class CausalLMCollator:
         return out
 
 
+def _updates(batches: int, accumulate: int) -> int:
+    """Optimizer steps of a pass of ``batches`` batches (a last partial accumulation is a step)."""
+    return max(math.ceil(batches / accumulate), 1)
+
+
+def _checkpoint_global_step(folder: str) -> int:
+    """The global step Trainer saved in ``folder`` (0 where its state file is missing)."""
+    path = os.path.join(folder, transformers.trainer.TRAINER_STATE_NAME)
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return int(json.load(f).get("global_step", 0))
+
+
 class ShardTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` that trains on ``train_loader`` (this rank's ShardLoader).
 
@@ -126,7 +151,8 @@ class ShardTrainer(transformers.Trainer):
     Args:
         *args: ``transformers.Trainer``'s positional arguments (``model``, ``args``, ...).
         train_loader: This rank's :class:`~shardstream.ShardLoader`,
-            :class:`~shardstream.TextLoader` or :class:`~shardstream.NaFlexBudgetLoader`
+            :class:`~shardstream.TextLoader`, :class:`~shardstream.NaFlexBudgetLoader` or
+            :class:`~shardstream.InterleavedLoader`
             (required; instead of ``train_dataset``).
         collator: ``fn(batch)`` into the model's inputs (:class:`CLIPCollator` for
             ``CLIPModel``, :class:`CausalLMCollator` for a causal LM on a TextLoader). None
@@ -142,7 +168,7 @@ class ShardTrainer(transformers.Trainer):
     def __init__(
         self,
         *args: Any,
-        train_loader: ShardLoader | TextLoader | NaFlexBudgetLoader,
+        train_loader: ShardLoader | TextLoader | NaFlexBudgetLoader | InterleavedLoader,
         collator: Callable[[Any], Any] | None = None,
         num_workers: int | None = None,
         **kwargs: Any,
@@ -158,6 +184,8 @@ class ShardTrainer(transformers.Trainer):
         check_rank(train_loader, self.args.process_index, self.args.world_size, "transformers.Trainer")
         workers = self.args.dataloader_num_workers if num_workers is None else num_workers
         self.shard_loader = FrameworkLoader(train_loader, num_workers=workers, convert=collator)
+        # The global step of the checkpoint being resumed (None: a fresh start).
+        self._resumed_global_step: int | None = None
 
     def get_train_dataloader(self) -> Any:
         return self.shard_loader
@@ -195,7 +223,47 @@ class ShardTrainer(transformers.Trainer):
                 self.shard_loader.load_state_dict(json.load(f))
             # Our state replaces Trainer's re-reading of the batches already trained on.
             self.args.ignore_data_skip = True
+            self._resumed_global_step = _checkpoint_global_step(str(resume_from_checkpoint))
+        else:
+            self._resumed_global_step = None
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def set_initial_training_values(self, args: Any, dataloader: Any) -> tuple[Any, ...]:
+        """Trainer's sizes, with ``max_steps`` counted pass by pass (see the module docstring):
+        the steps before a resume, then the pass being resumed, then whole epochs at this world
+        size up to ``num_train_epochs``. With ``max_steps`` set, epochs run until it is reached."""
+        values = list(super().set_initial_training_values(args, dataloader))
+        if dataloader is not self.shard_loader:
+            return tuple(values)
+        accumulate = args.gradient_accumulation_steps
+        if args.max_steps > 0:
+            values[0] = sys.maxsize  # num_train_epochs: the run ends at max_steps, epochs of any length
+            return tuple(values)
+        epoch = self.shard_loader.epoch if self._resumed_global_step is not None else 0
+        before = self._resumed_global_step or 0
+        this_pass = _updates(self.shard_loader.pass_batches(epoch), accumulate)
+        whole = _updates(self.shard_loader.whole_epoch_batches(), accumulate)
+        later = max(0.0, args.num_train_epochs - epoch - 1)
+        values[6] = before + this_pass + math.ceil(later * whole)  # max_steps
+        return tuple(values)
+
+    def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        # Trainer derives the resumed epoch as global_step // steps_per_epoch, which is wrong once
+        # the world size changed; the loader's state knows it. Nothing is skipped: the loader
+        # resumes at the next batch itself (ignore_data_skip).
+        epochs_trained, steps_trained = super()._init_training_state(*args, **kwargs)
+        if self._resumed_global_step is not None:
+            return self.shard_loader.epoch, 0
+        return epochs_trained, steps_trained
+
+    def _run_epoch(self, **kwargs: Any) -> Any:
+        # Each pass sized by what it yields: the rest of a resumed epoch, else a whole epoch at
+        # this world size (Trainer's own figures are the first pass's, read once).
+        if kwargs.get("train_dataloader") is self.shard_loader:
+            batches = self.shard_loader.pass_batches(kwargs["epoch"])
+            kwargs["steps_in_epoch"] = batches
+            kwargs["num_update_steps_per_epoch"] = _updates(batches, self.args.gradient_accumulation_steps)
+        return super()._run_epoch(**kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         # Every rank runs this hook, in step: the state's reserve-use gather is a collective.
