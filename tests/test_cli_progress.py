@@ -64,3 +64,27 @@ def test_validate_draws_progress_on_a_terminal_and_not_in_a_pipe(tmp_path):
     assert piped.returncode == 0
     assert b"\r" not in piped.stdout + piped.stderr and b"ETA" not in piped.stdout + piped.stderr
     assert b"result: all samples valid (exit status 0)" in piped.stdout
+
+
+def test_a_count_pass_draws_progress_on_a_terminal_and_counts_the_same(tmp_path):
+    """count_tokens (as count_patches and count_interleaved: one counting driver) shows files,
+    units, bytes, rate and ETA on a terminal, ends with a summary line, and counts exactly what it
+    counts in a pipe, where it stays quiet (issue 55)."""
+    from text_corpus import GPT2_STYLE, documents, write_parquet_corpus
+
+    files = write_parquet_corpus(str(tmp_path), documents(20)[:400], files=12)
+    script = (
+        "import json, sys; from shardstream import count_tokens; "
+        f"c = count_tokens({files!r}, tokenizer={GPT2_STYLE!r}, threads=1); "
+        "print(json.dumps([(u['url'], u['tokens']) for u in c.units]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "SHARDSTREAM_NO_PROGRESS")}
+    env["TERM"] = "xterm"
+    status, output = _run_on_pty([sys.executable, "-c", script], env)
+    assert status == 0, output
+    assert b"\rcount_tokens  " in output and b"/12 files" in output and b"units (" in output
+    assert b"12/12 files" in output and b"kB" in output, "the summary: every file, and the bytes read"
+    piped = subprocess.run([sys.executable, "-c", script], capture_output=True, env=env, timeout=120)
+    assert piped.returncode == 0 and b"\r" not in piped.stdout + piped.stderr
+    on_terminal = output.rsplit(b"\n", 2)[-2].strip()
+    assert on_terminal.decode() == piped.stdout.decode().strip(), "the same counts either way"

@@ -112,6 +112,9 @@ def _slurm_env(rank: int, world: int, port: int | None) -> dict[str, str]:
         "SLURM_LOCALID": str(rank),
         "SLURM_NTASKS": str(world),
         "SLURM_TASKS_PER_NODE": f"{world}(x1)",
+        # What srun sets for each task of a step (the batch script itself has none of these).
+        "SLURM_STEP_NUM_TASKS": str(world),
+        "SLURM_STEP_TASKS_PER_NODE": f"{world}(x1)",
     }
     if port is not None:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

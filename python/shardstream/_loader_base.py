@@ -17,7 +17,7 @@ from typing import Any
 from shardstream import _core, _workers
 from shardstream._buffers import BufferPool, lend
 from shardstream._stats import merge_stats
-from shardstream._system import default_loader_threads, torchrun_rank_world
+from shardstream._system import default_loader_threads, launch_rank_world
 from shardstream._workers import WorkerSync, in_worker, open_workers
 from shardstream.errors import MissingDependencyError, ShardError, from_core_fault
 
@@ -37,7 +37,7 @@ def distributed_rank_world(rank: int | None, world_size: int | None) -> tuple[in
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
     else:
-        r, w = torchrun_rank_world()
+        r, w = launch_rank_world()
     return (r if rank is None else rank), (w if world_size is None else world_size)
 
 
@@ -52,7 +52,7 @@ class LoaderBase:
         self, rank: int | None, world_size: int | None, threads: int | None, prefetch: int, pin: bool | None
     ) -> None:
         self._rank_arg, self._world_arg = rank, world_size
-        self.threads = threads or default_loader_threads()
+        self._threads_arg = threads
         self.prefetch = max(1, prefetch)
         # The batches in flight, the one in use and the one just let go (_buffers).
         self._buffers = BufferPool(keep=self.prefetch + 2)
@@ -73,6 +73,16 @@ class LoaderBase:
         """This process's rank: the ``rank`` argument, else ``torch.distributed``'s, else
         ``RANK``, else 0 (read each time: a process group made after the loader counts)."""
         return distributed_rank_world(self._rank_arg, self._world_arg)[0]
+
+    @property
+    def threads(self) -> int:
+        """Threads of each pipeline this loader runs: ``threads`` as given (each DataLoader
+        worker runs a pipeline of that many), else this rank's share of the node's cores split
+        among its DataLoader workers (a worker of K gets 1/K of the share: K workers that each
+        took the whole share ran K times the cores)."""
+        if self._threads_arg:
+            return int(self._threads_arg)
+        return max(1, default_loader_threads() // max(1, self._num_workers))
 
     @property
     def world_size(self) -> int:

@@ -81,9 +81,12 @@ class LoaderConfig:
         shuffle_buffer: Samples in each reader's shuffle block (default 1000). Larger mixes
             more and costs ``shuffle_buffer`` decoded samples' worth of memory per reader; 1
             reads in plan order. Values below 1 are taken as 1.
-        threads: Decode threads of the Rust pipeline per loader (per DataLoader worker with
-            :meth:`ShardLoader.dataloader`). None (default): this process's cores divided by
-            the ranks torchrun started on the node (``LOCAL_WORLD_SIZE``).
+        threads: Decode threads of the Rust pipeline per loader, or per DataLoader worker with
+            :meth:`ShardLoader.dataloader` (each worker runs a pipeline of its own). None
+            (default): this process's cores divided by the ranks started on the node
+            (``LOCAL_WORLD_SIZE``, or an ``srun`` step's tasks on the node), and that share
+            divided again among the rank's DataLoader workers, so a rank never runs more
+            decode threads than its share of the cores, however many workers it has.
         drop_last: Drop the remainder of the epoch smaller than one global batch (default True),
             so every batch is full; the dropped samples are counted in ``stats["remainder"]``
             with their keys. False: the last batch of a rank may be smaller.

@@ -48,6 +48,7 @@ class Progress:
         *,
         total: int | None = None,
         unit: str = "shards",
+        items: str = "samples",
         stream: TextIO | None = None,
         enabled: bool | None = None,
         interval: float = 0.2,
@@ -55,6 +56,8 @@ class Progress:
         self.label = label
         self.total = total
         self.unit = unit
+        # What ``advance(samples=...)`` counts inside the units (samples of shards, row groups of files).
+        self.items = items
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = progress_wanted(self.stream) if enabled is None else enabled
         self.interval = interval
@@ -89,7 +92,7 @@ class Progress:
         parts = [self.label]
         parts.append(f"{self.done}/{self.total} {self.unit}" if self.total else f"{self.done} {self.unit}")
         if self.samples:
-            parts.append(f"{self.samples:,} samples ({self.samples / elapsed:,.0f}/s)")
+            parts.append(f"{self.samples:,} {self.items} ({self.samples / elapsed:,.0f}/s)")
         if self.bytes:
             parts.append(f"{human_bytes(self.bytes)} ({human_bytes(self.bytes / elapsed)}/s)")
         if self.total and 0 < self.done < self.total:

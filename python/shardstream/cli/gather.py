@@ -58,6 +58,9 @@ class RankGroup:
         if not dist.is_available():
             raise RuntimeError("this torch build has no torch.distributed; pass --no-distributed")
         if not dist.is_initialized():
+            from shardstream._system import require_rendezvous
+
+            require_rendezvous(self.world)  # srun's tasks without an address: one line, not a hang
             dist.init_process_group("gloo", rank=self.rank, world_size=self.world, timeout=self.timeout)
             self._owned = True
         elif needs_gloo_subgroup(str(dist.get_backend())):

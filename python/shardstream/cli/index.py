@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from .._system import torchrun_rank_world
+from .._system import launch_rank_world
 from ..progress import Progress, human_bytes
 from ..urls import Shard
 from ..validation import ScanOptions
@@ -141,7 +141,7 @@ def _scan_index(args: argparse.Namespace, shards: list[Shard]) -> int:
 
     start = time.perf_counter()
     options = scan_options(args)
-    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
+    rank, world = launch_rank_world() if args.distributed else (0, 1)
     threads = args.threads or default_threads(shards, decode=options.decode)
     quiet = args.quiet or rank != 0
     urls = [index_name(s) for s in shards]
@@ -317,7 +317,7 @@ def _on_rank_zero(args: argparse.Namespace, work: Any) -> int:
     from ..errors import ShardError
     from .gather import RankGroup
 
-    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
+    rank, world = launch_rank_world() if args.distributed else (0, 1)
     if world == 1:
         return int(work())
     with RankGroup(rank, world) as group:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .._system import torchrun_rank_world
+from .._system import launch_rank_world
 from .common import EXIT_OK, EXIT_USAGE, UsageError, add_verb, print_err
 
 _DESCRIPTION = """\
@@ -84,7 +84,7 @@ def cmd_subset(args: argparse.Namespace) -> int:
     selector = Selector.make(keys=args.keys, uids=args.uids, filter=args.filter, metadata=args.metadata)
     index = load_index(args.index)
     config = index_source_config(None, {}, schemes=index.schemes())
-    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
+    rank, world = launch_rank_world() if args.distributed else (0, 1)
     with SoloGroup() if world == 1 else RankGroup(rank, world) as group:
         mine = [i for _, i in share(list(range(len(index))), rank, world)]
         kept, report = select(index, selector, shards=mine, threads=args.threads, config=config)

@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from .._files import atomic_write_json
-from .._system import torchrun_rank_world
+from .._system import launch_rank_world
 from .common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, print_err
 
 
@@ -90,7 +90,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not args.output.endswith((".json", ".json.gz")):
         print_err("index", f"-o {args.output}: token counts are one file, NAME.json or NAME.json.gz")
         return EXIT_USAGE
-    rank = torchrun_rank_world()[0] if args.distributed else 0
+    rank = launch_rank_world()[0] if args.distributed else 0
     # Counts already at -o are what a grown corpus is counted against (rank 0 reads them).
     previous = args.output if not args.rebuild and os.path.exists(args.output) else None
     start = time.perf_counter()

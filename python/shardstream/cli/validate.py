@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from .._files import atomic_write_json
-from .._system import torchrun_rank_world
+from .._system import launch_rank_world
 from ..validation import ScanOptions
 from . import text_corpus
 from .common import (
@@ -87,7 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     options = scan_options(args)
     shards = expand_specs(args.urls)
-    rank, world = torchrun_rank_world() if args.distributed else (0, 1)
+    rank, world = launch_rank_world() if args.distributed else (0, 1)
     threads = args.threads or default_threads(shards, decode=options.decode)
     if world == 1:
         results, elapsed = scan_with_progress("validate", shards, options, threads, quiet=args.quiet)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from shardstream.kinds import counts_file
+from shardstream.progress import Progress
 from shardstream.urls import Shard
 
 C = TypeVar("C")
@@ -112,7 +113,9 @@ def count_units(
         _raise_if_failed(kind, plan, error)
         counting = share(plan["count"], rank, world)
         try:
-            counted: Any = _count(kind, [shards[i] for _, i in counting], [i for _, i in counting], threads)
+            mine = [shards[i] for _, i in counting]
+            with _progress(kind, mine, rank) as progress:
+                counted: Any = _count(kind, mine, [i for _, i in counting], threads, progress)
         except Exception as e:  # every rank must reach the gather, or the others wait for it
             error, counted = e, {"error": f"rank {rank}: {type(e).__name__}: {e}"}
         gathered = group.gather_json(counted)
@@ -171,9 +174,9 @@ def _rank_world(distributed: bool) -> tuple[int, int]:
             return dist.get_rank(), dist.get_world_size()
     except ImportError:
         pass
-    from shardstream._system import torchrun_rank_world
+    from shardstream._system import launch_rank_world
 
-    return torchrun_rank_world()
+    return launch_rank_world()
 
 
 def _probe(probing: list[tuple[int, Shard]], source_options: dict[str, Any]) -> list[list[Any]]:
@@ -215,14 +218,39 @@ def _same(old: dict[str, list[dict[str, Any]]], shard: Shard, version: str | Non
     return version is not None and bool(units) and all(u.get("version") == version for u in units)
 
 
+def _progress(kind: CountingKind[Any], shards: list[Shard], rank: int) -> Progress:
+    """The pass's progress line, on rank 0's terminal only (see :mod:`shardstream.progress`)."""
+    label = kind.caller if rank == 0 else f"{kind.caller} (rank {rank})"
+    return Progress(
+        label, total=len(shards), unit="files", items="units", enabled=None if rank == 0 else False
+    )
+
+
+def _file_bytes(shard: Shard) -> int:
+    """The file's size where it is known without a request (a local file, a listed object)."""
+    if shard.listed is not None:
+        return int(shard.listed[0])
+    try:
+        return os.path.getsize(shard.url)
+    except OSError:
+        return 0
+
+
 def _count(
-    kind: CountingKind[Any], shards: list[Shard], positions: list[int], threads: int
+    kind: CountingKind[Any], shards: list[Shard], positions: list[int], threads: int, progress: Progress
 ) -> list[list[Any]]:
-    """[position, that file's unit dicts] of each file in ``shards`` (counted in one call, so the
-    threads share files)."""
+    """[position, that file's unit dicts] of each file in ``shards``: counted in one call, so the
+    threads share files; on a terminal, in calls of a few files per thread, so the progress line
+    moves (each call waits for its slowest file, a cost taken only where someone watches)."""
     if not shards:
         return []
-    results = kind.count([s.url for s in shards], threads)
+    step = len(shards) if not progress.enabled else max(1, 4 * threads)
+    results: list[dict[str, Any]] = []
+    for start in range(0, len(shards), step):
+        chunk = shards[start : start + step]
+        counted = kind.count([s.url for s in chunk], threads)
+        results += counted
+        progress.advance(len(chunk), samples=len(counted), nbytes=sum(_file_bytes(s) for s in chunk))
     # The core gives each file's units consecutively, in the order of the URLs.
     out: list[list[Any]] = []
     at = 0

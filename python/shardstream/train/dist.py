@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
-from shardstream._system import env_int, torchrun_rank_world
+from shardstream._system import env_int, launch_rank_world
 from shardstream.train.config import ConfigError, DistConfig
 
 
@@ -87,7 +87,7 @@ def _join_process_group(backend: str, cfg: DistConfig, device: torch.device) -> 
     the group gets the collective timeout ``dist.timeout_s``. Under nccl the host-side gloo group
     is made inside the same bound (its connections are where a wrong GLOO_SOCKET_IFNAME hangs);
     returned, or None."""
-    rank, world_size = torchrun_rank_world()
+    rank, world_size = launch_rank_world()
     prefix = attempt_prefix(os.environ)
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     what = (
