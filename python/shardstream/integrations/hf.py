@@ -231,7 +231,17 @@ class ShardTrainer(transformers.Trainer):
     def set_initial_training_values(self, args: Any, dataloader: Any) -> tuple[Any, ...]:
         """Trainer's sizes, with ``max_steps`` counted pass by pass (see the module docstring):
         the steps before a resume, then the pass being resumed, then whole epochs at this world
-        size up to ``num_train_epochs``. With ``max_steps`` set, epochs run until it is reached."""
+        size up to ``num_train_epochs``. With ``max_steps`` set, epochs run until it is reached.
+
+        Args:
+            args: The ``TrainingArguments``.
+            dataloader: What ``get_train_dataloader`` returned.
+
+        Returns:
+            Trainer's tuple (``num_train_epochs``, ``num_update_steps_per_epoch``,
+            ``num_examples``, ``num_train_samples``, ``total_train_batch_size``,
+            ``steps_in_epoch``, ``max_steps``).
+        """
         values = list(super().set_initial_training_values(args, dataloader))
         if dataloader is not self.shard_loader:
             return tuple(values)
