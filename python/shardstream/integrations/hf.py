@@ -231,7 +231,16 @@ class ShardTrainer(transformers.Trainer):
     def set_initial_training_values(self, args: Any, dataloader: Any) -> tuple[Any, ...]:
         """Trainer's sizes, with ``max_steps`` counted pass by pass (see the module docstring):
         the steps before a resume, then the pass being resumed, then whole epochs at this world
-        size up to ``num_train_epochs``. With ``max_steps`` set, epochs run until it is reached."""
+        size up to ``num_train_epochs``. With ``max_steps`` set, epochs run until it is reached.
+
+        Args:
+            args: The ``TrainingArguments`` Trainer passes.
+            dataloader: The training DataLoader; sized pass by pass only when it is this
+                trainer's loader, else as Trainer sizes it.
+
+        Returns:
+            Trainer's tuple of sizes (as ``transformers.Trainer.set_initial_training_values``).
+        """
         values = list(super().set_initial_training_values(args, dataloader))
         if dataloader is not self.shard_loader:
             return tuple(values)
