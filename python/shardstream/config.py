@@ -79,8 +79,9 @@ class LoaderConfig:
         seed: Seed of the epoch order, the shuffle and random crops (default 0). The same seed,
             epoch, world size and worker count give the identical order on every run.
         shuffle_buffer: Samples in each reader's shuffle block (default 1000). Larger mixes
-            more and costs ``shuffle_buffer`` decoded samples' worth of memory per reader; 1
-            reads in plan order. Values below 1 are taken as 1.
+            more and costs ``shuffle_buffer`` raw samples' worth of memory per reader (the
+            members' bytes as read, compressed images included: decoding comes after the
+            shuffle); 1 reads in plan order. Values below 1 are taken as 1.
         threads: Decode threads of the Rust pipeline per loader, or per DataLoader worker with
             :meth:`ShardLoader.dataloader` (each worker runs a pipeline of its own). None
             (default): this process's cores divided by the ranks started on the node
@@ -107,7 +108,8 @@ class LoaderConfig:
         crop: ``"center"`` (default) or ``"random"`` (a random-resized crop, as open_clip's
             training transform; seeded by ``seed`` and the epoch).
         random_crop_scale: With ``crop="random"``: the range of the crop's area as a fraction of
-            the image's (default ``(0.9, 1.0)``).
+            the image's (default ``(0.9, 1.0)``, open_clip's training transform's, which this
+            kind replaces; :class:`NaFlex` has its own default).
         random_crop_ratio: With ``crop="random"``: the range of the crop's aspect ratio, width /
             height (default ``(3/4, 4/3)``). Must satisfy ``0 < low <= high``.
         samples_per_epoch: Without an index: the global samples per epoch, which fixes the

@@ -5,8 +5,9 @@ images' patches, exact across ranks, DataLoader workers and resume.
 Two steps, as for text corpora (a count, then a loader):
 
 1. :func:`count_interleaved` reads every document once (tokenizing its text, reading only its
-   images' headers) and records how many batches every unit (a Parquet row group, a tar shard)
-   packs into: a small JSON file (:class:`InterleavedCounts`), O(units).
+   images' headers) and records how many batches every unit (a whole Parquet file, read one
+   row group at a time; a tar shard) packs into: a small JSON file (:class:`InterleavedCounts`),
+   O(units).
 2. :class:`InterleavedLoader` cuts the epoch's stream of batches (units in a seeded order) into
    equal shares per rank and worker (``plan::packed`` in the Rust core, a batch a position):
    every rank yields the same number of batches, every usable document is in exactly one batch
@@ -276,9 +277,10 @@ def count_interleaved(
     Args:
         urls: Parquet files (OBELICS layout: aligned list columns ``texts`` of strings and
             ``images`` of binary or ``datasets`` Image structs, one of the two non-null at each
-            position; a unit is a row group) and WebDataset tars (MINT-1T layout: ``KEY.json``
-            with ``texts`` and ``images`` lists, an image entry naming a member of the sample by
-            extension, ``"0.jpg"`` for ``KEY.0.jpg``; a unit is a shard), as
+            position; a unit is the whole file, read one row group at a time) and WebDataset
+            tars (MINT-1T layout: ``KEY.json`` with ``texts`` and ``images`` lists, an image
+            entry naming a member of the sample by extension, ``"0.jpg"`` for ``KEY.0.jpg``; a
+            unit is a shard), as
             :class:`~shardstream.ShardLoader` takes them (disk, HTTP, ``s3://``, ``hf://``).
         tokenizer: Path of a Hugging Face ``tokenizer.json`` holding the spec's vision tokens.
         spec: The model family's image rule: :class:`QwenVL` (the default, ``QwenVL()``) or
@@ -292,6 +294,10 @@ def count_interleaved(
         images: The image list column or JSON field.
         max_images_per_document: A document with more images is skipped (``too_many_images``).
         max_document_bytes: A larger document (or tar member) is skipped (``member_too_large``).
+            Its bytes are the text and the encoded images together, up to
+            ``max_images_per_document`` of them, hence a default of 256 MiB, as a tar member's
+            (``max_member_bytes``), where a text document's (:func:`count_tokens`) is 64 MiB of
+            text alone.
         max_pixels: An image of more pixels by its header is a pixel bomb: its document is
             skipped (``too_many_pixels``) before anything is decoded; default: the loader's.
         eos_token: The token after every document; None: the tokenizer's usual EOS.

@@ -83,7 +83,9 @@ class NaFlex:
         random_crop: False: the whole image, as the processors see it (evaluation, and what
             the reference comparison assumes). True: a random crop per sample (training),
             seeded by (seed, epoch, key) like the square kind's.
-        random_crop_scale: With ``random_crop``: the crop's area as a fraction of the image's.
+        random_crop_scale: With ``random_crop``: the crop's area as a fraction of the image's
+            (default ``(0.8, 1.0)``, not the square kind's ``(0.9, 1.0)``, which is open_clip's
+            transform's: pass the range your recipe uses).
         random_crop_ratio: With ``random_crop``: the crop's aspect ratio as a factor of the
             image's own, drawn log-uniformly (jitter around the image's shape, not a square's).
 

@@ -290,7 +290,8 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         random_crop: As :class:`~shardstream.NaFlex`'s, except that the crop is resized to the
             whole image's grid (its patch count was planned from the header), so the aspect
             jitter becomes a stretch, as in RandomResizedCrop.
-        random_crop_scale: With ``random_crop``: the crop's area fraction.
+        random_crop_scale: With ``random_crop``: the crop's area fraction (default
+            ``(0.8, 1.0)``, as :class:`NaFlex`'s).
         random_crop_ratio: With ``random_crop``: the crop's aspect as a factor of the image's.
         tokenizer: Tokenize the captions in the Rust threads into ``NaFlexBatch.tokens``
             (``[b, context_length]`` int64), as :class:`~shardstream.LoaderConfig`'s

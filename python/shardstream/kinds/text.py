@@ -149,6 +149,8 @@ def count_tokens(
         bos_token: Token put before every document; None: none.
         max_document_bytes: A larger document is skipped (reason ``member_too_large``), never
             held whole; for JSONL the limit is on the line (the JSON object around the text).
+            64 MiB of text by default; an interleaved document's cap
+            (:func:`count_interleaved`) is 256 MiB because it holds its images' bytes too.
         threads: Threads reading and tokenizing (default: this process's share of the cores).
         output: If given, the counts are also saved there (see :meth:`TokenCounts.save`).
         source: How the files are fetched (S3 endpoint, cache, ...).
