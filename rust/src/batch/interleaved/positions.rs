@@ -202,4 +202,58 @@ mod tests {
         assert_eq!(&text[2..], &[0, 1, 2]);
         assert_eq!(&t[2..], &[0, 1, 2]);
     }
+
+    /// The cost of the positions per token slot, on a batch of 8 rows of 4,096 tokens of
+    /// documents with two images each (a timing, not a check: `cargo test --release --lib
+    /// positions::tests::cost -- --ignored --nocapture`). 1.6 to 2.2 ns on the shared machine.
+    #[test]
+    #[ignore]
+    fn cost() {
+        let grid = Grid { t: 1, h: 32, w: 32 };
+        let d = doc(vec![
+            Item::Text((0..200).collect()),
+            Item::Image {
+                bytes: Vec::new(),
+                grid,
+                tokens: 258,
+            },
+            Item::Text((0..300).collect()),
+            Item::Image {
+                bytes: Vec::new(),
+                grid: Grid { t: 1, h: 20, w: 28 },
+                tokens: 142,
+            },
+            Item::Text((0..100).collect()),
+        ]);
+        let run = Run {
+            doc: d.clone(),
+            from: Cursor { item: 0, offset: 0 },
+            to: Cursor { item: 5, offset: 0 },
+        };
+        let (rows, len) = (8usize, 4096usize);
+        let n = rows * len;
+        let [mut a, mut b, mut c, mut e] = super::tests::rows(n);
+        let rounds = 200;
+        let started = std::time::Instant::now();
+        let mut tokens = 0usize;
+        for _ in 0..rounds {
+            let mut r = PositionRows {
+                text: &mut a,
+                t: &mut b,
+                h: &mut c,
+                w: &mut e,
+            };
+            for row in 0..rows {
+                let mut at = row * len;
+                while at + d.tokens <= (row + 1) * len {
+                    at = write_run(&mut r, &run, at, Rope::MRope { merge: 2 }, || true);
+                }
+                tokens += at - row * len;
+                r.padding(at, (row + 1) * len);
+            }
+        }
+        let ns = started.elapsed().as_nanos() as f64 / (rounds * n) as f64;
+        println!("positions: {ns:.2} ns per token slot ({tokens} document tokens)");
+        std::hint::black_box((&a, &b, &c, &e));
+    }
 }
