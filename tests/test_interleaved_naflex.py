@@ -118,3 +118,21 @@ def test_a_patch_cap_under_one_largest_image_is_refused(corpus):
         count_interleaved(
             path, tokenizer=tokenizer, spec=SPEC, seq_len=SEQ_LEN, batch_size=1, max_patches_per_batch=100
         )
+
+
+def test_positions_are_one_d_and_restart_at_every_run(corpus):
+    """Under NaFlex a run's positions are 1-D, images included: 0, 1, 2, ... over each
+    document's run in a row (and each row's padding), the same on all four rows of
+    ``packed_position_ids``, so a model masks and positions each document as if alone."""
+    tokenizer, docs, path = corpus
+    counts = count_interleaved(path, tokenizer=tokenizer, spec=SPEC, seq_len=512, batch_size=2, eos_token=EOS)
+    runs = 0
+    for b in InterleavedLoader(counts, pad_token_id=PAD):
+        packed = b.packed_position_ids
+        assert packed.shape == (4, *b.input_ids.shape)
+        assert all(torch.equal(packed[i], b.position_ids) for i in range(4))
+        flat, cu = b.position_ids.reshape(-1), b.cu_seqlens.tolist()
+        for a, e in zip(cu[:-1], cu[1:], strict=True):
+            assert flat[a:e].tolist() == list(range(e - a))
+            runs += 1
+    assert runs > len(docs)

@@ -446,7 +446,9 @@ def interleaved_pipeline(
     """Starts the interleaved pipeline of one ``reader``: a packed plan over batches per unit
     (batch_size, seq_len and block_rows 1). ``config``: the count's keys, threads, pad_id and the
     source options. A lent buffer is the pixel region (max_patches_per_batch rows) and the int64
-    ``[3, batch_size, seq_len]`` ids, labels and positions; each batch's result is (patches,
+    ``[6, batch_size, seq_len]`` ids, labels, positions (restarting at every document's run and
+    each row's padding) and M-RoPE's (t, h, w) positions of each run as if alone (1-D under the
+    NaFlex spec); each batch's result is (patches,
     grids, cu_seqlens, max_seqlen, documents, keys, tokens). Its batches fail with ``CoreFault``
     naming the unit when it cannot be read or no longer makes its counted batches."""
 

@@ -414,7 +414,8 @@ class InterleavedBatch:
             with ``-100`` on image runs (start, pads, end), padding, and the first token of each
             sequence (it would be predicted across a document boundary).
         position_ids: ``[batch_size, seq_len]`` int64 positions restarting at 0 at every
-            document's run in a row, and over each row's padding.
+            document's run in a row, and over each row's padding: where they do not step by 1,
+            a new sequence begins (what transformers reads to keep packed documents apart).
         pixel_values: ``[patches, 3 * temporal_patch_size * patch_size**2]`` uint8, the images'
             rows in the order their runs appear in ``input_ids`` (row-major).
         image_grid_thw: ``[images, 3]`` int64 (frames, rows, columns of patches) per image.
@@ -426,6 +427,12 @@ class InterleavedBatch:
         keys: The document of each run, in order.
         tokens: Tokens of documents (the rest of ``batch_size * seq_len`` is padding).
         image_token_id: The id of ``<|image_pad|>`` (what ``mm_token_type_ids`` marks).
+        mrope_position_ids: ``[3, batch_size, seq_len]`` int64 M-RoPE (temporal, height, width)
+            positions of each document's run as ``Qwen2VLModel.get_rope_index`` gives them to
+            that run alone (a run continued from the previous row starts afresh); text tokens
+            have the same value on all three. Under :class:`NaFlexVL` each of the three rows
+            equals ``position_ids`` (1-D positions, images included). None: as ``position_ids``
+            on all three rows.
     """
 
     input_ids: Any
@@ -439,6 +446,7 @@ class InterleavedBatch:
     keys: list[str]
     tokens: int
     image_token_id: int
+    mrope_position_ids: Any = None
 
     @property
     def mm_token_type_ids(self) -> Any:
@@ -446,6 +454,22 @@ class InterleavedBatch:
         processor returns it and the model's M-RoPE reads it."""
         kind = self.input_ids == self.image_token_id
         return kind.to(torch.int32) if torch is not None else kind.astype(np.int32)
+
+    @property
+    def packed_position_ids(self) -> Any:
+        """``[4, batch_size, seq_len]`` int64: ``position_ids`` then the three M-RoPE rows, as
+        transformers' Qwen2-VL takes the positions of a packed batch (``position_ids`` of that
+        shape, no ``attention_mask``): each document's run attends to itself alone and is
+        positioned as if alone."""
+        if torch is None:
+            return np.concatenate([self.position_ids[None], self._mrope()])
+        return torch.cat([torch.as_tensor(self.position_ids)[None], torch.as_tensor(self._mrope())])
+
+    def _mrope(self) -> Any:
+        if self.mrope_position_ids is not None:
+            return self.mrope_position_ids
+        p = self.position_ids
+        return p[None].expand(3, -1, -1) if torch is not None else np.broadcast_to(p[None], (3, *p.shape))
 
     @property
     def padding(self) -> int:
@@ -466,8 +490,14 @@ class QwenVLCollator:
     (the pixels are moved as uint8 and normalised there). A batch without images gives neither
     ``pixel_values`` nor ``image_grid_thw``.
 
-    The model computes its M-RoPE positions over each row as one sequence; ``position_ids`` and
-    ``cu_seqlens`` (per document) stay on the batch for a model or kernel that takes them.
+    Packed rows are isolated: ``position_ids`` is the batch's ``[4, batch_size, seq_len]``
+    :attr:`~InterleavedBatch.packed_position_ids` and no ``attention_mask`` is given, so the
+    model (transformers 5.x) masks attention between the documents of a row, for every attention
+    implementation, and positions each as if alone: a document's logits are those it has fed
+    alone. ``use_cache=False`` is given too: with a cache (the config's default, in training
+    too) transformers skips the packed-sequence mask. ``cu_seqlens`` stays on the batch for a
+    kernel of your own: passed to the model, its vision tower would take it for the images'
+    (``vision_utils`` pops ``cu_seqlens``).
 
     Args:
         image_mean: Per-channel mean (default: the Qwen2-VL processor's).
@@ -496,6 +526,11 @@ class QwenVLCollator:
             "input_ids": move(batch.input_ids),
             "labels": move(batch.labels),
             "mm_token_type_ids": move(batch.mm_token_type_ids),
+            # Moved apart (pinned rows stay pinned), joined where they land.
+            "position_ids": torch.cat([move(batch.position_ids)[None], move(batch._mrope())]),
+            # With a cache (the config's default, in training too) transformers skips the
+            # packed-sequence mask: documents would attend across.
+            "use_cache": False,
         }
         rows, width = batch.pixel_values.shape
         if rows == 0:  # a batch of text alone: the vision tower is not run
@@ -584,7 +619,8 @@ class InterleavedLoader(UnitPlanLoader):
         return (self.world_size, self._num_workers, 1, 1, 1)
 
     def _layout(self) -> tuple[tuple[tuple[int, ...], Any], tuple[tuple[int, ...], Any] | None]:
-        return ((self._pixel_bytes,), np.uint8), ((3, self.batch_size, self.seq_len), np.int64)
+        # ids, labels, position_ids, then the three M-RoPE rows.
+        return ((self._pixel_bytes,), np.uint8), ((6, self.batch_size, self.seq_len), np.int64)
 
     def _iterate(self, worker: int, workers: int) -> Iterator[InterleavedBatch]:
         config = dict(self._config, threads=self.threads)
@@ -608,6 +644,7 @@ class InterleavedLoader(UnitPlanLoader):
             keys=list(keys),
             tokens=int(tokens),
             image_token_id=self._image_token_id,
+            mrope_position_ids=ints[3:6],
         )
         return batch, None
 

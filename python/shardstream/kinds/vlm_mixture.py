@@ -144,12 +144,13 @@ class VlmMixture(RowMixture):
     def _join(self, parts: list[InterleavedBatch | TextBatch]) -> InterleavedBatch:
         import torch
 
-        ids, labels, positions, pixels, grids, keys = [], [], [], [], [], []
+        ids, labels, positions, mrope, pixels, grids, keys = [], [], [], [], [], [], []
         documents = tokens = 0
         for p in parts:
             ids.append(torch.as_tensor(p.input_ids))
             positions.append(torch.as_tensor(p.position_ids))
             if isinstance(p, InterleavedBatch):
+                mrope.append(torch.as_tensor(p._mrope()))
                 labels.append(torch.as_tensor(p.labels))
                 pixels.append(torch.as_tensor(p.pixel_values))
                 grids.append(torch.as_tensor(p.image_grid_thw))
@@ -157,6 +158,8 @@ class VlmMixture(RowMixture):
                 documents += p.documents
                 tokens += p.tokens
             else:
+                # Text alone: M-RoPE's three rows are its 1-D positions (get_rope_index's rule).
+                mrope.append(positions[-1][None].expand(3, -1, -1))
                 label = torch.as_tensor(p.input_ids).clone()
                 # Each sequence's first token is not predicted across a boundary (as the
                 # interleaved rows): its label is masked.
@@ -175,4 +178,5 @@ class VlmMixture(RowMixture):
             keys=keys,
             tokens=tokens,
             image_token_id=self._image_token_id,
+            mrope_position_ids=torch.cat(mrope, dim=1),
         )

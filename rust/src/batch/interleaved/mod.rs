@@ -7,7 +7,8 @@
 //! (a tar's image-caption pair as a one-image document), `spec` (Qwen2-VL's image rule: grid,
 //! token run, `pixel_values` layout), `vision` (the spec a corpus is read under: Qwen2-VL or
 //! NaFlex), `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
-//! rows, deterministically per unit), `count` (the count pass: batches per unit) and `pipeline`
+//! rows, deterministically per unit), `positions` (each run's positions as the model gives them to
+//! the run alone: text and M-RoPE), `count` (the count pass: batches per unit) and `pipeline`
 //! (one reader's planned batches, decoded into the lent buffers).
 //!
 //! Its plan is `plan::packed` over batches, one position per batch, as the token-budget NaFlex
@@ -21,6 +22,7 @@ mod documents;
 mod measure;
 mod pack;
 mod pipeline;
+mod positions;
 mod spec;
 mod vision;
 

@@ -4,6 +4,7 @@
 //! read thread (visited units, file order): documents in chunks ──▶ batcher, on the pool:
 //!   measure a chunk (tokenize, image headers), pack, keep this reader's planned batches,
 //!   decode their images into the lent buffer ──▶ ids, labels, positions, pixel_values
+//!   (positions: each document's run as if alone, `positions`)
 //! ```
 //!
 //! Memory is bounded by configuration: a few chunks of documents, one unit's open batch, the
@@ -25,6 +26,7 @@ use super::count::{measure_chunk, CHUNK};
 use super::documents::{DocumentResult, UnitDocuments};
 use super::measure::Item;
 use super::pack::{Cursor, PackedBatch, Packer};
+use super::positions::{write_run, PositionRows};
 use super::spec::Grid;
 use super::vision::VisionSpec;
 use super::InterleavedSpec;
@@ -49,6 +51,10 @@ const MAX_FAULTS_KEPT: usize = 1000;
 
 /// Labels of tokens no loss is taken on: image runs, padding, a sequence's first token.
 pub const IGNORE: i64 = -100;
+
+/// Rows of `[rows, seq_len]` int64 in a lent token region: ids, labels, then the four position
+/// rows (`positions`: per-document text positions, M-RoPE t, h, w).
+pub const INT_ROWS: usize = 6;
 
 thread_local! {
     static WORKER: std::cell::RefCell<(Worker, Vec<u8>)> =
@@ -144,7 +150,7 @@ pub type InterleavedPipeline = Pipeline<InterleavedBatches, InterleavedStats>;
 
 /// Starts the pipeline of `reader` (a packed plan over batches: one position per batch). A
 /// lent buffer has two regions: `pixel_values` (`max_patches x row_len` bytes) and the int64
-/// `[3, rows, seq_len]` ids, labels and positions.
+/// `[INT_ROWS, rows, seq_len]` ids, labels and the four position rows (`positions`).
 pub fn start(
     input: Arc<InterleavedInput>,
     order: &UnitOrder,
@@ -166,7 +172,7 @@ pub fn start(
             },
             Need {
                 name: "token",
-                bytes: 3 * shape.rows * shape.seq_len * 8,
+                bytes: INT_ROWS * shape.rows * shape.seq_len * 8,
             },
         ],
         batches_left: Some(batches_left),
@@ -409,19 +415,19 @@ impl InterleavedBatches {
     fn fill(&mut self, lent: &mut Lent, batch: PackedBatch) -> InterleavedMeta {
         let spec = &self.input.spec;
         let (rows, len) = (spec.shape.rows, spec.shape.seq_len);
+        let cells = rows * len;
         let vision = &spec.vision;
         let row_len = vision.row_len();
         let (ints, pixels) = lent.pair::<i64, u8>(
-            (1, 3 * rows * len),
+            (1, INT_ROWS * cells),
             (0, spec.shape.max_patches as usize * row_len),
         );
         let ints = ints.expect("a lent token region");
         let pixels = pixels.expect("a lent pixel region");
-        let (ids, rest) = ints.split_at_mut(rows * len);
-        let (labels, positions) = rest.split_at_mut(rows * len);
+        let (ids, rest) = ints.split_at_mut(cells);
+        let (labels, rest) = rest.split_at_mut(cells);
         ids.fill(self.input.pad_id as i64);
         labels.fill(IGNORE);
-        positions.fill(0);
         let mut meta = InterleavedMeta {
             patches: 0,
             grids: Vec::new(),
@@ -439,10 +445,11 @@ impl InterleavedBatches {
             meta.cu_seqlens.push(last + n as i32);
         };
         let start_of_doc = Cursor { item: 0, offset: 0 };
+        let runs_of = |r: usize| batch.rows.get(r).map_or(&[][..], |row| &row.runs[..]);
         for r in 0..rows {
             let row_start = r * len;
             let mut at = row_start;
-            for run in batch.rows.get(r).map_or(&[][..], |row| &row.runs[..]) {
+            for run in runs_of(r) {
                 meta.documents += (run.from == start_of_doc) as usize;
                 meta.keys.push(run.doc.key.clone());
                 let start = at;
@@ -452,14 +459,12 @@ impl InterleavedBatches {
                             for &t in &tokens[a..b] {
                                 ids[at] = t as i64;
                                 labels[at] = if at == start { IGNORE } else { t as i64 };
-                                positions[at] = (at - start) as i64;
                                 at += 1;
                             }
                         }
                         Item::Context(tokens) => {
                             for &t in &tokens[a..b] {
                                 ids[at] = t as i64;
-                                positions[at] = (at - start) as i64;
                                 at += 1;
                             }
                         }
@@ -470,7 +475,6 @@ impl InterleavedBatches {
                         } => {
                             for t in vision.run(*grid) {
                                 ids[at] = t as i64;
-                                positions[at] = (at - start) as i64;
                                 at += 1;
                             }
                             images.push((bytes, *grid, at - tokens, *tokens));
@@ -482,17 +486,16 @@ impl InterleavedBatches {
             meta.tokens += at - row_start;
             let pad = row_start + len - at;
             if pad > 0 {
-                for (k, p) in positions[at..row_start + len].iter_mut().enumerate() {
-                    *p = k as i64;
-                }
                 sequence(&mut meta, pad);
             }
         }
         let results = self.decode(pixels, &images);
         // Dropped images: their tokens become padding; the rows of the rest move up.
         let mut from = 0usize;
+        let mut kept = Vec::with_capacity(images.len());
         for ((_, grid, first, tokens), result) in images.iter().zip(results) {
             let n = grid.patches() as usize;
+            kept.push(result.is_ok());
             match result {
                 Ok(()) => {
                     if from != meta.patches {
@@ -517,6 +520,22 @@ impl InterleavedBatches {
                 }
             }
             from += n;
+        }
+        // Positions last: a dropped image's tokens are text to the model.
+        let (text, rest) = rest.split_at_mut(cells);
+        let (t, rest) = rest.split_at_mut(cells);
+        let (h, w) = rest.split_at_mut(cells);
+        let mut positions = PositionRows { text, t, h, w };
+        let rope = vision.rope();
+        let mut kept = kept.into_iter();
+        for r in 0..rows {
+            let mut at = r * len;
+            for run in runs_of(r) {
+                at = write_run(&mut positions, run, at, rope, || {
+                    kept.next().expect("one flag an image")
+                });
+            }
+            positions.padding(at, (r + 1) * len);
         }
         let s = &self.stats;
         s.batches.fetch_add(1, Ordering::Relaxed);

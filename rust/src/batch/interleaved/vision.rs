@@ -9,6 +9,7 @@
 //! each row `(y, x, channel)` as `Siglip2ImageProcessor` lays them out; in the text, a start
 //! token, one pad token per patch and an end token.
 
+use super::positions::Rope;
 use super::spec::{Grid, QwenVlSpec};
 use crate::batch::naflex::MAX_NUM_PATCHES;
 use crate::batch::sample::Rejection;
@@ -107,6 +108,17 @@ impl VisionSpec {
         match self {
             VisionSpec::Qwen(q) => q.row_len(),
             VisionSpec::NaFlex(n) => 3 * (n.patch_size as usize).pow(2),
+        }
+    }
+
+    /// How an image run is positioned: Qwen2-VL's M-RoPE over its merge blocks; NaFlex's run
+    /// is 1-D, as its text (a SigLIP 2 tower gives the language model a sequence of tokens).
+    pub fn rope(&self) -> Rope {
+        match self {
+            VisionSpec::Qwen(q) => Rope::MRope {
+                merge: q.merge_size,
+            },
+            VisionSpec::NaFlex(_) => Rope::Flat,
         }
     }
 
