@@ -325,6 +325,28 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(MAGIC.to_vec(), flate2::Compression::fast());
         gz.write_all(&body).unwrap();
         assert!(decode(&gz.finish().unwrap()).is_err());
+        // A detail block of 0 bytes (a block ends in its checksum): refused by name.
+        let mut body = Vec::new();
+        let header = br#"{"format":"shardstream-index","version":2,"num_shards":1,"fingerprint":"0","detail_files":["d.bin"]}"#;
+        put_varint(&mut body, header.len() as u64);
+        body.extend_from_slice(header);
+        put_str(&mut body, "s3://b/00000.tar");
+        for v in [0, 1] {
+            put_varint(&mut body, v); // size unknown, 1 sample
+        }
+        body.push(HAS_DETAIL);
+        put_str(&mut body, "");
+        for v in [0, 0, 0, 0] {
+            put_varint(&mut body, v); // file 0, offset 0, length 0; no invalid sample
+        }
+        put_checksum(&mut body);
+        let mut gz = flate2::write::GzEncoder::new(MAGIC.to_vec(), flate2::Compression::fast());
+        gz.write_all(&body).unwrap();
+        let err = decode(&gz.finish().unwrap()).unwrap_err().to_string();
+        assert!(
+            err.contains("00000.tar") && err.contains("0 bytes long"),
+            "{err}"
+        );
         // A newer version is named as such.
         let mut body = Vec::new();
         let header =
