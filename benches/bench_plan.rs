@@ -43,7 +43,6 @@ fn dataset() -> Vec<ShardCounts> {
             ShardCounts {
                 num_samples: n,
                 invalid,
-                whole: false,
             }
         })
         .collect()
@@ -145,7 +144,7 @@ fn main() {
                 })
                 .collect();
             e.size = Some(offsets[c.num_samples as usize] + 1024);
-            e.offsets = Some(offsets);
+            e.extra_mut().offsets = Some(offsets);
             e
         })
         .collect();

@@ -128,7 +128,7 @@ impl DatasetIndex {
     /// Whether the index is a subset (its shards keep only selected samples).
     #[getter]
     fn is_subset(&self) -> bool {
-        self.index.shards().iter().any(|s| s.selection.is_some())
+        self.index.shards().iter().any(|s| s.selection().is_some())
     }
 
     /// The same index, opening shard i at `urls[i]` and naming it `displays[i]` in messages.
@@ -170,7 +170,13 @@ impl DatasetIndex {
         self.index
             .shards()
             .iter()
-            .map(|s| (s.url.clone(), s.size, s.identity.clone()))
+            .map(|s| {
+                (
+                    s.url.clone(),
+                    s.size,
+                    s.identity.as_deref().map(String::from),
+                )
+            })
             .collect()
     }
 

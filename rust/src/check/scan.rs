@@ -231,19 +231,20 @@ impl ShardReport {
         let mut entry = ShardEntry::new(url, self.samples);
         entry.size = Some(self.bytes);
         entry.compressed = self.compressed;
+        let extra = entry.extra_mut();
         if self.fatal.is_none() && self.offsets.len() as u64 == self.samples + 1 {
-            entry.offsets = Some(self.offsets.clone());
+            extra.offsets = Some(self.offsets.clone());
         }
         if with_keys {
-            entry.keys = Some(self.keys.clone());
+            extra.keys = Some(self.keys.clone());
         }
-        entry.identity = self.identity.clone();
         // Row groups describe the file only when every row of it was read.
-        entry.row_groups = self
+        extra.row_groups = self
             .row_groups
             .as_ref()
             .filter(|g| self.fatal.is_none() && g.iter().sum::<u64>() == self.samples)
-            .map(|g| Arc::new(g.clone()));
+            .cloned();
+        entry.identity = self.identity.as_deref().map(Into::into);
         let mut invalid = self.invalid.clone();
         invalid.sort_by_key(|i| i.ordinal);
         invalid.dedup_by_key(|i| i.ordinal);
@@ -342,9 +343,9 @@ mod tests {
         // What an index records of it.
         let entry = report.to_index_entry("shards/s.tar", true);
         assert_eq!(entry.num_samples, 5);
-        assert_eq!(entry.offsets.as_deref(), Some(&report.offsets[..]));
+        assert_eq!(entry.offsets(), Some(&report.offsets[..]));
         assert_eq!(&entry.invalid[..], &[1, 3, 4]);
-        assert_eq!(entry.keys.as_deref(), Some(&report.keys[..]));
+        assert_eq!(entry.keys(), Some(&report.keys[..]));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -455,7 +456,7 @@ mod tests {
             Some((Reason::CorruptTar, SourceKind::Other))
         );
         assert_eq!((report.samples, report.offsets.clone()), (1, vec![0]));
-        assert_eq!(report.to_index_entry("g.tar", false).offsets, None);
+        assert_eq!(report.to_index_entry("g.tar", false).offsets(), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

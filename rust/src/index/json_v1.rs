@@ -3,12 +3,12 @@
 //! per-sample detail (the version-2 layout, `manifest` + `detail`, is for the rest).
 
 use super::{
-    shard_error, Index, IndexError, InvalidSample, ShardEntry, INDEX_FORMAT, INDEX_VERSION,
+    shard_error, Index, IndexError, InvalidSample, ShardEntry, ShardExtra, INDEX_FORMAT,
+    INDEX_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::io::{Read, Write};
-use std::sync::Arc;
 
 /// Tar headers start on 512-byte boundaries, so offsets are written in these units when they can be.
 const TAR_BLOCK: u64 = 512;
@@ -34,7 +34,7 @@ struct WireShard {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     offsets: Option<WireOffsets>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    identity: Option<String>,
+    identity: Option<Box<str>>,
     /// A Parquet file's rows per row group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     row_groups: Option<Vec<u64>>,
@@ -128,8 +128,8 @@ fn maybe_gunzip(bytes: &[u8], limit: u64) -> Result<Cow<'_, [u8]>, IndexError> {
 /// The invalid samples as version 1 writes them: with their details when in memory, else (an
 /// index loaded from a folder, whose details stay in its detail blocks) by ordinal only.
 fn invalid_details(shard: &ShardEntry) -> Vec<InvalidSample> {
-    if !shard.invalid_details.is_empty() || shard.invalid.is_empty() {
-        return shard.invalid_details.clone();
+    if !shard.invalid_details().is_empty() || shard.invalid.is_empty() {
+        return shard.invalid_details().to_vec();
     }
     shard
         .invalid
@@ -170,25 +170,20 @@ pub fn parse(bytes: &[u8], limit: u64) -> Result<Index, IndexError> {
         .into_iter()
         .map(|w| {
             let offsets = w.offsets.map(|o| o.decode(&w.url)).transpose()?;
-            Ok(ShardEntry {
-                selection: None,
-                url: w.url,
-                size: w.size,
-                num_samples: w.num_samples,
-                compressed: w.compressed,
+            let mut entry = ShardEntry::new(w.url, w.num_samples);
+            entry.size = w.size;
+            entry.compressed = w.compressed;
+            entry.invalid =
+                crate::plan::shared_ordinals(w.invalid.iter().map(|i| i.ordinal).collect());
+            entry.identity = w.identity;
+            entry.set_extra(ShardExtra {
                 offsets,
                 keys: w.keys,
-                invalid: w
-                    .invalid
-                    .iter()
-                    .map(|i| i.ordinal)
-                    .collect::<Vec<_>>()
-                    .into(),
                 invalid_details: w.invalid,
-                identity: w.identity,
-                detail_ref: None,
-                row_groups: w.row_groups.map(Arc::new),
-            })
+                selection: None,
+                row_groups: w.row_groups,
+            });
+            Ok(entry)
         })
         .collect::<Result<Vec<_>, IndexError>>()?;
     Index::new(shards)
@@ -209,10 +204,10 @@ pub fn write(index: &Index) -> Vec<u8> {
             compressed: shard.compressed,
             num_samples: shard.num_samples,
             invalid: invalid_details(shard),
-            keys: shard.keys.clone(),
-            offsets: shard.offsets.as_deref().map(WireOffsets::encode),
+            keys: shard.keys().map(<[String]>::to_vec),
+            offsets: shard.offsets().map(WireOffsets::encode),
             identity: shard.identity.clone(),
-            row_groups: shard.row_groups.as_deref().cloned(),
+            row_groups: shard.row_groups().map(<[u64]>::to_vec),
         };
         serde_json::to_writer(&mut out, &wire).expect("an index entry always serializes");
     }

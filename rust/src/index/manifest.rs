@@ -65,12 +65,12 @@ pub fn encode(index: &Index) -> Vec<u8> {
             } else {
                 0
             }
-            | if s.selection.is_some() {
+            | if s.selection().is_some() {
                 HAS_SELECTION
             } else {
                 0
             }
-            | if s.row_groups.is_some() {
+            | if s.row_groups().is_some() {
                 HAS_ROW_GROUPS
             } else {
                 0
@@ -80,14 +80,14 @@ pub fn encode(index: &Index) -> Vec<u8> {
         if let Some(r) = &s.detail_ref {
             put_varint(&mut body, r.file as u64);
             put_varint(&mut body, r.offset);
-            put_varint(&mut body, r.len as u64);
+            put_varint(&mut body, r.len.get() as u64);
         }
         put_ordinals(&mut body, &s.invalid);
-        if let Some(selection) = &s.selection {
+        if let Some(selection) = s.selection() {
             put_varint(&mut body, selection.count);
             body.extend_from_slice(&selection.hash.to_le_bytes());
         }
-        if let Some(groups) = &s.row_groups {
+        if let Some(groups) = s.row_groups() {
             put_varint(&mut body, groups.len() as u64);
             for &g in groups.iter() {
                 put_varint(&mut body, g);
@@ -150,7 +150,10 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
             Some(DetailRef {
                 file: file as u32,
                 offset: d.varint().map_err(io)?,
-                len: d.bounded(u32::MAX as u64, "detail length").map_err(io)? as u32,
+                len: std::num::NonZeroU32::new(
+                    d.bounded(u32::MAX as u64, "detail length").map_err(io)? as u32,
+                )
+                .ok_or_else(|| super::shard_error(&url, "its detail block is 0 bytes long"))?,
             })
         } else {
             None
@@ -167,11 +170,11 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
                     "a subset is recorded, but no detail block holds its samples",
                 ));
             }
-            Some(Box::new(super::Selection {
+            Some(super::Selection {
                 count,
                 hash,
                 ordinals: None,
-            }))
+            })
         } else {
             None
         };
@@ -184,23 +187,27 @@ pub fn decode(bytes: &[u8]) -> Result<Index, IndexError> {
                 .map(|_| d.bounded(num_samples, "row group rows"))
                 .collect::<std::io::Result<Vec<u64>>>()
                 .map_err(|e| super::shard_error(&url, e.to_string()))?;
-            Some(std::sync::Arc::new(groups))
+            Some(groups)
         } else {
             None
         };
+        // Neither a selection nor row groups: no extra fields (a plain tar shard's case).
+        let extra = (selection.is_some() || row_groups.is_some()).then(|| {
+            Box::new(super::ShardExtra {
+                selection,
+                row_groups,
+                ..Default::default()
+            })
+        });
         shards.push(ShardEntry {
-            row_groups,
-            selection,
             compressed: flags & COMPRESSED != 0,
             url,
             size,
             num_samples,
-            offsets: None,
-            keys: None,
-            invalid: invalid.into(),
-            invalid_details: Vec::new(),
-            identity: (!identity.is_empty()).then_some(identity),
+            invalid: crate::plan::shared_ordinals(invalid),
+            identity: (!identity.is_empty()).then(|| identity.into_boxed_str()),
             detail_ref,
+            extra,
         });
     }
     d.verify_checksum().map_err(io)?;
@@ -226,8 +233,8 @@ mod tests {
     fn index() -> Index {
         let mut a = ShardEntry::new("s3://b/laion/00000.tar", 3);
         a.size = Some(6144);
-        a.offsets = Some(vec![0, 1536, 3072, 4608]);
-        a.keys = Some(vec!["k0".into(), "k1".into(), "k2".into()]);
+        a.extra_mut().offsets = Some(vec![0, 1536, 3072, 4608]);
+        a.extra_mut().keys = Some(vec!["k0".into(), "k1".into(), "k2".into()]);
         a.identity = Some("etag:\"9b2cf535f27731c974343645a3985328\"".into());
         a.set_invalid(vec![super::super::InvalidSample {
             ordinal: 1,
@@ -249,7 +256,7 @@ mod tests {
         assert_eq!(loaded.detail_files(), ["detail-00000.bin".to_string()]);
         let (a, b) = (&loaded.shards()[0], &loaded.shards()[1]);
         assert!(
-            a.offsets.is_none() && a.keys.is_none(),
+            a.offsets().is_none() && a.keys().is_none(),
             "nothing per sample in the manifest"
         );
         assert_eq!(
@@ -257,25 +264,25 @@ mod tests {
                 a.size,
                 a.num_samples,
                 &a.invalid[..],
-                a.invalid_details.len()
+                a.invalid_details().len()
             ),
             (Some(6144), 3, &[1u64][..], 0)
         );
         assert_eq!(a.identity, original.shards()[0].identity);
         assert!(b.compressed && b.detail_ref.is_none() && b.size.is_none());
         let r = a.detail_ref.unwrap();
-        let block = &blob[r.offset as usize..(r.offset + r.len as u64) as usize];
+        let block = &blob[r.offset as usize..(r.offset + r.len.get() as u64) as usize];
         let d = detail::decode(block, &a.url, 3).unwrap();
-        assert_eq!(d.offsets, original.shards()[0].offsets);
-        assert_eq!(d.keys, original.shards()[0].keys);
+        assert_eq!(d.offsets.as_deref(), original.shards()[0].offsets());
+        assert_eq!(d.keys.as_deref(), original.shards()[0].keys());
         assert_eq!(
             d.invalid,
-            original.shards()[0].invalid_details,
+            original.shards()[0].invalid_details(),
             "keys and reasons of invalid samples"
         );
         // Assembled with a newly scanned shard (an update): references are kept and remapped.
         let mut fresh = ShardEntry::new("s3://b/laion/00002.tar", 1);
-        fresh.offsets = Some(vec![0, 2048]);
+        fresh.extra_mut().offsets = Some(vec![0, 2048]);
         let scanned = Index::new(vec![fresh]).unwrap();
         let updated = Index::assemble(&[(&scanned, 0), (&loaded, 0), (&loaded, 1)]).unwrap();
         assert_eq!(updated.detail_files(), ["detail-00000.bin".to_string()]);
@@ -285,7 +292,7 @@ mod tests {
         assert_eq!(back.detail_files().len(), 2);
         let r2 = back.shards()[0].detail_ref.unwrap();
         assert_eq!(back.detail_files()[r2.file as usize], "detail-00001.bin");
-        let b2 = &blob2[r2.offset as usize..(r2.offset + r2.len as u64) as usize];
+        let b2 = &blob2[r2.offset as usize..(r2.offset + r2.len.get() as u64) as usize];
         assert_eq!(
             detail::decode(b2, &back.shards()[0].url, 1)
                 .unwrap()
@@ -318,6 +325,28 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(MAGIC.to_vec(), flate2::Compression::fast());
         gz.write_all(&body).unwrap();
         assert!(decode(&gz.finish().unwrap()).is_err());
+        // A detail block of 0 bytes (a block ends in its checksum): refused by name.
+        let mut body = Vec::new();
+        let header = br#"{"format":"shardstream-index","version":2,"num_shards":1,"fingerprint":"0","detail_files":["d.bin"]}"#;
+        put_varint(&mut body, header.len() as u64);
+        body.extend_from_slice(header);
+        put_str(&mut body, "s3://b/00000.tar");
+        for v in [0, 1] {
+            put_varint(&mut body, v); // size unknown, 1 sample
+        }
+        body.push(HAS_DETAIL);
+        put_str(&mut body, "");
+        for v in [0, 0, 0, 0] {
+            put_varint(&mut body, v); // file 0, offset 0, length 0; no invalid sample
+        }
+        put_checksum(&mut body);
+        let mut gz = flate2::write::GzEncoder::new(MAGIC.to_vec(), flate2::Compression::fast());
+        gz.write_all(&body).unwrap();
+        let err = decode(&gz.finish().unwrap()).unwrap_err().to_string();
+        assert!(
+            err.contains("00000.tar") && err.contains("0 bytes long"),
+            "{err}"
+        );
         // A newer version is named as such.
         let mut body = Vec::new();
         let header =

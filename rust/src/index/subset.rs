@@ -32,14 +32,15 @@ pub fn with_selections(
         let mut entry = index.shards()[i].clone();
         if let Some(source) = DetailSource::for_shard(index, location, i as u32) {
             let detail = source.fetch(opts, &stats)?;
-            entry.offsets = entry.offsets.or(detail.offsets);
-            entry.keys = entry.keys.or(detail.keys);
-            if entry.invalid_details.is_empty() {
-                entry.invalid_details = detail.invalid;
+            let extra = entry.extra_mut();
+            extra.offsets = extra.offsets.take().or(detail.offsets);
+            extra.keys = extra.keys.take().or(detail.keys);
+            if extra.invalid_details.is_empty() {
+                extra.invalid_details = detail.invalid;
             }
         }
         entry.detail_ref = None;
-        entry.selection = Some(Box::new(Selection::new(kept)));
+        entry.extra_mut().selection = Some(Selection::new(kept));
         shards.push(entry);
     }
     Index::new(shards).map_err(|e: IndexError| e.to_string())
@@ -60,7 +61,7 @@ pub fn shard_samples(
         Some(source) => Some(source.fetch(opts, &Arc::new(SourceStats::default()))?),
         None => None,
     };
-    let kept = match (&entry.selection, detail.as_ref()) {
+    let kept = match (entry.selection(), detail.as_ref()) {
         (Some(s), d) => match (&s.ordinals, d.and_then(|d| d.selection.as_ref())) {
             (Some(o), _) => o.to_vec(),
             (None, Some(o)) => o.clone(),
@@ -70,7 +71,10 @@ pub fn shard_samples(
             .filter(|o| entry.invalid.binary_search(o).is_err())
             .collect(),
     };
-    let keys = entry.keys.clone().or(detail.and_then(|d| d.keys));
+    let keys = entry
+        .keys()
+        .map(<[String]>::to_vec)
+        .or(detail.and_then(|d| d.keys));
     Ok((kept, keys))
 }
 
@@ -82,11 +86,11 @@ mod tests {
 
     fn index() -> Index {
         let mut a = ShardEntry::new("/d/00000.tar", 6);
-        a.offsets = Some((0..=6).map(|i| i * 1024).collect());
-        a.keys = Some((0..6).map(|i| format!("a{i}")).collect());
+        a.extra_mut().offsets = Some((0..=6).map(|i| i * 1024).collect());
+        a.extra_mut().keys = Some((0..6).map(|i| format!("a{i}")).collect());
         a.invalid = Arc::from([2u64]);
         let mut b = ShardEntry::new("/d/00001.tar", 4);
-        b.keys = Some((0..4).map(|i| format!("b{i}")).collect());
+        b.extra_mut().keys = Some((0..4).map(|i| format!("b{i}")).collect());
         Index::new(vec![a, b]).unwrap()
     }
 

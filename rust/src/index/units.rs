@@ -5,8 +5,7 @@
 //! and the row its unit-local ordinal 0 is.
 
 use super::{Index, ShardEntry};
-use crate::plan::{PlanInput, Run, ShardCounts};
-use std::sync::Arc;
+use crate::plan::{shared_ordinals, PlanInput, Run, ShardCounts};
 
 /// The units of an index, in order: each shard's units in a row, shard after shard.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,8 +20,8 @@ pub struct Units {
 /// groups and no subset (a subset's shard is planned in selected positions, whose split by row
 /// group the manifest does not record, so it stays one unit).
 fn split(shard: &ShardEntry) -> Option<&[u64]> {
-    match (&shard.row_groups, &shard.selection) {
-        (Some(groups), None) if groups.len() > 1 => Some(groups.as_slice()),
+    match (shard.row_groups(), shard.selection()) {
+        (Some(groups), None) if groups.len() > 1 => Some(groups),
         _ => None,
     }
 }
@@ -87,6 +86,8 @@ impl Index {
     /// ordinals rebased to it), and the fingerprint.
     pub fn plan_input(&self) -> PlanInput {
         let mut units = Vec::with_capacity(self.shards.len());
+        // Row groups are read whole; empty when no shard is split (a tar dataset).
+        let mut whole = Vec::new();
         for s in &self.shards {
             if let Some(groups) = split(s) {
                 let mut base = 0;
@@ -96,10 +97,11 @@ impl Index {
                         inv.partition_point(|&o| o < base),
                         inv.partition_point(|&o| o < base + g),
                     );
+                    whole.resize(units.len(), false);
+                    whole.push(true);
                     units.push(ShardCounts {
-                        whole: true,
                         num_samples: g,
-                        invalid: inv[a..b].iter().map(|&o| o - base).collect(),
+                        invalid: shared_ordinals(inv[a..b].iter().map(|&o| o - base).collect()),
                     });
                     base += g;
                 }
@@ -107,20 +109,18 @@ impl Index {
             }
             // A subset's shard is planned in *selected* positions: the plan's ordinal k is the
             // shard's k-th selected sample, which the reader looks up when it opens the shard.
-            units.push(match &s.selection {
+            units.push(match s.selection() {
                 Some(selection) => ShardCounts {
-                    whole: false,
                     num_samples: selection.count,
-                    invalid: Arc::from([]),
+                    invalid: shared_ordinals(Vec::new()),
                 },
                 None => ShardCounts {
-                    whole: false,
                     num_samples: s.num_samples,
                     invalid: s.invalid.clone(),
                 },
             });
         }
-        PlanInput::new(units, self.fingerprint())
+        PlanInput::with_whole(units, &whole, self.fingerprint())
             .expect("a validated index always gives valid counts")
     }
 }
@@ -134,10 +134,10 @@ mod tests {
     /// Parquet file of one row group.
     fn index() -> Index {
         let mut p = ShardEntry::new("/d/a.parquet", 9);
-        p.row_groups = Some(Arc::new(vec![3, 2, 4]));
-        p.invalid = Arc::from([1, 5]);
+        p.extra_mut().row_groups = Some(vec![3, 2, 4]);
+        p.invalid = vec![1, 5].into();
         let mut one = ShardEntry::new("/d/b.parquet", 2);
-        one.row_groups = Some(Arc::new(vec![2]));
+        one.extra_mut().row_groups = Some(vec![2]);
         Index::new(vec![ShardEntry::new("/d/0.tar", 4), p, one]).unwrap()
     }
 
@@ -188,17 +188,11 @@ mod tests {
         let index = index();
         let (manifest, _) = index.to_layout("detail.bin");
         let back = Index::from_bytes(&manifest).unwrap();
-        assert_eq!(
-            back.shards()[1].row_groups.as_deref().map(Vec::as_slice),
-            Some(&[3, 2, 4][..])
-        );
+        assert_eq!(back.shards()[1].row_groups(), Some(&[3, 2, 4][..]));
         assert_eq!(back.units(), index.units());
         assert_eq!(back.fingerprint(), index.fingerprint());
         let json = Index::from_json(&index.to_json()).unwrap();
-        assert_eq!(
-            json.shards()[2].row_groups.as_deref().map(Vec::as_slice),
-            Some(&[2][..])
-        );
+        assert_eq!(json.shards()[2].row_groups(), Some(&[2][..]));
         assert_eq!(json.fingerprint(), index.fingerprint());
     }
 
@@ -206,7 +200,7 @@ mod tests {
     fn the_row_group_layout_is_part_of_the_fingerprint() {
         let a = index();
         let mut relaid = a.shards().to_vec();
-        relaid[1].row_groups = Some(Arc::new(vec![5, 4]));
+        relaid[1].extra_mut().row_groups = Some(vec![5, 4]);
         let b = Index::new(relaid).unwrap();
         assert_ne!(a.fingerprint(), b.fingerprint());
         // A state saved on one layout is refused on the other.
@@ -215,7 +209,7 @@ mod tests {
         let state = plan.state(1, &[]).unwrap();
         assert!(EpochPlan::resume(&b.plan_input(), &state, config).is_err());
         let mut wrong = a.shards().to_vec();
-        wrong[1].row_groups = Some(Arc::new(vec![5, 5]));
+        wrong[1].extra_mut().row_groups = Some(vec![5, 5]);
         assert!(Index::new(wrong)
             .unwrap_err()
             .to_string()
@@ -229,7 +223,7 @@ mod tests {
         let files = (0..4)
             .map(|i| {
                 let mut e = ShardEntry::new(format!("/d/{i}.parquet"), 50);
-                e.row_groups = Some(Arc::new(vec![10; 5]));
+                e.extra_mut().row_groups = Some(vec![10; 5]);
                 e
             })
             .collect();

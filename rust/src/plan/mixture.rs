@@ -110,6 +110,7 @@ impl Mixture {
         }
         let quotas = apportion(shares, total - fixed)?;
         let mut shards: Vec<ShardCounts> = Vec::new();
+        let mut whole: Vec<bool> = Vec::new();
         let mut sources = Vec::with_capacity(parts.len());
         let mut parts_fp = Vec::with_capacity(2 * parts.len() + 2);
         parts_fp.extend([TAG_MIX, total]);
@@ -117,6 +118,7 @@ impl Mixture {
             let first_shard = u32::try_from(shards.len())
                 .map_err(|_| PlanError::Input("too many shards in the mixture".into()))?;
             shards.extend(part.shards().iter().cloned());
+            whole.extend((0..part.shards().len() as u32).map(|s| part.is_whole(s)));
             sources.push(SourceInfo {
                 first_shard,
                 num_shards: part.shards().len() as u32,
@@ -127,7 +129,7 @@ impl Mixture {
         }
         let fingerprint = derive_seed(&parts_fp);
         Ok(Self {
-            input: PlanInput::new(shards, fingerprint)?,
+            input: PlanInput::with_whole(shards, &whole, fingerprint)?,
             sources,
             total,
             fingerprint,
@@ -204,7 +206,7 @@ impl Mixture {
             if n == 0 {
                 continue;
             }
-            let rotation = if counts.whole {
+            let rotation = if self.input.is_whole(shard) {
                 0
             } else {
                 SplitMix64::new(derive_seed(&[

@@ -54,7 +54,7 @@ mod tests;
 
 pub use config::{rank_batch_order, reader_batches_done, PhaseConfig};
 pub use epoch::EpochPlan;
-pub use input::{PlanInput, ShardCounts};
+pub use input::{shared_ordinals, PlanInput, ShardCounts};
 pub use mixture::{MixedStreams, Mixture, Share};
 pub use reader::{Emitted, ReaderPlan};
 pub use shuffle::{block_order, BlockShuffle};

@@ -163,7 +163,7 @@ pub(super) fn global_sequence(input: &PlanInput, seed: u64, epoch: u64) -> Seque
         if counts.num_samples == 0 {
             continue;
         }
-        let rotation = if counts.whole {
+        let rotation = if input.is_whole(shard) {
             0
         } else {
             SplitMix64::new(derive_seed(&[TAG_ROTATION, seed, epoch, shard as u64]))

@@ -21,7 +21,6 @@ fn uneven_input() -> PlanInput {
     let shards = shape
         .iter()
         .map(|&(n, bad)| ShardCounts {
-            whole: false,
             num_samples: n,
             invalid: bad.to_vec().into(),
         })
@@ -498,7 +497,6 @@ fn bad_states_and_configurations_are_refused() {
     assert!(plan.reader(2, 0).is_err());
     assert!(plan.reader(0, 1).is_err());
     let bad_input = vec![ShardCounts {
-        whole: false,
         num_samples: 3,
         invalid: vec![3].into(),
     }];
@@ -511,7 +509,6 @@ fn the_phase_sequence_keeps_two_runs_per_shard_however_many_samples_are_invalid(
     // (that made a validated index cost ~30 bytes per invalid sample on every rank).
     let shards = (0..1000u64)
         .map(|s| ShardCounts {
-            whole: false,
             num_samples: 1000,
             invalid: (0..10).map(|i| (s * 7 + i * 97) % 1000).collect(),
         })
@@ -633,7 +630,6 @@ fn many_random_datasets_and_chains() {
                 let n = rng.below(30);
                 let invalid = (0..n).filter(|_| rng.below(8) == 0).collect();
                 ShardCounts {
-                    whole: false,
                     num_samples: n,
                     invalid,
                 }
@@ -667,7 +663,6 @@ fn three_sources(epoch_samples: Option<u64>) -> Mixture {
         [(30u64, vec![3u64, 4]), (7, vec![]), (12, vec![11])]
             .into_iter()
             .map(|(n, bad)| ShardCounts {
-                whole: false,
                 num_samples: n,
                 invalid: bad.into(),
             })

@@ -34,7 +34,7 @@ impl DetailSource {
         Some(Self {
             url: join_location(location, name),
             offset: r.offset,
-            len: r.len,
+            len: r.len.get(),
             shard_url: entry.url.clone(),
             num_samples: entry.num_samples,
         })
@@ -103,9 +103,9 @@ pub fn keys_of_runs(
         let Some(entry) = index.shard(run.shard) else {
             continue;
         };
-        let in_memory_selection = entry.selection.as_ref().and_then(|s| s.ordinals.clone());
-        let needs_detail =
-            entry.keys.is_none() || (entry.selection.is_some() && in_memory_selection.is_none());
+        let in_memory_selection = entry.selection().and_then(|s| s.ordinals.clone());
+        let needs_detail = entry.keys().is_none()
+            || (entry.selection().is_some() && in_memory_selection.is_none());
         if needs_detail {
             if let Entry::Vacant(slot) = fetched.entry(run.shard) {
                 let detail = match DetailSource::for_shard(index, location, run.shard) {
@@ -122,12 +122,12 @@ pub fn keys_of_runs(
             Some((k, s)) => (k.as_ref(), s.as_deref()),
             None => (None, None),
         };
-        let Some(shard_keys) = entry.keys.as_ref().or(detail_keys) else {
+        let Some(shard_keys) = entry.keys().or(detail_keys.map(Vec::as_slice)) else {
             continue;
         };
         // A subset's runs count selected samples: look their ordinals up.
         let selection = in_memory_selection.as_deref().or(detail_selection);
-        match (&entry.selection, selection) {
+        match (entry.selection(), selection) {
             (None, _) => keys.extend(
                 shard_keys[run.start as usize..run.end as usize]
                     .iter()

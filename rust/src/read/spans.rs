@@ -153,7 +153,7 @@ pub fn planned_spans(
                 .unwrap_or_else(|| redact_url(&entry.url));
             // A subset's run counts selected samples: with the selection in memory its ordinals
             // are known now, else the reader reads them from the detail block when it opens.
-            let (keep, selection) = match &entry.selection {
+            let (keep, selection) = match entry.selection() {
                 None => (None, None),
                 Some(s) => match &s.ordinals {
                     Some(ordinals) => {
@@ -186,11 +186,11 @@ pub fn planned_spans(
                 (None, Some(_)) => (0, 0),
                 (None, None) => (run.start, run.end),
             };
-            let (start_offset, first_ordinal) = match &entry.offsets {
+            let (start_offset, first_ordinal) = match entry.offsets() {
                 Some(offsets) if selection.is_none() => (offsets[first as usize], first),
                 _ => (0, 0),
             };
-            let detail = match entry.offsets {
+            let detail = match entry.offsets() {
                 None if first > 0 || selection.is_some() => {
                     DetailSource::for_shard(index, location, run.shard)
                 }
@@ -207,7 +207,7 @@ pub fn planned_spans(
                 display,
                 detail,
                 expected: Expected::from_identity(entry.identity.as_deref()),
-                keep_bytes: match (&keep, &entry.offsets) {
+                keep_bytes: match (&keep, entry.offsets()) {
                     (Some(k), Some(offsets)) if !entry.compressed => {
                         crate::batch::span::kept_byte_ranges(k, offsets)
                     }
@@ -228,9 +228,9 @@ mod tests {
     #[test]
     fn runs_start_at_their_offset_or_at_the_detail_block() {
         let mut with_offsets = ShardEntry::new("/d/00000.tar", 3);
-        with_offsets.offsets = Some(vec![0, 1024, 2048, 3072]);
+        with_offsets.extra_mut().offsets = Some(vec![0, 1024, 2048, 3072]);
         let mut gz = ShardEntry::new("/d/00001.tar.gz", 3);
-        gz.offsets = Some(vec![0, 1024, 2048, 3072]);
+        gz.extra_mut().offsets = Some(vec![0, 1024, 2048, 3072]);
         let counts_only = ShardEntry::new("https://h/d/00002.tar?sig=secret", 3);
         let index = Index::new(vec![with_offsets, gz, counts_only]).unwrap();
         let run = |shard, start| Run {
@@ -284,7 +284,7 @@ mod tests {
     #[test]
     fn a_version_2_index_points_mid_shard_runs_at_their_detail_block() {
         let mut a = ShardEntry::new("s3://b/d/00000.tar", 4);
-        a.offsets = Some(vec![0, 512, 1024, 1536, 2048]);
+        a.extra_mut().offsets = Some(vec![0, 512, 1024, 1536, 2048]);
         let (manifest, _) = Index::new(vec![a]).unwrap().to_layout("detail-00000.bin");
         let index = Index::from_bytes(&manifest).unwrap();
         let runs = [

@@ -220,11 +220,11 @@ fn index_entry(url: &str, n: u64, bad: &[u64], keys: bool) -> crate::index::Shar
     use crate::index::{InvalidSample, ShardEntry};
     let mut e = ShardEntry::new(url, n);
     e.size = Some(n * 2048 + 1024);
-    e.offsets = Some((0..=n).map(|i| i * 2048).collect());
+    e.extra_mut().offsets = Some((0..=n).map(|i| i * 2048).collect());
     if keys {
-        e.keys = Some((0..n).map(|i| format!("{i:05}")).collect());
+        e.extra_mut().keys = Some((0..n).map(|i| format!("{i:05}")).collect());
     }
-    e.identity = Some(format!("etag-{url}"));
+    e.identity = Some(format!("etag-{url}").into());
     e.set_invalid(
         bad.iter()
             .map(|&o| InvalidSample {
@@ -311,7 +311,8 @@ pub fn index_layout() -> &'static IndexLayout {
             .zip(crate::index::manifest::decode(&manifest).unwrap().shards())
             .filter_map(|(orig, laid)| {
                 let r = laid.detail_ref?;
-                let block = detail[r.offset as usize..(r.offset + r.len as u64) as usize].to_vec();
+                let block =
+                    detail[r.offset as usize..(r.offset + r.len.get() as u64) as usize].to_vec();
                 Some(DetailBlock {
                     url: orig.url.clone(),
                     num_samples: orig.num_samples,
