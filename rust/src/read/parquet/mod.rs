@@ -443,8 +443,8 @@ impl ParquetSamples {
             .into_iter()
             .map(|p| (p.values.into_iter(), p.too_large.into_iter().peekable()))
             .collect();
-        let mut ordinal = self.group_first + group.read;
-        for row in 0..n {
+        let first_ordinal = self.group_first + group.read;
+        for (row, ordinal) in (0..n).zip(first_ordinal..) {
             let mut large = None;
             let values: Vec<Option<Vec<u8>>> = columns
                 .iter_mut()
@@ -460,7 +460,6 @@ impl ParquetSamples {
                 let large = large.map(|(i, len)| (self.columns.columns[i].name.clone(), len));
                 self.ready.push_back(self.sample(values, ordinal, large));
             }
-            ordinal += 1;
         }
         group.read += n as u64;
         if group.read < group.rows {
