@@ -15,15 +15,18 @@
 mod chunks;
 mod footers;
 pub mod lists;
+pub(crate) mod pages;
 pub mod schema;
 pub(crate) mod values;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use parquet::basic::Compression;
+use parquet::column::reader::{get_column_reader, ColumnReader};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::ReaderProperties;
-use parquet::file::serialized_reader::SerializedRowGroupReader;
+use parquet::file::serialized_reader::{SerializedPageReader, SerializedRowGroupReader};
 
 pub use chunks::RangedFile;
 pub use schema::{ColumnKind, Feature, FileSchema};
@@ -142,6 +145,23 @@ impl ParquetFile {
         max_value_bytes: u64,
         first_row: u64,
     ) -> Result<SerializedRowGroupReader<'_, RangedFile>, ShardFault> {
+        self.fetch_chunks(group, leaves, max_value_bytes, first_row)?;
+        let meta = self.meta.row_group(group);
+        let props = Arc::new(ReaderProperties::builder().build());
+        let page_index = self.meta.page_index_for_row_group(group);
+        SerializedRowGroupReader::new(self.file.clone(), meta, page_index, props)
+            .map_err(|e| self.corrupt(format!("row group {group}: {e}")))
+    }
+
+    /// Fetches row group `group`'s chunks of `leaves` (see [`Self::row_group_reader`]),
+    /// releasing the previous row group's.
+    fn fetch_chunks(
+        &self,
+        group: usize,
+        leaves: &[usize],
+        max_value_bytes: u64,
+        first_row: u64,
+    ) -> Result<(), ShardFault> {
         let meta = self.meta.row_group(group);
         self.file.release_before(self.footer_start);
         let rows = meta.num_rows().max(0) as u64;
@@ -171,10 +191,40 @@ impl ParquetFile {
                 offset: first_row,
             })?;
         }
-        let props = Arc::new(ReaderProperties::builder().build());
-        let page_index = self.meta.page_index_for_row_group(group);
-        SerializedRowGroupReader::new(self.file.clone(), meta, page_index, props)
-            .map_err(|e| self.corrupt(format!("row group {group}: {e}")))
+        Ok(())
+    }
+
+    /// Leaf `leaf`'s column reader in row group `group` (its chunk fetched already), its pages
+    /// decompressed under the bound `value_cap` sets (`pages`), counted in the returned tally.
+    pub(crate) fn bounded_column(
+        &self,
+        group: usize,
+        leaf: usize,
+        value_cap: u64,
+    ) -> parquet::errors::Result<(ColumnReader, Arc<pages::PageTally>)> {
+        let meta = self.meta.row_group(group);
+        let chunk = meta.column(leaf);
+        // The crate reads the pages as stored; `BoundedPages` decompresses them.
+        let stored = chunk
+            .clone()
+            .into_builder()
+            .set_compression(Compression::UNCOMPRESSED)
+            .build()?;
+        let rows = meta.num_rows().max(0) as u64;
+        let inner = SerializedPageReader::new(self.file.clone(), &stored, rows as usize, None)?;
+        let descr = chunk.column_descr_ptr();
+        let tally = Arc::new(pages::PageTally::default());
+        let bounded = pages::BoundedPages::new(
+            inner,
+            chunk.compression(),
+            descr.physical_type(),
+            descr.max_def_level(),
+            descr.max_rep_level(),
+            value_cap,
+            rows,
+            tally.clone(),
+        );
+        Ok((get_column_reader(descr, Box::new(bounded)), tally))
     }
 
     /// A parquet error of this file as a shard fault (see [`fault`]).
@@ -206,6 +256,9 @@ impl ParquetFile {
             done: false,
             max_member_bytes: crate::defaults::MAX_MEMBER_BYTES,
             renamed: Vec::new(),
+            current: None,
+            piece_rows: PIECE_ROWS,
+            piece_bytes: PIECE_BYTES,
         }
     }
 }
@@ -241,6 +294,24 @@ pub struct ParquetSamples {
     max_member_bytes: u64,
     /// (column, member name): columns handed out under another name than their own.
     renamed: Vec<(String, String)>,
+    /// The row group being read, a piece at a time.
+    current: Option<GroupCursor>,
+    /// A piece's most rows, and the value bytes after which it stops early.
+    piece_rows: usize,
+    piece_bytes: usize,
+}
+
+/// Rows decoded into samples at a time: what a row group costs is a piece of it, never all.
+const PIECE_ROWS: usize = 1024;
+/// Value bytes after which a piece stops early (a piece holds at least one row).
+const PIECE_BYTES: usize = 16 << 20;
+
+/// A row group being read: one cursor a wanted column, and the rows read of its footer's count.
+struct GroupCursor {
+    columns: Vec<values::LeafCursor>,
+    tallies: Vec<Arc<pages::PageTally>>,
+    rows: u64,
+    read: u64,
 }
 
 impl ParquetSamples {
@@ -267,55 +338,160 @@ impl ParquetSamples {
         self
     }
 
-    /// Reads row group `self.group` into `ready`: fetches its wanted column chunks (one range
-    /// each), then decodes the rows.
-    fn read_group(&mut self) -> Result<(), ShardFault> {
+    /// Reads rows at most this many, and value bytes about this many, at a time (tests read a
+    /// file in pieces of one row to check that the pieces never change what it yields).
+    #[cfg(test)]
+    pub(crate) fn with_piece(mut self, rows: usize, bytes: usize) -> Self {
+        self.piece_rows = rows.max(1);
+        self.piece_bytes = bytes;
+        self
+    }
+
+    /// Opens row group `self.group`: fetches its wanted column chunks (one range each) and
+    /// makes a cursor over each.
+    fn open_group(&mut self) -> Result<GroupCursor, ShardFault> {
         let rows = self.counts[self.group];
         let leaves: Vec<usize> = self.columns.columns.iter().map(|c| c.leaf).collect();
-        let reader = self.file.row_group_reader(
-            self.group,
-            &leaves,
-            self.max_member_bytes,
-            self.group_first,
-        )?;
-        // Column by column, as bytes (`values`): one value's invalid UTF-8 is that sample's
-        // defect for its consumer to find, not the row group's failure.
-        let mut columns = Vec::with_capacity(self.columns.columns.len());
+        self.file
+            .fetch_chunks(self.group, &leaves, self.max_member_bytes, self.group_first)?;
+        let mut columns = Vec::with_capacity(leaves.len());
+        let mut tallies = Vec::with_capacity(leaves.len());
         for c in &self.columns.columns {
-            let values = values::read_leaf(&reader, c.leaf, rows as usize).map_err(|e| {
-                self.corrupt(format!(
-                    "row group {}: column {:?}: {e}",
-                    self.group, c.name
-                ))
-            })?;
-            if values.len() as u64 != rows {
+            let cursor = self
+                .file
+                .bounded_column(self.group, c.leaf, self.max_member_bytes)
+                .and_then(|(reader, tally)| {
+                    let descr = self
+                        .file
+                        .meta
+                        .row_group(self.group)
+                        .column(c.leaf)
+                        .column_descr_ptr();
+                    tallies.push(tally.clone());
+                    values::LeafCursor::new(reader, &descr, self.max_member_bytes, tally)
+                })
+                .map_err(|e| self.column_fault(c, &tallies, e))?;
+            columns.push(cursor);
+        }
+        Ok(GroupCursor {
+            columns,
+            tallies,
+            rows,
+            read: 0,
+        })
+    }
+
+    /// A column's read error as a fault: too large when its pages could not be read within
+    /// their bound, else corrupt.
+    fn column_fault(
+        &self,
+        c: &schema::MemberColumn,
+        tallies: &[Arc<pages::PageTally>],
+        e: parquet::errors::ParquetError,
+    ) -> ShardFault {
+        let large = tallies
+            .iter()
+            .find_map(|t| t.too_large.lock().expect("tally").clone());
+        let detail = format!("row group {}: column {:?}: {e}", self.group, c.name);
+        match large {
+            Some(_) => ShardFault {
+                reason: Reason::MemberTooLarge,
+                kind: SourceKind::Other,
+                detail: format!("{}: {}", self.file.display, capped_detail(detail)),
+                offset: self.group_first,
+            },
+            None => self.corrupt(detail),
+        }
+    }
+
+    /// Reads the next piece of the current row group into `ready`: up to `piece_rows` rows,
+    /// fewer once the first column's values pass `piece_bytes`.
+    fn read_piece(&mut self) -> Result<(), ShardFault> {
+        if self.current.is_none() {
+            self.current = Some(self.open_group()?);
+        }
+        let mut group = self.current.take().expect("a row group open");
+        let left = (group.rows - group.read).min(self.piece_rows as u64) as usize;
+        let mut pieces: Vec<values::Piece> = Vec::with_capacity(group.columns.len());
+        let mut n = left;
+        for (i, column) in group.columns.iter_mut().enumerate() {
+            let c = &self.columns.columns[i];
+            let mut piece = values::Piece::default();
+            // The first column sets the piece's rows; the others read as many.
+            let bytes = if i == 0 { self.piece_bytes } else { usize::MAX };
+            let got = column
+                .read(n, bytes, &mut piece)
+                .map_err(|e| self.column_fault(c, &group.tallies, e))?;
+            if i == 0 && got > 0 {
+                n = got;
+            }
+            if got != n {
                 return Err(self.corrupt(format!(
-                    "row group {} holds {} rows in column {:?}, its footer says {rows}",
+                    "row group {} holds {} rows in column {:?}, its footer says {}",
                     self.group,
-                    values.len(),
-                    c.name
+                    group.read + got as u64,
+                    c.name,
+                    group.rows
                 )));
             }
-            columns.push(values.into_iter());
+            pieces.push(piece);
         }
-        let mut ordinal = self.group_first;
-        for _ in 0..rows {
-            let row: Vec<Option<Vec<u8>>> = columns
+        if group.columns.is_empty() {
+            n = left;
+        }
+        let mut columns: Vec<_> = pieces
+            .into_iter()
+            .map(|p| (p.values.into_iter(), p.too_large.into_iter().peekable()))
+            .collect();
+        let first_ordinal = self.group_first + group.read;
+        for (row, ordinal) in (0..n).zip(first_ordinal..) {
+            let mut large = None;
+            let values: Vec<Option<Vec<u8>>> = columns
                 .iter_mut()
-                .map(|c| c.next().expect("one value a row"))
+                .enumerate()
+                .map(|(i, (values, too_large))| {
+                    if let Some((_, len)) = too_large.next_if(|(at, _)| *at == row) {
+                        large.get_or_insert((i, len));
+                    }
+                    values.next().expect("one value a row")
+                })
                 .collect();
             if ordinal >= self.first {
-                self.ready.push_back(self.sample(row, ordinal));
+                let large = large.map(|(i, len)| (self.columns.columns[i].name.clone(), len));
+                self.ready.push_back(self.sample(values, ordinal, large));
             }
-            ordinal += 1;
         }
-        self.group_first = ordinal;
+        group.read += n as u64;
+        if group.read < group.rows {
+            self.current = Some(group);
+            return Ok(());
+        }
+        // The footer's rows are read: a column holding more values is corrupt.
+        for (i, column) in group.columns.iter_mut().enumerate() {
+            let c = &self.columns.columns[i];
+            let extra = column
+                .read(1, usize::MAX, &mut values::Piece::default())
+                .map_err(|e| self.column_fault(c, &group.tallies, e))?;
+            if extra > 0 {
+                return Err(self.corrupt(format!(
+                    "row group {}: column {:?}: a column holds more values than the footer's {} rows",
+                    self.group, c.name, group.rows
+                )));
+            }
+        }
+        self.group_first += group.rows;
         self.group += 1;
         Ok(())
     }
 
     /// The sample of row `ordinal` from its `values`, one per column of `self.columns`.
-    fn sample(&self, values: Vec<Option<Vec<u8>>>, ordinal: u64) -> RawSample {
+    /// `large` names a column whose value was over the cap (and its length): it was not read.
+    fn sample(
+        &self,
+        values: Vec<Option<Vec<u8>>>,
+        ordinal: u64,
+        large: Option<(String, u64)>,
+    ) -> RawSample {
         let mut key = None;
         let mut members = Vec::with_capacity(3);
         let mut defect = None;
@@ -342,10 +518,10 @@ impl ParquetSamples {
             defect = None;
         }
         let max = self.max_member_bytes;
-        if let Some((name, bytes)) = members.iter().find(|(_, d)| d.len() as u64 > max) {
+        if let Some((name, len)) = large {
             defect = Some((
                 Reason::MemberTooLarge,
-                format!("{name}: {} bytes > {max}", bytes.len()),
+                format!("{name}: {len} bytes > {max}"),
             ));
         }
         for (name, _) in &mut members {
@@ -378,7 +554,7 @@ impl Iterator for ParquetSamples {
             if self.done || self.group >= self.counts.len() {
                 return None;
             }
-            if let Err(f) = self.read_group() {
+            if let Err(f) = self.read_piece() {
                 self.done = true;
                 return Some(Err(f));
             }

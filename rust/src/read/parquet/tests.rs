@@ -425,3 +425,197 @@ fn an_integer_key_an_image_struct_and_its_nulls_read_column_by_column() {
     assert!(samples[1].members.is_empty());
     assert!(matches!(&samples[1].defect, Some((Reason::NullImage, d)) if d.contains("row 1")));
 }
+
+/// [`write_text`] with nulls (None) and the writer's properties given: its codec, dictionary
+/// and page sizes.
+fn write_text_with(
+    path: &std::path::Path,
+    docs: &[Option<Vec<u8>>],
+    rows_per_group: usize,
+    props: WriterProperties,
+) {
+    let schema = parse_message_type("message schema { optional binary text (STRING); }").unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+    for group_docs in docs.chunks(rows_per_group) {
+        let mut group = writer.next_row_group().unwrap();
+        let values: Vec<ByteArray> = group_docs
+            .iter()
+            .flatten()
+            .map(|d| ByteArray::from(d.clone()))
+            .collect();
+        let defs: Vec<i16> = group_docs.iter().map(|d| d.is_some() as i16).collect();
+        let mut c = group.next_column().unwrap().unwrap();
+        c.typed::<ByteArrayType>()
+            .write_batch(&values, Some(&defs), None)
+            .unwrap();
+        c.close().unwrap();
+        group.close().unwrap();
+    }
+    writer.close().unwrap();
+}
+
+/// Real captions, every seventh row null and every eleventh a long document (`long` bytes of
+/// them repeated).
+fn captions_with_long_ones(n: usize, long: usize) -> Vec<Option<Vec<u8>>> {
+    let captions = real_captions(n);
+    let all = captions.join(" ").into_bytes();
+    (0..n)
+        .map(|i| match i {
+            _ if i % 7 == 3 => None,
+            _ if i % 11 == 5 => Some(all.iter().cycle().skip(i).take(long).copied().collect()),
+            _ => Some(captions[i].clone().into_bytes()),
+        })
+        .collect()
+}
+
+/// Each sample as (key, ordinal, members, defect): what a read yields, to compare two reads.
+type Seen = Vec<(
+    String,
+    u64,
+    Vec<(String, Vec<u8>)>,
+    Option<(Reason, String)>,
+)>;
+
+fn read_all(path: &std::path::Path, first: u64, cap: u64, piece: Option<(usize, usize)>) -> Seen {
+    let stats = Arc::new(SourceStats::default());
+    let wanted = ["text".to_string()];
+    let samples = open(path, &stats)
+        .unwrap()
+        .samples(first, Some(&wanted))
+        .with_max_member_bytes(cap);
+    let samples = match piece {
+        Some((rows, bytes)) => samples.with_piece(rows, bytes),
+        None => samples,
+    };
+    samples
+        .map(|s| {
+            let s = s.expect("no fault");
+            (s.key, s.ordinal, s.members, s.defect)
+        })
+        .collect()
+}
+
+#[test]
+fn a_row_group_read_in_pieces_of_any_size_yields_the_same_samples() {
+    use parquet::basic::{Compression, ZstdLevel};
+    use parquet::file::properties::WriterVersion;
+    let dir = scratch_dir("parquet-pieces");
+    let docs = captions_with_long_ones(300, 200_000);
+    let layouts = [
+        ("snappy-dict", WriterProperties::builder().build()),
+        (
+            "zstd-plain-v2",
+            WriterProperties::builder()
+                .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                .set_dictionary_enabled(false)
+                .set_writer_version(WriterVersion::PARQUET_2_0)
+                .set_data_page_size_limit(64 << 10)
+                .build(),
+        ),
+    ];
+    for (name, props) in layouts {
+        let path = dir.join(format!("{name}.parquet"));
+        write_text_with(&path, &docs, 120, props);
+        let whole = read_all(&path, 0, 1 << 30, None);
+        assert_eq!(whole.len(), 300, "{name}");
+        for (i, (_, ordinal, members, defect)) in whole.iter().enumerate() {
+            assert_eq!(*ordinal, i as u64);
+            assert!(defect.is_none());
+            let got = members.first().map(|(_, v)| v.clone());
+            assert_eq!(got, docs[i], "{name}: row {i}");
+        }
+        for piece in [(1, 1), (7, 100), (1000, 50_000)] {
+            assert_eq!(
+                read_all(&path, 0, 1 << 30, Some(piece)),
+                whole,
+                "{name} {piece:?}"
+            );
+            assert_eq!(
+                read_all(&path, 130, 1 << 30, Some(piece)),
+                whole[130..],
+                "{name} {piece:?} from row 130"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_page_over_its_bound_is_streamed_and_values_over_the_cap_are_skipped_by_reason() {
+    use parquet::basic::{Compression, Encoding, GzipLevel, ZstdLevel};
+    use parquet::file::properties::WriterVersion;
+    let dir = scratch_dir("parquet-stream-pages");
+    // Long documents of 3 MiB over a 1 MiB cap, in pages far over the 2 MiB a page may take.
+    let cap = 1 << 20;
+    let docs = captions_with_long_ones(200, 3 << 20);
+    for (name, codec, version) in [
+        (
+            "zstd-v1",
+            Compression::ZSTD(ZstdLevel::default()),
+            WriterVersion::PARQUET_1_0,
+        ),
+        (
+            "gzip-v2",
+            Compression::GZIP(GzipLevel::default()),
+            WriterVersion::PARQUET_2_0,
+        ),
+    ] {
+        let path = dir.join(format!("{name}.parquet"));
+        let props = WriterProperties::builder()
+            .set_compression(codec)
+            .set_dictionary_enabled(false)
+            .set_writer_version(version)
+            .set_data_page_size_limit(1 << 30)
+            .set_write_batch_size(1 << 20)
+            .set_data_page_row_count_limit(1 << 20)
+            // Plain, as pyarrow writes a string column without a dictionary (this writer's v2
+            // default is DELTA_BYTE_ARRAY, which is not read as a stream: below).
+            .set_encoding(Encoding::PLAIN)
+            .build();
+        write_text_with(&path, &docs, 200, props);
+        let whole = read_all(&path, 0, 1 << 30, None);
+        let capped = read_all(&path, 0, cap, None);
+        assert_eq!(capped.len(), 200, "{name}: every row is yielded");
+        for (i, (got, all)) in capped.iter().zip(&whole).enumerate() {
+            assert_eq!((&got.0, got.1), (&all.0, all.1));
+            match &docs[i] {
+                Some(d) if d.len() as u64 > cap => assert_eq!(
+                    got.3,
+                    Some((
+                        Reason::MemberTooLarge,
+                        format!("text: {} bytes > {cap}", d.len())
+                    )),
+                    "{name}: row {i}"
+                ),
+                _ => assert_eq!(got, all, "{name}: row {i}"),
+            }
+        }
+        assert_eq!(read_all(&path, 0, cap, Some((3, 10))), capped, "{name}");
+    }
+    // A DELTA page over the bound cannot be read as a stream: its row group ends as too large,
+    // and nothing over the bound is decompressed.
+    let path = dir.join("delta.parquet");
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_dictionary_enabled(false)
+        .set_writer_version(WriterVersion::PARQUET_2_0)
+        .set_data_page_size_limit(1 << 30)
+        .set_write_batch_size(1 << 20)
+        .set_data_page_row_count_limit(1 << 20)
+        .build();
+    write_text_with(&path, &docs, 200, props);
+    let stats = Arc::new(SourceStats::default());
+    let wanted = ["text".to_string()];
+    let fault = open(&path, &stats)
+        .unwrap()
+        .samples(0, Some(&wanted))
+        .with_max_member_bytes(cap)
+        .find_map(Result::err)
+        .expect("the row group ends");
+    assert_eq!(fault.reason, Reason::MemberTooLarge, "{}", fault.detail);
+    assert!(
+        fault.detail.contains("DELTA_BYTE_ARRAY page of 200 values"),
+        "{}",
+        fault.detail
+    );
+}
