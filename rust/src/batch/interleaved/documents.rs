@@ -4,7 +4,8 @@
 //! Two layouts:
 //! - Parquet (OBELICS, OmniCorpus): aligned list columns `texts` (strings) and `images`
 //!   (binary, or the `datasets` Image struct `bytes`, `path`); at each position exactly one of
-//!   the two holds a value. A unit is one row group, read whole.
+//!   the two holds a value. A unit is the whole file, read a row group at a time (each row group
+//!   whole: this kind does not read Parquet in pieces yet).
 //! - WebDataset tars (MINT-1T, Energon): `KEY.json` holding `texts` and `images` lists whose
 //!   image entries name members of the same sample by extension (`"0.jpg"` for `KEY.0.jpg`).
 //! - Conversations in tars (LLaVA): see `conversation`, which renders them into parts.
