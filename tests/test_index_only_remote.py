@@ -3,7 +3,8 @@ one that scales to a million shards) over remote shards: SeaweedFS (``s3://``, s
 and a local Hugging Face Hub (``hf://``). Each reads exactly the batches of the same loader over
 local copies: the square and NaFlex kinds and an index mixture (``ShardLoader(index=...)``,
 ``ShardLoader(sources=[Source(index=...)])``), token-budget NaFlex from its counts, a text
-mixture from saved counts files, and an index that is itself on S3. An index-only loader over
+mixture and a VLM mixture (interleaved documents, caption pairs, text) from saved counts files,
+and an index that is itself on S3. An index-only loader over
 ``s3://`` shards crashed when it was made (issue 50: a source option meant for the URL expansion
 was passed to the S3 client).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
 
 import pytest
 from hub_server import LocalHub
@@ -186,3 +188,67 @@ def test_an_index_on_s3_over_s3_shards_is_all_a_loader_needs(local, env, tmp_pat
         )
     reference = batches(square(index_of(local_spec(local, "a"), tmp_path / "local.index")))
     assert batches(square(f"s3://{BUCKET}/indexes/a.index")) == reference
+
+
+@pytest.fixture(scope="module")
+def vlm_files(servers, tmp_path_factory):
+    """An OBELICS-style Parquet pair, a caption tar and a text corpus, local and on both servers
+    (under ``vlm/``), with the tokenizer they are counted with."""
+    from interleaved_corpus import captions, real_documents, write_caption_tar, write_obelics_parquet
+    from qwen_reference import write_tokenizer_json
+
+    root = tmp_path_factory.mktemp("vlm-only")
+    docs = real_documents(12, seed=5)
+    files = {
+        "obelics": [
+            write_obelics_parquet(str(root / f"obelics-{i}.parquet"), docs[i::2], 3) for i in range(2)
+        ],
+        "pairs": [write_caption_tar(str(root / "pairs-0.tar"), 16, seed=1)],
+        "text": write_parquet_corpus(
+            str(root), [" ".join(captions()[i : i + 12]) for i in range(0, 300, 6)], files=1
+        ),
+    }
+    for name, paths in files.items():
+        servers["s3"].upload(BUCKET, paths, prefix=f"vlm/{name}/")
+    pushed = {f"vlm/{n}/{os.path.basename(p)}": open(p, "rb").read() for n, ps in files.items() for p in ps}
+    servers["hf"].push(REPO, pushed)
+    return files, write_tokenizer_json(str(root / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("remote", REMOTES)
+def test_a_vlm_mixture_from_saved_counts_alone_reads_the_local_batches(remote, vlm_files, env, tmp_path):
+    from qwen_reference import EOS
+    from shardstream import Captions, QwenVL, VlmMixture, VlmSource, count_interleaved, vlm_rows
+
+    files, tokenizer = vlm_files
+    rows = vlm_rows((0.5, 0.25, 0.25), 4)
+    common = {"tokenizer": tokenizer, "spec": QwenVL(min_pixels=56 * 56, max_pixels=28 * 28 * 64),
+              "seq_len": 512, "eos_token": EOS, "threads": 1}  # fmt: skip
+
+    def where(name: str, suffix: str):
+        if remote == "s3":
+            return f"s3://{BUCKET}/vlm/{name}/*.{suffix}"
+        return f"hf://datasets/{REPO}/vlm/{name}/*.{suffix}"
+
+    def mixture(specs: dict[str, Any], tag: str):
+        saved = {n: str(tmp_path / f"{tag}-{n}.json") for n in ("obelics", "pairs", "text")}
+        count_interleaved(specs["obelics"], batch_size=rows[0], output=saved["obelics"], **common)
+        count_interleaved(
+            specs["pairs"], batch_size=rows[1], layout=Captions(), output=saved["pairs"], **common
+        )
+        count_tokens(specs["text"], tokenizer=tokenizer, threads=1, output=saved["text"])
+        sources = [VlmSource(saved["obelics"], 0.5, "obelics"), VlmSource(saved["pairs"], 0.25, "pairs"),
+                   VlmSource(saved["text"], 0.25, "text")]  # fmt: skip
+        loader = VlmMixture(sources, batch_size=4, seed=7, pad_token_id=2, rank=1, world_size=2, threads=1)
+        out = []
+        for b in loader:
+            digest = hashlib.sha256()
+            for t in (b.input_ids, b.labels, b.pixel_values, b.image_grid_thw):
+                digest.update(t.numpy().tobytes())
+            out.append((list(b.keys), digest.hexdigest()))
+        assert out, "no batches: the comparison would hold vacuously"
+        return out
+
+    remote_specs = {"obelics": where("obelics", "parquet"),
+                    "pairs": where("pairs", "tar"), "text": where("text", "parquet")}  # fmt: skip
+    assert mixture(remote_specs, "remote") == mixture(files, "local")
