@@ -88,3 +88,21 @@ def test_a_count_pass_draws_progress_on_a_terminal_and_counts_the_same(tmp_path)
     assert piped.returncode == 0 and b"\r" not in piped.stdout + piped.stderr
     on_terminal = output.rsplit(b"\n", 2)[-2].strip()
     assert on_terminal.decode() == piped.stdout.decode().strip(), "the same counts either way"
+
+
+def test_subset_draws_progress_on_a_terminal(tmp_path):
+    from shardstream import read_samples
+    from shardstream.index import build_index, write_index
+
+    shards = [good_shard(str(tmp_path / f"{i}.tar"), 3, seed=i) for i in range(4)]
+    index = write_index(build_index(shards), str(tmp_path / "pool.index"))
+    keys = sorted({s["__key__"] for s in read_samples(shards[:1])})[:1]  # one key, in every shard
+    (tmp_path / "keys.txt").write_text("\n".join(keys) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "SHARDSTREAM_NO_PROGRESS")}
+    env["TERM"] = "xterm"
+    argv = [sys.executable, "-m", "shardstream", "subset", index, "--keys", str(tmp_path / "keys.txt")]
+    status, output = _run_on_pty([*argv, "-o", str(tmp_path / "a.index")], env)
+    assert status == 0, output
+    assert b"\rsubset  " in output and b"4/4 shards" in output and b"4 samples kept" in output
+    piped = subprocess.run([*argv, "-o", str(tmp_path / "b.index")], capture_output=True, env=env, timeout=60)
+    assert piped.returncode == 0 and b"\r" not in piped.stdout + piped.stderr

@@ -397,8 +397,10 @@ def select(
     shards: Iterable[int] | None = None,
     threads: int | None = None,
     config: dict[str, Any] | None = None,
+    progress: Any = None,
 ) -> tuple[dict[int, list[int]], SubsetReport]:
-    """The kept ordinals of each shard in ``shards`` (default: all), read on ``threads`` threads."""
+    """The kept ordinals of each shard in ``shards`` (default: all), read on ``threads`` threads;
+    each shard read is counted on ``progress`` (a :class:`~shardstream.progress.Progress`)."""
     from shardstream._system import available_cores
 
     chosen = list(range(len(index))) if shards is None else list(shards)
@@ -412,6 +414,8 @@ def select(
         for i, (ordinals, report) in results:
             kept[i] = ordinals
             total.merge(report)
+            if progress is not None:
+                progress.advance(1, samples=len(ordinals))
     total.uids_given = len(selector.uids) if selector.uids is not None else 0
     return kept, total
 

@@ -7,6 +7,7 @@ import argparse
 import time
 
 from .._system import launch_rank_world
+from ..progress import Progress
 from .common import EXIT_OK, EXIT_USAGE, UsageError, add_verb, print_err
 
 _DESCRIPTION = """\
@@ -87,7 +88,11 @@ def cmd_subset(args: argparse.Namespace) -> int:
     rank, world = launch_rank_world() if args.distributed else (0, 1)
     with SoloGroup() if world == 1 else RankGroup(rank, world) as group:
         mine = [i for _, i in share(list(range(len(index))), rank, world)]
-        kept, report = select(index, selector, shards=mine, threads=args.threads, config=config)
+        shown = None if rank == 0 and not args.quiet else False
+        with Progress("subset", total=len(mine), items="samples kept", enabled=shown) as progress:
+            kept, report = select(
+                index, selector, shards=mine, threads=args.threads, config=config, progress=progress
+            )
         gathered = group.gather_json([[[i, kept[i]] for i in mine], report.to_json()])
         status = EXIT_OK
         if gathered is not None:  # rank 0: merges, checks, writes
