@@ -471,3 +471,26 @@ def reference_conversation(
         "pixel_values": pixels,
         "text": text,
     }
+
+
+def tiny_qwen2_vl_config(vocab: int, vision_ids: tuple[int, int, int], *, layers: int, pad_id: int):
+    """A ``Qwen2VLConfig`` small enough for CPU steps in milliseconds: ``layers`` decoder layers,
+    M-RoPE sections (2, 3, 3) of a 16-wide head, a one-block vision tower with merge size 2;
+    ``vision_ids`` are the loader's (start, end, image pad) token ids."""
+    from transformers import Qwen2VLConfig
+
+    start, end, image = vision_ids
+    text = {
+        "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 4096,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}, "bos_token_id": None,
+        "eos_token_id": None, "pad_token_id": pad_id,
+    }  # fmt: skip
+    vision = {
+        "depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
+        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+    }  # fmt: skip
+    return Qwen2VLConfig(
+        text_config=text, vision_config=vision, image_token_id=image, vision_start_token_id=start,
+        vision_end_token_id=end,
+    )  # fmt: skip

@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from conversation_corpus import real_conversations, write_llava_tar  # noqa: E402
 from interleaved_corpus import captions, real_documents, write_caption_tar, write_obelics_parquet  # noqa: E402
-from qwen_reference import EOS, write_chat_tokenizer_json, write_tokenizer_json  # noqa: E402
+from qwen_reference import EOS, tiny_qwen2_vl_config, write_chat_tokenizer_json, write_tokenizer_json  # noqa: E402
 from shardstream import (  # noqa: E402
     Captions,
     Conversations,
@@ -37,23 +37,8 @@ TOLERANCE = 1e-4
 
 
 def tiny_qwen2_vl(vocab: int, vision_ids: tuple[int, int, int]):
-    """Two decoder layers (so a leak through the first reaches the second), M-RoPE sections
-    (2, 3, 3) of a 16-wide head, a one-block vision tower with merge size 2, in float32 on sdpa."""
-    start, end, pad = vision_ids
-    text = {
-        "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 4096,
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}, "bos_token_id": None,
-        "eos_token_id": None, "pad_token_id": PAD,
-    }  # fmt: skip
-    vision = {
-        "depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
-        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
-    }  # fmt: skip
-    config = transformers.Qwen2VLConfig(
-        text_config=text, vision_config=vision, image_token_id=pad, vision_start_token_id=start,
-        vision_end_token_id=end,
-    )  # fmt: skip
+    """Two decoder layers (so a leak through the first reaches the second), in float32 on sdpa."""
+    config = tiny_qwen2_vl_config(vocab, vision_ids, layers=2, pad_id=PAD)
     torch.manual_seed(0)
     model = transformers.Qwen2VLForConditionalGeneration._from_config(config, attn_implementation="sdpa")
     return model.eval()

@@ -15,10 +15,11 @@ import os
 import tokenizers
 import torch
 from integration_support import end_worker
+from qwen_reference import tiny_qwen2_vl_config
 from shardstream import InterleavedLoader, QwenVLCollator
 from shardstream.integrations.hf import ShardTrainer
 from text_trainer_worker import LossLog
-from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, TrainingArguments
+from transformers import Qwen2VLForConditionalGeneration, TrainingArguments
 
 PAD = 2  # "<pad>" of the tokenizer fixture
 
@@ -30,21 +31,7 @@ def batch_hash(batch) -> str:
 
 
 def tiny_qwen2_vl(vocab: int, vision_ids: tuple[int, int, int]) -> Qwen2VLForConditionalGeneration:
-    start, end, pad = vision_ids
-    text = {
-        "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 4096,
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}, "bos_token_id": None,
-        "eos_token_id": None, "pad_token_id": PAD,
-    }  # fmt: skip
-    vision = {
-        "depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
-        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
-    }  # fmt: skip
-    config = Qwen2VLConfig(
-        text_config=text, vision_config=vision, image_token_id=pad, vision_start_token_id=start,
-        vision_end_token_id=end,
-    )  # fmt: skip
+    config = tiny_qwen2_vl_config(vocab, vision_ids, layers=1, pad_id=PAD)
     return Qwen2VLForConditionalGeneration(config)
 
 
