@@ -293,10 +293,7 @@ fn step_values<T: DataType>(
     cap: u64,
     data: impl Fn(&T::T) -> &[u8],
 ) -> Result<usize> {
-    let mut values = Vec::new();
-    defs.clear();
-    let (records, _, _) = reader.read_records(step, Some(defs), None, &mut values)?;
-    let push = |v: &T::T, piece: &mut Piece| {
+    step_column(reader, max_def, step, defs, piece, |v, piece| {
         let bytes = data(v);
         if bytes.len() as u64 > cap {
             piece
@@ -306,21 +303,7 @@ fn step_values<T: DataType>(
         } else {
             piece.values.push(Some(bytes.to_vec()));
         }
-    };
-    if max_def == 0 {
-        for v in &values {
-            push(v, piece);
-        }
-    } else {
-        let mut present = values.iter();
-        for &d in defs.iter() {
-            match (d == max_def).then(|| present.next()).flatten() {
-                Some(v) => push(v, piece),
-                None => piece.values.push(None),
-            }
-        }
-    }
-    Ok(records)
+    })
 }
 
 /// One call's values of a number column into `piece`, as decimal text.
@@ -332,18 +315,35 @@ fn step_numbers<T: DataType>(
     piece: &mut Piece,
     text: impl Fn(&T::T) -> String,
 ) -> Result<usize> {
+    step_column(reader, max_def, step, defs, piece, |v, piece| {
+        piece.values.push(Some(text(v).into_bytes()))
+    })
+}
+
+/// One call of up to `step` records of a flat column: `push` adds each present value to
+/// `piece`, a null (a definition level below `max_def`) is added as None.
+fn step_column<T: DataType>(
+    reader: &mut ColumnReaderImpl<T>,
+    max_def: i16,
+    step: usize,
+    defs: &mut Vec<i16>,
+    piece: &mut Piece,
+    push: impl Fn(&T::T, &mut Piece),
+) -> Result<usize> {
     let mut values = Vec::new();
     defs.clear();
     let (records, _, _) = reader.read_records(step, Some(defs), None, &mut values)?;
     if max_def == 0 {
-        piece
-            .values
-            .extend(values.iter().map(|v| Some(text(v).into_bytes())));
+        for v in &values {
+            push(v, piece);
+        }
     } else {
         let mut present = values.iter();
         for &d in defs.iter() {
-            let v = (d == max_def).then(|| present.next()).flatten();
-            piece.values.push(v.map(|v| text(v).into_bytes()));
+            match (d == max_def).then(|| present.next()).flatten() {
+                Some(v) => push(v, piece),
+                None => piece.values.push(None),
+            }
         }
     }
     Ok(records)
