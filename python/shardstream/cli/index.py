@@ -133,11 +133,12 @@ def _scan_index(args: argparse.Namespace, shards: list[Shard]) -> int:
     share and rank 0 writes the index. With a folder index already at -o (and no --rebuild),
     shards it holds with the same content identity are kept from it and only the others are
     scanned: every rank gets rank 0's split, and only the shards to scan are divided."""
+    from shardstream._rank_group import RankGroup, SoloGroup, share
+
     from ..errors import ShardError
     from ..identity import UNKNOWN, ShardIdentity
     from ..index import existing_index, index_name, plan_update
     from ..validation import default_threads
-    from .gather import RankGroup, SoloGroup, share
 
     start = time.perf_counter()
     options = scan_options(args)
@@ -314,8 +315,9 @@ def _index_from_stats(args: argparse.Namespace, shards: list[Shard]) -> int:
 def _on_rank_zero(args: argparse.Namespace, work: Any) -> int:
     """Runs ``work`` (no scan to share) on rank 0 only under torchrun; every rank exits with its
     status."""
+    from shardstream._rank_group import RankGroup
+
     from ..errors import ShardError
-    from .gather import RankGroup
 
     rank, world = launch_rank_world() if args.distributed else (0, 1)
     if world == 1:

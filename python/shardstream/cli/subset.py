@@ -72,10 +72,11 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
 def cmd_subset(args: argparse.Namespace) -> int:
     """Writes the subset of an index that keeps the samples matching --keys, --uids and
     --filter; under torchrun each rank reads the metadata of its share of the shards."""
+    from shardstream._rank_group import RankGroup, SoloGroup, share
+
     from ..index import is_json_index_path, load_index, write_index
     from ..subset import Selector, SubsetReport, check_selected, select
     from ..urls import index_source_config
-    from .gather import RankGroup, SoloGroup, share
 
     start = time.perf_counter()
     if args.keys is None and args.uids is None and args.filter is None:

@@ -81,8 +81,9 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     if args.tokenizer is not None:
         return text_corpus.cmd_validate(args)
+    from shardstream._rank_group import RankGroup, share
+
     from ..validation import default_threads
-    from .gather import RankGroup, share
 
     start = time.perf_counter()
     options = scan_options(args)

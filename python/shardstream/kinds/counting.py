@@ -6,7 +6,7 @@ generic over the kind, which gives it a :class:`CountingKind`.
 - **Split across ranks** (``distributed=True`` under torchrun, or with ``torch.distributed``
   initialised): each rank probes and counts every world-th file, rank 0 merges the units in the
   order of the file list (JSON over uint8 tensors, as ``shardstream index`` gathers its scans:
-  :mod:`shardstream.cli.gather`), writes ``output`` and hands the merged units to every rank, so
+  :mod:`shardstream._rank_group`), writes ``output`` and hands the merged units to every rank, so
   that every rank returns the identical counts (and raises the same error).
 - **Grown or changed corpus** (``previous=``): each file's content identity is probed first (a
   ``stat`` or a ``HEAD``, as ``shardstream index`` probes shards: :mod:`shardstream.identity`);
@@ -95,7 +95,7 @@ def count_units(
         ShardError: with ``on_error="raise"``, a unit could not be read (on every rank).
         ValueError: the counts hold nothing to plan (on every rank).
     """
-    from shardstream.cli.gather import RankGroup, SoloGroup, share
+    from shardstream._rank_group import RankGroup, SoloGroup, share
 
     rank, world = _rank_world(distributed)
     with SoloGroup() if world == 1 else RankGroup(rank, world) as group:

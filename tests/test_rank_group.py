@@ -1,4 +1,4 @@
-"""``cli.gather.RankGroup`` inside a script that already initialised torch.distributed: it
+"""``_rank_group.RankGroup`` inside a script that already initialised torch.distributed: it
 reuses a plain gloo default group and otherwise (NCCL in a training script, which cannot move
 the CPU tensors it sends) makes its own gloo subgroup. Real torchrun, 2 ranks, gloo on loopback."""
 
@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from shardstream.cli.gather import needs_gloo_subgroup
+from shardstream._rank_group import needs_gloo_subgroup
 from train_support import torchrun
 
-WORKER = str(Path(__file__).with_name("gather_worker.py"))
+WORKER = str(Path(__file__).with_name("rank_group_worker.py"))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
-"""Running ``shardstream validate`` and ``shardstream index`` as distributed jobs under torchrun:
-each rank scans its share of the shards, and rank 0 receives every rank's results to write the
-one merged report or index.
+"""A group of ranks that share out a scan and gather its results on rank 0: ``shardstream
+validate``, ``index`` and ``subset`` under torchrun, and the count passes (``count_tokens``,
+``count_interleaved``, ...) run by every rank of a training job. Each rank scans its share, and
+rank 0 receives every rank's results to write the one merged report, index or counts.
 
 Results travel as JSON bytes in uint8 tensors over torch.distributed (gloo, CPU only), never as
 pickled objects, so a peer can send nothing but data.

@@ -1,5 +1,5 @@
-"""One rank of a ``cli.gather.RankGroup`` run inside a script that already initialised
-torch.distributed, as a training script does, for tests/test_cli_gather.py.
+"""One rank of a ``_rank_group.RankGroup`` run inside a script that already initialised
+torch.distributed, as a training script does, for tests/test_rank_group.py.
 
 Run under torchrun (CPU, loopback) with ``--backend gloo`` (the default group is reused) or
 ``--backend cpu:gloo`` (a backend spec other than plain gloo: RankGroup makes its own gloo
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from shardstream.cli.gather import RankGroup
+from shardstream._rank_group import RankGroup
 
 
 def main() -> None:
