@@ -9,7 +9,6 @@ straddling a turn's header and its answer; every kind of bad sample counted by i
 from __future__ import annotations
 
 import collections
-import hashlib
 import re
 import unicodedata
 
@@ -25,6 +24,7 @@ from conversation_corpus import (  # noqa: E402
     write_bad_llava_tar,
     write_llava_tar,
 )
+from interleaved_batches import batch_digest, check_learned_or_cut, content_digest, labels_by_content  # noqa: E402
 from qwen_reference import (  # noqa: E402
     EOS,
     IM_END,
@@ -158,13 +158,6 @@ def read_against_reference(convs, tokenizer, processor, tmp_path, **template) ->
         assert not diff, (conv["key"], diff[:10])
         pairs.append((mine, ref))
     return pairs
-
-
-def batch_digest(b) -> str:
-    h = hashlib.sha256()
-    for t in (b.input_ids, b.labels, b.position_ids, b.pixel_values, b.image_grid_thw, b.cu_seqlens):
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize("assistant_only", [True, False])
@@ -335,17 +328,22 @@ def test_a_turn_end_that_is_not_one_token_is_refused_by_name(tars, tokenizer, tm
 
 def test_exact_on_two_ranks_with_two_workers_deterministic(counts):
     """Every batch read once by 2 ranks x 2 DataLoader workers (the union of their digests is one
-    reader's, the remainder apart), the same again on a second pass, reordered by the epoch."""
+    reader's, the remainder apart; a conversation the remainder cuts holds no label), the same
+    again on a second pass, reordered by the epoch."""
     whole = [batch_digest(b) for b in loader(counts)]
     assert len(whole) == counts.total_batches == len(set(whole)) >= 6
+    labels = labels_by_content(loader(counts))
     per_rank = []
     for rank in range(2):
-        per_rank.append([batch_digest(b) for b in loader(counts, rank=rank, world_size=2).dataloader(2)])
+        per_rank.append([])
+        for b in loader(counts, rank=rank, world_size=2).dataloader(2):
+            check_learned_or_cut(b, labels)
+            per_rank[-1].append(content_digest(b))
     assert len(per_rank[0]) == len(per_rank[1]) == counts.total_batches // 2
     read = per_rank[0] + per_rank[1]
-    assert len(read) == len(set(read)) and set(read) <= set(whole), "no batch twice, none made up"
-    assert len(set(whole) - set(read)) == counts.total_batches % 2
-    again = [batch_digest(b) for b in loader(counts, rank=1, world_size=2).dataloader(2)]
+    assert len(read) == len(set(read)), "no batch twice"
+    assert len(set(labels) - set(read)) == counts.total_batches % 2
+    again = [content_digest(b) for b in loader(counts, rank=1, world_size=2).dataloader(2)]
     assert again == per_rank[1], "deterministic"
     other = loader(counts)
     other.set_epoch(1)
@@ -358,12 +356,14 @@ def test_a_resume_onto_three_ranks_reads_the_rest_of_the_epoch_once(counts, work
     """Two ranks read 2 batches each and save; three ranks resume and read the rest: no batch
     twice across the resume, none made up, every rank the same number, the remainder < 3."""
     stop = 2
+    whole = labels_by_content(loader(counts))
     consumed, state = [], None
     for rank in range(2):
         ranked = loader(counts, rank=rank, world_size=2)
         source = ranked.dataloader(workers) if workers else ranked
         for step, b in enumerate(source):
-            consumed.append(batch_digest(b))
+            check_learned_or_cut(b, whole)
+            consumed.append(content_digest(b))
             if step + 1 == stop:
                 break
         state = source.state_dict(stop)
@@ -372,13 +372,14 @@ def test_a_resume_onto_three_ranks_reads_the_rest_of_the_epoch_once(counts, work
         ranked = loader(counts, rank=rank, world_size=3)
         ranked.load_state_dict(state)
         source = ranked.dataloader(workers) if workers else ranked
-        batches = [batch_digest(b) for b in source]
+        batches = []
+        for b in source:
+            check_learned_or_cut(b, whole)
+            batches.append(content_digest(b))
         lengths.append(len(batches))
         resumed += batches
         remainder = ranked.stats["remainder_batches"]
     assert len(set(lengths)) == 1 and lengths[0] > 0, "every rank the same number of batches"
     everything = consumed + resumed
     assert len(everything) == len(set(everything)), "no batch twice across the resume"
-    whole = {batch_digest(b) for b in loader(counts)}
-    assert set(everything) <= whole
     assert len(whole) - len(everything) == remainder < 3

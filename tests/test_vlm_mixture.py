@@ -62,8 +62,16 @@ def mixture(sources, **kw) -> VlmMixture:
     return VlmMixture(sources, batch_size=BATCH, seed=7, pad_token_id=PAD, world_size=2, **kw)
 
 
+def ending_with_the_mixture(loader, sources):
+    """``loader`` planning its stream only up to the mixture's end, as the mixture's sources do
+    (the mixture sets this private hook on its own loaders)."""
+    loader._epoch_batches = mixture(sources)._epoch_batches
+    return loader
+
+
 def alone(sources, rank: int) -> list[list]:
-    """Each source's batches as its own loader yields them on ``rank`` of 2 (the mixture's seeds)."""
+    """Each source's batches as its own loader yields them on ``rank`` of 2 (the mixture's seeds),
+    its stream planned up to the mixture's end."""
     out = []
     for i, s in enumerate(sources):
         seed = 7 * 1_000_003 + i
@@ -71,9 +79,10 @@ def alone(sources, rank: int) -> list[list]:
             loader = TextLoader(
                 s.counts, batch_size=1, seq_len=SEQ_LEN, seed=seed, boundaries=True, rank=rank, world_size=2
             )
-            out.append([b.input_ids.clone() for b in loader])
+            out.append([b.input_ids.clone() for b in ending_with_the_mixture(loader, sources)])
         else:
             loader = InterleavedLoader(s.counts, seed=seed, pad_token_id=PAD, rank=rank, world_size=2)
+            loader = ending_with_the_mixture(loader, sources)
             out.append(
                 [(b.input_ids.clone(), b.labels.clone(), b.pixel_values.clone(), b.keys) for b in loader]
             )
@@ -93,7 +102,7 @@ def test_every_batch_holds_each_sources_share_as_its_own_loader_yields_it(source
         own = alone(sources, rank)
         batches = list(mix)
         lengths.append(len(batches))
-        assert len(batches) == len(mix) == min(len(o) for o in own) > 2
+        assert len(batches) == len(mix) == max(len(o) for o in own) == min(len(o) for o in own) > 2
         for j, b in enumerate(batches):
             ids0, labels0, pixels0, keys0 = own[0][j]
             ids1, labels1, pixels1, keys1 = own[1][j]
@@ -184,6 +193,7 @@ def test_a_stop_and_resume_continues_with_the_batches_that_would_have_followed(s
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     through = [b.input_ids.clone() for b in mixture(sources, rank=0).dataloader(2)]
     own = InterleavedLoader(sources[0].counts, seed=7 * 1_000_003, pad_token_id=PAD, rank=0, world_size=2)
+    own = ending_with_the_mixture(own, sources)
     own_through = [b.input_ids.clone() for b in own.dataloader(2)]
     assert len(through) == len(mixture(sources, rank=0)) > 2
     for j, ids in enumerate(through):

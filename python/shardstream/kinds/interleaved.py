@@ -581,8 +581,6 @@ class InterleavedLoader(UnitPlanLoader):
         pin_memory: bool | None = None,
         source: SourceOptions | None = None,
     ) -> None:
-        from shardstream.urls import expand_urls, source_config
-
         self.counts = counts if isinstance(counts, InterleavedCounts) else InterleavedCounts.load(counts)
         c = self.counts
         self.spec = c.spec
@@ -590,10 +588,7 @@ class InterleavedLoader(UnitPlanLoader):
         self.batch_size = int(c.settings["batch_size"])
         self.seed = seed
         self._init_loader(rank, world_size, threads, prefetch, pin_memory)
-        options = (source or SourceOptions()).keywords()
-        signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
-        shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
-        self._config = {**source_config(shards, options), **_core_config(c.tokenizer, c.settings)}
+        self._config = {**self._read_units(source), **_core_config(c.tokenizer, c.settings)}
         fingerprint, eos, vision = _core.interleaved_tokens(self._config)
         #: The (vision start, vision end, image pad) token ids.
         self.vision_token_ids: tuple[int, int, int] = tuple(vision)
@@ -605,15 +600,11 @@ class InterleavedLoader(UnitPlanLoader):
             )
         self.pad_token_id = eos if pad_token_id is None else int(pad_token_id)
         self._config["pad_id"] = self.pad_token_id
-        self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
-        self._weights = [int(u["batches"]) for u in c.units]
-        self._total = sum(self._weights)
         self._pixel_bytes = int(c.settings["max_patches_per_batch"]) * self.spec.row_len
-        if len(self) == 0 and self._resume is None:
-            raise ValueError(
-                f"the corpus packs into {self._total} batches of {self.batch_size} x {self.seq_len}, "
-                f"fewer than the {self.world_size} ranks"
-            )
+        self._require_a_batch_per_rank(
+            f"the corpus packs into {self._total} batches of {self.batch_size} x {self.seq_len}, "
+            f"fewer than the {self.world_size} ranks"
+        )
 
     def _shape(self) -> tuple[int, int, int, int, int]:
         return (self.world_size, self._num_workers, 1, 1, 1)
@@ -651,12 +642,15 @@ class InterleavedLoader(UnitPlanLoader):
     @property
     def stats(self) -> dict[str, Any]:
         """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
-        ``tokens`` (of documents), ``padding`` (tokens), ``documents`` (begun), ``images``,
+        ``tokens`` (of documents), ``padding`` (tokens), ``documents`` (begun and learned),
+        ``cut_documents`` (documents the epoch reads only in part, whose runs are therefore
+        context without labels; counted by the rank that reads the first of them), ``images``,
         ``patches``, ``skipped`` (documents, and images dropped at decode, by reason),
         ``faults`` (the first 1,000, each with ``reason``, ``url``, ``key``, ``detail``),
         ``bytes``, ``retries``, ``decode_seconds``, ``measure_seconds``; and for the epoch:
-        ``remainder_batches`` (read by no rank) and ``exact`` (True)."""
+        ``remainder_batches`` (read by no rank: the plan's remainder, and in a
+        :class:`~shardstream.VlmMixture` the batches past its end) and ``exact`` (True)."""
         stats = dict(self._last_stats)
-        stats["remainder_batches"] = self._plan_counts()[2]
+        stats["remainder_batches"] = self._unread_weight()
         stats["exact"] = True
         return stats

@@ -328,7 +328,6 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         source: SourceOptions | None = None,
     ) -> None:
         from shardstream.text import resolve_tokenizer
-        from shardstream.urls import expand_urls, source_config
 
         self.counts = counts if isinstance(counts, PatchCounts) else PatchCounts.load(counts)
         c = self.counts
@@ -344,11 +343,8 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         )
         self.seed = seed
         self._init_loader(rank, world_size, threads, prefetch, pin_memory)
-        options = (source or SourceOptions()).keywords()
-        signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
-        shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
         self._config = {
-            **source_config(shards, options),
+            **self._read_units(source),
             **_core_config(c),
             "naflex": self.naflex.core_config()["naflex"],
         }
@@ -357,15 +353,11 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         self._config["tokenizer"] = self._tokenizer
         # A full batch of the shortest bucket holds the most images (and token rows).
         self._max_images = max(1, min(c.max_patches_per_batch // c.buckets[0], c.max_images_per_batch))
-        self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
-        self._weights = [int(u["batches"]) for u in c.units]
-        self._total = sum(self._weights)
         self._batch_bytes = c.max_patches_per_batch * self.naflex.patch_len
-        if len(self) == 0 and self._resume is None:
-            raise ValueError(
-                f"the dataset makes {self._total} batches under max_patches_per_batch="
-                f"{c.max_patches_per_batch}, fewer than the {self.world_size} ranks"
-            )
+        self._require_a_batch_per_rank(
+            f"the dataset makes {self._total} batches under max_patches_per_batch="
+            f"{c.max_patches_per_batch}, fewer than the {self.world_size} ranks"
+        )
 
     def _shape(self) -> tuple[int, int, int, int, int]:
         return (self.world_size, self._num_workers, 1, 1, 1)
@@ -401,6 +393,6 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         ``bytes``, ``retries``, ``decode_seconds``; and for the epoch: ``remainder_batches``
         (read by no rank) and ``exact`` (True)."""
         stats = dict(self._last_stats)
-        stats["remainder_batches"] = self._plan_counts()[2]
+        stats["remainder_batches"] = self._unread_weight()
         stats["exact"] = True
         return stats

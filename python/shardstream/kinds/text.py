@@ -362,27 +362,16 @@ class TextLoader(UnitPlanLoader):
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.block_rows, self.boundaries, self.dtype = block_rows, boundaries, dtype
         self._init_loader(rank, world_size, threads, prefetch, pin_memory)
-        options = (source or SourceOptions()).keywords()
-        self._config = self._core_config(options)
-        self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
-        self._tokens = [int(u["tokens"]) for u in c.units]
-        self._total = sum(self._tokens)  # len() is called often by frameworks: summed once
-        if len(self) == 0 and self._resume is None:
-            need = self.world_size * batch_size * seq_len
-            raise ValueError(
-                f"the corpus holds {c.total_tokens} tokens, less than one global batch "
-                f"({self.world_size} ranks x {batch_size} rows x {seq_len} tokens = {need})"
-            )
+        self._config = self._core_config(self._read_units(source))
+        need = self.world_size * batch_size * seq_len
+        self._require_a_batch_per_rank(
+            f"the corpus holds {c.total_tokens} tokens, less than one global batch "
+            f"({self.world_size} ranks x {batch_size} rows x {seq_len} tokens = {need})"
+        )
 
-    def _core_config(self, options: dict[str, Any]) -> dict[str, Any]:
-        from shardstream.urls import expand_urls, source_config
-
+    def _core_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` (how the units are opened) with the kind's settings."""
         c = self.counts
-        # Only signed sources need their URLs re-expanded (for the S3 or Hub signer, and the CA
-        # bundle): local and http(s) files open as they are, so 100k local files cost nothing here.
-        signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
-        shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
-        config = source_config(shards, options)
         config.update(
             tokenizer=c.tokenizer,
             text_key=c.text_key,
@@ -408,7 +397,7 @@ class TextLoader(UnitPlanLoader):
     def _iterate(self, worker: int, workers: int) -> Iterator[TextBatch]:
         core = _core.packed_pipeline(
             self._units,
-            self._tokens,
+            self._weights,
             self._reader(worker),
             dict(self._config, threads=self.threads),
         )
@@ -437,6 +426,6 @@ class TextLoader(UnitPlanLoader):
         ``fast_path``)."""
         stats = dict(self._last_stats)
         stats["encoder"] = "fast_bpe" if self.fast_path else "tokenizers"
-        stats["remainder_tokens"] = self._plan_counts()[2]
+        stats["remainder_tokens"] = self._unread_weight()
         stats["exact"] = True
         return stats

@@ -5,9 +5,15 @@ per rank and DataLoader worker; this class holds the Python side of that plan on
 :class:`~shardstream._loader_base.LoaderBase` (rank and world, epochs, workers, buffers): ``len()``
 and the resume state (phases of batches done, re-planned onto another shape by arithmetic).
 
-A subclass sets ``_total`` (the sum of the units' weights) and ``counts`` (with ``identity()``),
-and gives ``_shape()``, ``_layout()``, ``_iterate()`` (its reader's batches, in order) and
-``stats``.
+A subclass sets ``counts`` (a :class:`~shardstream.kinds.counts_file.CountsFile`), calls
+:meth:`UnitPlanLoader._read_units` (the units, their weights and how their files are opened) and
+:meth:`UnitPlanLoader._require_a_batch_per_rank`, and gives ``_shape()``, ``_layout()``,
+``_iterate()`` (its reader's batches, in order) and ``stats``.
+
+A mixture (:class:`~shardstream.kinds.row_mixture.RowMixture`) may end its sources' epochs
+early: it sets ``_epoch_batches``, which gives the batches per rank its epoch has on the world
+size of the epoch's first phase, and the source then plans its stream only up to there, so that
+every position it plans is read (its documents cut by that end are the pipeline's business).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 from shardstream import _core
 from shardstream._loader_base import LoaderBase
+from shardstream.config import SourceOptions
 
 STATE_FORMAT = "shardstream-packed-state"
 STATE_VERSION = 1
@@ -32,10 +39,38 @@ class UnitPlanLoader(LoaderBase):
 
     counts: Any
     seed: int
+    #: The units as the core takes them: (url, first row, rows or None, identity or None).
+    _units: list[tuple[str, int, Any, Any]]
+    #: Each unit's weight (the counts' ``WEIGHT``: tokens or batches), and their sum.
+    _weights: list[int]
     _total: int
+    #: Set by a mixture: its batches per rank on a world size (see the module's documentation).
+    _epoch_batches: Any = None
 
     def _shape(self) -> Shape:
         raise NotImplementedError
+
+    def _read_units(self, source: SourceOptions | None) -> dict[str, Any]:
+        """Takes the counts' units and weights (``_units``, ``_weights``, ``_total``, summed once:
+        frameworks call ``len()`` often) and returns the source configuration the core opens
+        them with. Only signed sources (``s3://``, ``hf://``) have their URLs expanded again, for
+        their signer and CA bundle: local and http(s) files open as they are, so 100k local files
+        cost nothing here."""
+        from shardstream.urls import expand_urls, source_config
+
+        c = self.counts
+        options = (source or SourceOptions()).keywords()
+        signed = sorted({u["url"] for u in c.units if u["url"].startswith(("s3://", "hf://"))})
+        shards = expand_urls(signed, **{**options, "check": "none"}) if signed else []
+        self._units = [(u["url"], int(u["first_row"]), u["rows"], u["identity"]) for u in c.units]
+        self._weights = [int(u[c.WEIGHT]) for u in c.units]
+        self._total = sum(self._weights)
+        return source_config(shards, options)
+
+    def _require_a_batch_per_rank(self, detail: str) -> None:
+        """Refuses a fresh epoch in which a rank would get no batch (``detail`` says why)."""
+        if len(self) == 0 and self._resume is None:
+            raise ValueError(detail)
 
     def _phases(self) -> list[tuple[Shape, int]]:
         """The resume state's phases (empty for a fresh epoch)."""
@@ -43,13 +78,34 @@ class UnitPlanLoader(LoaderBase):
             return []
         return [(tuple(p["shape"]), int(p["batches_done"])) for p in self._resume["phases"]]  # type: ignore[misc]
 
-    def _reader(self, worker: int) -> tuple[int, int, list[tuple[Shape, int]], Shape, int, int]:
+    def _stream_end(self) -> int:
+        """Where this epoch's plan ends: the units' whole weight, or a mixture's end (its
+        batches per rank on the first phase's world size, in this loader's batches)."""
+        if self._epoch_batches is None:
+            return self._total
+        phases = self._phases()
+        first = phases[0][0] if phases else self._shape()
+        world, batch_weight = first[0], first[2] * first[3]
+        return min(self._total, int(self._epoch_batches(world)) * world * batch_weight)
+
+    def _batches_on(self, world: int) -> int:
+        """Batches per rank a fresh epoch on ``world`` ranks would have (for a mixture)."""
+        shape = self._shape()
+        return self._total // (world * shape[2] * shape[3])
+
+    def _reader(self, worker: int) -> tuple[int, int, list[tuple[Shape, int]], Shape, int, int, int]:
         """Which reader of which epoch's plan the pipeline of DataLoader worker ``worker`` is:
-        (seed, epoch, phases, current shape, rank, worker)."""
-        return (self.seed, self.epoch, self._phases(), self._shape(), self.rank, worker)
+        (seed, epoch, phases, current shape, rank, worker, the stream's planned end)."""
+        return (self.seed, self.epoch, self._phases(), self._shape(), self.rank, worker, self._stream_end())
 
     def _plan_counts(self) -> tuple[int, int, int]:
-        return _core.packed_plan_counts(self._total, self.seed, self.epoch, self._phases(), self._shape())
+        end = self._stream_end()
+        return _core.packed_plan_counts(end, self.seed, self.epoch, self._phases(), self._shape())
+
+    def _unread_weight(self) -> int:
+        """The epoch's weight no rank reads: the plan's remainder, and the stream past a
+        mixture's end."""
+        return self._plan_counts()[2] + self._total - self._stream_end()
 
     def __len__(self) -> int:
         """Batches this rank yields in the current pass (after a resume: those left)."""

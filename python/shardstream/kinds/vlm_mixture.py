@@ -140,6 +140,16 @@ class VlmMixture(RowMixture):
                 )
                 self.loaders.append(loader)
         self._image_token_id = self.loaders[counts.index(vlm[0])]._image_token_id
+        # Every source plans its stream only up to the mixture's end, so that every batch it
+        # plans is read, on every world size and after every resume: a document cut by that end
+        # is then known to its reader, which leaves it unlearned (see the mixtures guide).
+        for loader in self.loaders:
+            loader._epoch_batches = self._epoch_batches
+
+    def _epoch_batches(self, world_size: int) -> int:
+        """Batches per rank of an epoch whose first phase runs on ``world_size`` ranks: as many
+        as the source with the fewest allows."""
+        return min(loader._batches_on(world_size) for loader in self.loaders)
 
     def _join(self, parts: list[InterleavedBatch | TextBatch]) -> InterleavedBatch:
         import torch

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::batch::packed::TextUnit;
 use crate::error::{Fault, Reason, SourceKind};
-use crate::plan::packed::{PackedPlan, PackedReader, UnitOrder};
+use crate::plan::packed::{PackedPlan, PackedReader, Span, UnitOrder};
 use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::source::{object_version, redact_url, Expected, SourceOptions, SourceStats};
 
@@ -120,11 +120,16 @@ pub struct UnitShare {
     pub weights: Arc<Vec<u64>>,
     pub order: UnitOrder,
     pub reader: PackedReader,
+    /// The stream's positions no reader reads this epoch: the current phase's remainder, and
+    /// what lies past the plan's end (a mixture plans a source's stream only up to where the
+    /// mixture's epoch ends).
+    pub unread: Vec<Span>,
 }
 
 impl UnitShare {
     /// The share of reader (`rank`, `worker`) of `plan`, made over `units` with `weights`
-    /// (one each, count order) and seeded by (`seed`, `epoch`) as the plan was.
+    /// (one each, count order) and seeded by (`seed`, `epoch`) as the plan was. The plan may
+    /// end before the units' total weight (`plan.total`), never after.
     pub fn new(
         units: Vec<TextUnit>,
         weights: Vec<u64>,
@@ -139,12 +144,27 @@ impl UnitShare {
                 weights.len()
             ));
         }
+        let whole: u64 = weights.iter().sum();
+        if plan.total > whole {
+            return Err(format!(
+                "the plan ends at {}, past the units' {whole}",
+                plan.total
+            ));
+        }
         let reader = plan.reader(rank, worker).map_err(|e| e.to_string())?;
+        let mut unread = plan.remainder();
+        if plan.total < whole {
+            unread.push(Span {
+                start: plan.total,
+                end: whole,
+            });
+        }
         Ok(Self {
             units: Arc::new(units),
             order: UnitOrder::new(&weights, seed, epoch),
             weights: Arc::new(weights),
             reader,
+            unread,
         })
     }
 }

@@ -210,6 +210,7 @@ pub fn interleaved_pipeline(
         input,
         &share.order,
         share.reader,
+        &share.unread,
         threads,
     )))
 }

@@ -15,9 +15,10 @@ use crate::plan::packed::{PackPhase, PackShape, PackedPlan};
 pub(super) type ShapeTuple = (u32, u32, u32, u32, u32);
 /// (url, first_row, rows or None, identity or None)
 pub(super) type UnitTuple = (String, u64, Option<u64>, Option<String>);
-/// (seed, epoch, earlier phases with their batches done, current shape, rank, worker): which
-/// reader of which epoch's plan.
-pub(super) type ReaderTuple = (u64, u64, Vec<(ShapeTuple, u64)>, ShapeTuple, u32, u32);
+/// (seed, epoch, earlier phases with their batches done, current shape, rank, worker, the
+/// stream's planned end): which reader of which epoch's plan. The end is the units' total
+/// weight, or less where a mixture's epoch ends first.
+pub(super) type ReaderTuple = (u64, u64, Vec<(ShapeTuple, u64)>, ShapeTuple, u32, u32, u64);
 
 fn shape(t: ShapeTuple) -> PackShape {
     PackShape {
@@ -54,8 +55,8 @@ pub(super) fn share(
     weights: Vec<u64>,
     reader: ReaderTuple,
 ) -> PyResult<UnitShare> {
-    let (seed, epoch, phases, current, rank, worker) = reader;
-    let p = plan(weights.iter().sum(), seed, epoch, phases, current)?;
+    let (seed, epoch, phases, current, rank, worker, end) = reader;
+    let p = plan(end, seed, epoch, phases, current)?;
     let units = units
         .into_iter()
         .map(|(url, first_row, rows, identity)| TextUnit {

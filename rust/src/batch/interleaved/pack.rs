@@ -10,6 +10,8 @@
 //! - A batch holds at most `max_patches` image patches: a document (or, of a longer one, an
 //!   image) that would pass it closes the batch, so the vision tower's memory is bounded.
 //! - A unit's last batch is closed at its end, its rows padded.
+//! - Every run knows the batches (of its unit, counted from 0) its whole document spans, so a
+//!   reader can tell a document the epoch reads in part (`pipeline`'s cut rule).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -37,6 +39,8 @@ pub struct Run {
     pub doc: Arc<Measured>,
     pub from: Cursor,
     pub to: Cursor,
+    /// The first and last batch of the unit (0 is its first) that hold a run of `doc`.
+    pub doc_batches: (u64, u64),
 }
 
 impl Run {
@@ -97,6 +101,8 @@ pub struct Packer {
     open: PackedBatch,
     closed: VecDeque<PackedBatch>,
     pending: VecDeque<Arc<Measured>>,
+    /// Batches of the unit closed so far: the open batch's index.
+    closed_total: u64,
 }
 
 impl Packer {
@@ -106,6 +112,7 @@ impl Packer {
             open: PackedBatch::default(),
             closed: VecDeque::new(),
             pending: VecDeque::new(),
+            closed_total: 0,
         }
     }
 
@@ -126,6 +133,7 @@ impl Packer {
 
     fn close(&mut self) {
         self.closed.push_back(std::mem::take(&mut self.open));
+        self.closed_total += 1;
     }
 
     /// A new row of the open batch (closing it first when it has no row left).
@@ -177,10 +185,12 @@ impl Packer {
         self.open.patches += doc.patches;
         let row = &mut self.open.rows[row];
         row.fill += doc.tokens;
+        let here = self.closed_total;
         row.runs.push(Run {
             doc,
             from: Cursor { item: 0, offset: 0 },
             to: end,
+            doc_batches: (here, here),
         });
     }
 
@@ -219,6 +229,7 @@ impl Packer {
     fn push_long(&mut self, doc: Arc<Measured>) {
         let (len, cap) = (self.shape.seq_len, self.shape.max_patches);
         let mut row = self.fresh_row();
+        let first_batch = self.closed_total;
         let mut from = Cursor { item: 0, offset: 0 };
         // Ends the run in the current row at `here` and moves to a fresh row.
         let next_row = |packer: &mut Self, row: &mut usize, from: &mut Cursor, here: Cursor| {
@@ -227,6 +238,7 @@ impl Packer {
                     doc: doc.clone(),
                     from: *from,
                     to: here,
+                    doc_batches: (first_batch, first_batch),
                 });
             }
             *from = here;
@@ -255,6 +267,7 @@ impl Packer {
                                 doc: doc.clone(),
                                 from,
                                 to: here,
+                                doc_batches: (first_batch, first_batch),
                             });
                         }
                         from = here;
@@ -273,7 +286,32 @@ impl Packer {
             offset: 0,
         };
         if end > from {
-            self.open.rows[row].runs.push(Run { doc, from, to: end });
+            self.open.rows[row].runs.push(Run {
+                doc: doc.clone(),
+                from,
+                to: end,
+                doc_batches: (first_batch, first_batch),
+            });
+        }
+        self.mark_span(&doc, first_batch);
+    }
+
+    /// Gives every run of `doc` (placed from batch `first` to the open one) the document's span.
+    /// Its batches are all still here: the caller pops closed batches only between documents.
+    fn mark_span(&mut self, doc: &Arc<Measured>, first: u64) {
+        let (total, held) = (self.closed_total, self.closed.len() as u64);
+        let span = (first, total);
+        let closed = self
+            .closed
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| total - held + *i as u64 >= first)
+            .map(|(_, b)| b);
+        for batch in closed.chain(std::iter::once(&mut self.open)) {
+            let runs = batch.rows.iter_mut().flat_map(|r| r.runs.iter_mut());
+            for run in runs.filter(|r| Arc::ptr_eq(&r.doc, doc)) {
+                run.doc_batches = span;
+            }
         }
     }
 }
@@ -403,6 +441,43 @@ mod tests {
             vec![(c(0, 0), c(1, 0)), (c(1, 0), c(2, 5)), (c(2, 5), c(3, 0))]
         );
         assert_eq!(batch.tokens(), long.tokens);
+    }
+
+    #[test]
+    fn every_run_knows_the_batches_its_whole_document_spans() {
+        let shape = PackShape {
+            seq_len: 10,
+            rows: 2,
+            max_patches: 1000,
+        };
+        let mut p = Packer::new(shape);
+        // "a" in batch 0; "long" (35 tokens) from batch 0's second row to batch 2; "b" in batch 2.
+        for d in [
+            doc("a", &[(false, 6)]),
+            doc("long", &[(false, 35)]),
+            doc("b", &[(false, 3)]),
+        ] {
+            p.push(d);
+        }
+        p.finish();
+        let spans: Vec<Vec<(String, (u64, u64))>> = std::iter::from_fn(|| p.pop())
+            .map(|b| {
+                b.rows
+                    .iter()
+                    .flat_map(|r| r.runs.iter())
+                    .map(|r| (r.doc.key.clone(), r.doc_batches))
+                    .collect()
+            })
+            .collect();
+        let s = |k: &str, a, b| (k.to_string(), (a, b));
+        assert_eq!(
+            spans,
+            vec![
+                vec![s("a", 0, 0), s("long", 0, 2)],
+                vec![s("long", 0, 2), s("long", 0, 2)],
+                vec![s("long", 0, 2), s("b", 2, 2)],
+            ]
+        );
     }
 
     #[test]

@@ -13,8 +13,16 @@
 //! pass naming it. An image whose header parsed but which fails to decode is dropped from its
 //! batch and counted: its tokens become padding (masked), the rest of its document stays, and
 //! every rank still yields the same batches.
+//!
+//! **Whole documents.** A document cut across batches is trained on only when the epoch reads
+//! every batch that holds a part of it. The batches no rank reads this epoch (`unread`: the
+//! plan's remainder, and past a mixture's end) are known before the pass; a document with a
+//! run in any of them is *cut*: where its runs are read, they stay in their rows as context
+//! (isolated, as every run is) with no label, and the document is counted once, in
+//! `cut_documents`, by the reader of its first batch that is read. A document is thus learned
+//! whole or not at all in an epoch.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -36,7 +44,7 @@ use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::batch::sample::{Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::resize::CropBox;
-use crate::plan::packed::{slice, PackedReader, UnitOrder};
+use crate::plan::packed::{slice, PackedReader, Span, UnitOrder};
 use crate::read::source::SourceOptions;
 use crate::tokenize::DocumentEncoder;
 
@@ -82,7 +90,7 @@ pub struct InterleavedMeta {
     /// each row's padding), as FlashAttention's varlen kernels take them.
     pub cu_seqlens: Vec<i32>,
     pub max_seqlen: u32,
-    /// Documents whose first token is in this batch.
+    /// Documents learned (not cut, see the module's doc) whose first token is in this batch.
     pub documents: usize,
     /// The document of each run, in order.
     pub keys: Vec<String>,
@@ -98,6 +106,8 @@ pub struct InterleavedStats {
     pub tokens: AtomicU64,
     pub padding: AtomicU64,
     pub documents: AtomicU64,
+    /// Documents this reader saw first that the epoch reads in part (see the module's doc).
+    pub cut_documents: AtomicU64,
     pub images: AtomicU64,
     pub patches: AtomicU64,
     pub decode_us: AtomicU64,
@@ -126,6 +136,7 @@ impl KindStats for InterleavedStats {
             "tokens": load(&self.tokens),
             "padding": load(&self.padding),
             "documents": load(&self.documents),
+            "cut_documents": load(&self.cut_documents),
             "images": load(&self.images),
             "patches": load(&self.patches),
             "decode_seconds": load(&self.decode_us) as f64 / 1e6,
@@ -139,6 +150,15 @@ impl KindStats for InterleavedStats {
     }
 }
 
+/// What becomes of a run in its batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    /// Its document is read whole this epoch: its text is learned.
+    Learned,
+    /// Its document has a batch no rank reads this epoch: context without labels.
+    Cut { counted_here: bool },
+}
+
 enum Chunk {
     Docs(Vec<DocumentResult>),
     End,
@@ -148,18 +168,24 @@ enum Chunk {
 /// The running interleaved pipeline of one reader.
 pub type InterleavedPipeline = Pipeline<InterleavedBatches, InterleavedStats>;
 
-/// Starts the pipeline of `reader` (a packed plan over batches: one position per batch). A
-/// lent buffer has two regions: `pixel_values` (`max_patches x row_len` bytes) and the int64
-/// `[INT_ROWS, rows, seq_len]` ids, labels and the four position rows (`positions`).
+/// Starts the pipeline of `reader` (a packed plan over batches: one position per batch), in an
+/// epoch that reads every position but `unread`. A lent buffer has two regions: `pixel_values`
+/// (`max_patches x row_len` bytes) and the int64 `[INT_ROWS, rows, seq_len]` ids, labels and
+/// the four position rows (`positions`).
 pub fn start(
     input: Arc<InterleavedInput>,
     order: &UnitOrder,
     reader: PackedReader,
+    unread: &[Span],
     threads: usize,
 ) -> InterleavedPipeline {
     let stats = Arc::new(InterleavedStats::default());
     let ranges = slice(&reader.ranges, reader.skip_rows, reader.rows);
     let planned = visits(order, &ranges);
+    let unread = visits(order, unread)
+        .into_iter()
+        .map(|v| (v.unit, v.spans))
+        .collect();
     let batches_left = reader.rows - reader.skip_rows;
     let shape = input.spec.shape;
     let setup = Setup {
@@ -199,6 +225,7 @@ pub fn start(
             visits: planned,
             visit: 0,
             next: 0,
+            unread,
             ready: VecDeque::new(),
             chunks,
             finished,
@@ -279,7 +306,10 @@ pub struct InterleavedBatches {
     /// The visit being packed, and the index (in its unit) of the next batch it closes.
     visit: usize,
     next: u64,
-    ready: VecDeque<PackedBatch>,
+    /// Each unit's batches no rank reads this epoch (unit-local, ascending).
+    unread: HashMap<u32, Vec<(u64, u64)>>,
+    /// Planned batches, each with what becomes of its runs (rows, then runs, in order).
+    ready: VecDeque<(PackedBatch, Vec<Fate>)>,
     chunks: Receiver<(usize, Chunk)>,
     finished: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
@@ -317,7 +347,7 @@ impl InterleavedBatches {
     }
 
     /// The next batch this reader's plan gives it.
-    fn next_planned(&mut self) -> Result<PackedBatch, Fault> {
+    fn next_planned(&mut self) -> Result<(PackedBatch, Vec<Fate>), Fault> {
         loop {
             if let Some(batch) = self.ready.pop_front() {
                 return Ok(batch);
@@ -396,7 +426,8 @@ impl InterleavedBatches {
     fn drain(&mut self) -> bool {
         while let Some(batch) = self.packer.pop() {
             if self.wanted(self.next) {
-                self.ready.push_back(batch);
+                let cut = self.cut_runs(&batch);
+                self.ready.push_back((batch, cut));
             }
             self.next += 1;
         }
@@ -411,8 +442,34 @@ impl InterleavedBatches {
         true
     }
 
-    /// Writes `batch` into `lent`.
-    fn fill(&mut self, lent: &mut Lent, batch: PackedBatch) -> InterleavedMeta {
+    /// What becomes of each run of `batch` (the unit's batch `self.next`): learned, or cut (its
+    /// document has a batch no rank reads this epoch), the document counted in the batch that
+    /// is the first of its batches read.
+    fn cut_runs(&self, batch: &PackedBatch) -> Vec<Fate> {
+        let runs = batch.rows.iter().flat_map(|r| r.runs.iter());
+        let Some(unread) = self.unread.get(&self.visits[self.visit].unit) else {
+            return runs.map(|_| Fate::Learned).collect();
+        };
+        let is_unread = |j: u64| unread.iter().any(|&(a, b)| a <= j && j < b);
+        let mut counted: Vec<&Arc<super::measure::Measured>> = Vec::new();
+        runs.map(|run| {
+            let (first, last) = run.doc_batches;
+            if !(first..=last).any(is_unread) {
+                return Fate::Learned;
+            }
+            let first_read = (first..=last).find(|&j| !is_unread(j));
+            let here = first_read == Some(self.next)
+                && !counted.iter().any(|d| Arc::ptr_eq(d, &run.doc));
+            if here {
+                counted.push(&run.doc);
+            }
+            Fate::Cut { counted_here: here }
+        })
+        .collect()
+    }
+
+    /// Writes `batch` into `lent`: a cut run (`fates`, one a run) without labels.
+    fn fill(&mut self, lent: &mut Lent, (batch, fates): (PackedBatch, Vec<Fate>)) -> InterleavedMeta {
         let spec = &self.input.spec;
         let (rows, len) = (spec.shape.rows, spec.shape.seq_len);
         let cells = rows * len;
@@ -446,11 +503,16 @@ impl InterleavedBatches {
         };
         let start_of_doc = Cursor { item: 0, offset: 0 };
         let runs_of = |r: usize| batch.rows.get(r).map_or(&[][..], |row| &row.runs[..]);
+        let mut fates = fates.into_iter();
+        let mut cut_documents = 0u64;
         for r in 0..rows {
             let row_start = r * len;
             let mut at = row_start;
             for run in runs_of(r) {
-                meta.documents += (run.from == start_of_doc) as usize;
+                let fate = fates.next().expect("one fate a run");
+                let learned = fate == Fate::Learned;
+                cut_documents += u64::from(fate == Fate::Cut { counted_here: true });
+                meta.documents += (learned && run.from == start_of_doc) as usize;
                 meta.keys.push(run.doc.key.clone());
                 let start = at;
                 for (item, a, b) in run.items() {
@@ -458,7 +520,9 @@ impl InterleavedBatches {
                         Item::Text(tokens) => {
                             for &t in &tokens[a..b] {
                                 ids[at] = t as i64;
-                                labels[at] = if at == start { IGNORE } else { t as i64 };
+                                if learned && at != start {
+                                    labels[at] = t as i64;
+                                }
                                 at += 1;
                             }
                         }
@@ -545,6 +609,7 @@ impl InterleavedBatches {
             .fetch_add((rows * len - meta.tokens) as u64, Ordering::Relaxed);
         s.documents
             .fetch_add(meta.documents as u64, Ordering::Relaxed);
+        s.cut_documents.fetch_add(cut_documents, Ordering::Relaxed);
         s.images
             .fetch_add(meta.grids.len() as u64, Ordering::Relaxed);
         s.patches.fetch_add(meta.patches as u64, Ordering::Relaxed);

@@ -176,6 +176,7 @@ mod tests {
             doc: d,
             from: Cursor { item: 0, offset: 0 },
             to: Cursor { item: 3, offset: 0 },
+            doc_batches: (0, 0),
         };
         let [text, t, h, w] = write(&run, 0, 11, Rope::MRope { merge: 2 }, true);
         assert_eq!(text, (0..11).collect::<Vec<i64>>());
@@ -197,6 +198,7 @@ mod tests {
             doc: d,
             from: Cursor { item: 0, offset: 7 },
             to: Cursor { item: 1, offset: 0 },
+            doc_batches: (0, 0),
         };
         let [text, t, ..] = write(&run, 2, 5, Rope::MRope { merge: 2 }, true);
         assert_eq!(&text[2..], &[0, 1, 2]);
@@ -229,6 +231,7 @@ mod tests {
             doc: d.clone(),
             from: Cursor { item: 0, offset: 0 },
             to: Cursor { item: 5, offset: 0 },
+            doc_batches: (0, 0),
         };
         let (rows, len) = (8usize, 4096usize);
         let n = rows * len;
