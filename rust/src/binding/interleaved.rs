@@ -98,13 +98,15 @@ fn layout(config: &Bound<'_, PyDict>) -> PyResult<Layout> {
 /// merge_size, temporal_patch_size, min_pixels, max_pixels), `vision_tokens` (start, end, pad
 /// names), `texts`, `images`, `max_images_per_document`, `max_document_bytes`, `seq_len`,
 /// `batch_size`, `max_patches_per_batch`, `max_pixels`, `layout` (None or a dict).
-fn interleaved_spec(config: &Bound<'_, PyDict>) -> PyResult<(DocumentEncoder, InterleavedSpec)> {
+fn interleaved_spec(
+    config: &Bound<'_, PyDict>,
+) -> PyResult<(Arc<DocumentEncoder>, InterleavedSpec)> {
     let bad = |e: String| PyValueError::new_err(e);
     let tokenizer: String = need(config, "tokenizer")?;
     let eos: Option<String> = present(config, "eos_token")?
         .map(|v| v.extract())
         .transpose()?;
-    let encoder = DocumentEncoder::from_file(&tokenizer, eos.as_deref(), None)
+    let encoder = DocumentEncoder::shared(&tokenizer, eos.as_deref(), None)
         .map_err(|e| bad(e.to_string()))?;
     let vision = vision_spec(config, &encoder, &tokenizer)?;
     let spec = InterleavedSpec {
@@ -201,7 +203,7 @@ pub fn interleaved_pipeline(
         units: share.units,
         unit_batches: share.weights,
         pad_id: present(config, "pad_id")?.map_or(Ok(encoder.eos), |v| v.extract())?,
-        encoder: Arc::new(encoder),
+        encoder,
         spec,
         source: source_options(Some(config))?,
     });

@@ -16,9 +16,8 @@ use crate::batch::sample::CaptionSource;
 use crate::batch::units::count_files;
 use crate::tokenize::DocumentEncoder;
 
-fn encoder(tokenizer: &str, eos: Option<&str>, bos: Option<&str>) -> PyResult<DocumentEncoder> {
-    DocumentEncoder::from_file(tokenizer, eos, bos)
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+fn encoder(tokenizer: &str, eos: Option<&str>, bos: Option<&str>) -> PyResult<Arc<DocumentEncoder>> {
+    DocumentEncoder::shared(tokenizer, eos, bos).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 fn text_spec(text_key: &str, max_document_bytes: u64) -> PyResult<TextSpec> {
@@ -174,7 +173,7 @@ pub fn packed_pipeline(
         spec: text_spec(&text_key, max_bytes)?,
         source: source_options(Some(config))?,
     });
-    let enc = Arc::new(encoder(&tokenizer, eos.as_deref(), bos.as_deref())?);
+    let enc = encoder(&tokenizer, eos.as_deref(), bos.as_deref())?;
     let pipeline = packed::start(input, &share.order, share.reader, enc, cfg);
     Ok(Pipeline::new(pipeline))
 }

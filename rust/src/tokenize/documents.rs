@@ -6,9 +6,20 @@
 //! Qwen2-style) take that fast path instead, decided once at load; a text holding an added
 //! token still goes to the library.
 
+use std::sync::{Arc, Mutex};
+
 use super::bpe::FastBpe;
 use super::windows::{cut_rule, pieces, CutRule};
 use crate::rng::hash_bytes;
+
+/// Encoders kept for reuse in this process: a loader asks for its tokenizer's several times
+/// (its fingerprint, its fast path, each pass's pipeline), and a `tokenizer.json` of a large
+/// vocabulary takes a second to parse. Bounded: the most recently used few.
+const SHARED_ENCODERS: usize = 2;
+
+/// (path, eos, bos, hash of the file's bytes) and its encoder, most recently used last.
+type SharedKey = (String, Option<String>, Option<String>, u64);
+static SHARED: Mutex<Vec<(SharedKey, Arc<DocumentEncoder>)>> = Mutex::new(Vec::new());
 
 /// Tokens tried, in order, as the end-of-document token when none is named: GPT-2 / StarCoder /
 /// Qwen, Llama 2 / Mistral, Llama 3, Gemma, SentencePiece T5.
@@ -35,6 +46,14 @@ pub enum EncoderError {
 /// Token ids and, for each, the byte span of the text it stands for.
 pub type TokenSpans = (Vec<u32>, Vec<(usize, usize)>);
 
+/// The bytes of the tokenizer file at `path`.
+fn read(path: &str) -> Result<Vec<u8>, EncoderError> {
+    std::fs::read(path).map_err(|source| EncoderError::Io {
+        path: path.into(),
+        source,
+    })
+}
+
 /// Encodes documents for a packed text kind.
 pub struct DocumentEncoder {
     tokenizer: tokenizers::Tokenizer,
@@ -50,6 +69,40 @@ pub struct DocumentEncoder {
 }
 
 impl DocumentEncoder {
+    /// The encoder of [`DocumentEncoder::from_file`], shared with the other users of the same
+    /// file (by its bytes, so an edited file is read again) and settings in this process.
+    pub fn shared(
+        path: &str,
+        eos: Option<&str>,
+        bos: Option<&str>,
+    ) -> Result<Arc<Self>, EncoderError> {
+        let raw = read(path)?;
+        let key: SharedKey = (
+            path.into(),
+            eos.map(Into::into),
+            bos.map(Into::into),
+            hash_bytes(&raw),
+        );
+        {
+            let mut kept = SHARED.lock().expect("encoder cache lock");
+            if let Some(i) = kept.iter().position(|(k, _)| *k == key) {
+                let hit = kept.remove(i);
+                let encoder = hit.1.clone();
+                kept.push(hit);
+                return Ok(encoder);
+            }
+        }
+        // Parsed outside the lock: another file's users need not wait.
+        let encoder = Arc::new(Self::from_bytes(path, &raw, eos, bos)?);
+        let mut kept = SHARED.lock().expect("encoder cache lock");
+        kept.retain(|(k, _)| *k != key);
+        if kept.len() >= SHARED_ENCODERS {
+            kept.remove(0);
+        }
+        kept.push((key, encoder.clone()));
+        Ok(encoder)
+    }
+
     /// From a `tokenizer.json`; `eos` names the token after each document (None: the first of
     /// the usual names the vocabulary holds), `bos` the one before it (None: none).
     pub fn from_file(
@@ -57,15 +110,21 @@ impl DocumentEncoder {
         eos: Option<&str>,
         bos: Option<&str>,
     ) -> Result<Self, EncoderError> {
+        Self::from_bytes(path, &read(path)?, eos, bos)
+    }
+
+    /// From the bytes `raw` of the `tokenizer.json` at `path` (named in errors).
+    fn from_bytes(
+        path: &str,
+        raw: &[u8],
+        eos: Option<&str>,
+        bos: Option<&str>,
+    ) -> Result<Self, EncoderError> {
         let bad = |detail: String| EncoderError::Format {
             path: path.into(),
             detail,
         };
-        let raw = std::fs::read(path).map_err(|source| EncoderError::Io {
-            path: path.into(),
-            source,
-        })?;
-        let mut tokenizer = tokenizers::Tokenizer::from_bytes(&raw).map_err(|e| {
+        let mut tokenizer = tokenizers::Tokenizer::from_bytes(raw).map_err(|e| {
             bad(format!(
                 "not a tokenizer.json that the tokenizers library loads: {e}"
             ))
@@ -97,14 +156,14 @@ impl DocumentEncoder {
             "{:016x}",
             hash_bytes(
                 &[
-                    raw.as_slice(),
+                    raw,
                     &eos_id.to_le_bytes(),
                     &bos_id.map_or(u64::MAX, u64::from).to_le_bytes()
                 ]
                 .concat()
             )
         );
-        let json: serde_json::Value = serde_json::from_slice(&raw).unwrap_or_default();
+        let json: serde_json::Value = serde_json::from_slice(raw).unwrap_or_default();
         Ok(Self {
             tokenizer,
             eos: eos_id,
@@ -173,5 +232,47 @@ impl DocumentEncoder {
     /// Whether long documents are encoded in pieces (see `windows`).
     pub fn cuts_long_documents(&self) -> bool {
         self.cut.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::sample::fixtures::scratch_dir;
+
+    const GPT2_STYLE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tokenizers/captions-bpe.json"
+    );
+
+    #[test]
+    fn a_shared_encoder_is_parsed_once_per_file_content_and_settings() {
+        let dir = scratch_dir("shared-encoder");
+        let path = dir.join("tokenizer.json");
+        let path = path.to_str().unwrap();
+        std::fs::copy(GPT2_STYLE, path).unwrap();
+        let a = DocumentEncoder::shared(path, None, None).unwrap();
+        let b = DocumentEncoder::shared(path, None, None).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "the same file and settings: one encoder");
+        let other_eos = DocumentEncoder::shared(path, Some("</s>"), Some("</s>")).unwrap();
+        assert!(!Arc::ptr_eq(&a, &other_eos), "other settings: another encoder");
+        // The file edited in place (the same vocabulary, other bytes): read again.
+        let mut raw = std::fs::read(path).unwrap();
+        raw.push(b'\n');
+        std::fs::write(path, raw).unwrap();
+        let edited = DocumentEncoder::shared(path, None, None).unwrap();
+        assert!(!Arc::ptr_eq(&a, &edited));
+        assert_ne!(a.fingerprint, edited.fingerprint);
+        assert_eq!(
+            edited.encode("a photo of a cat").unwrap(),
+            DocumentEncoder::from_file(path, None, None)
+                .unwrap()
+                .encode("a photo of a cat")
+                .unwrap()
+        );
+        assert!(matches!(
+            DocumentEncoder::shared(&format!("{path}.missing"), None, None),
+            Err(EncoderError::Io { .. })
+        ));
     }
 }
