@@ -99,3 +99,33 @@ def test_batches_a_caller_keeps_are_never_overwritten(tmp_path, sample):
         addresses.add(address(pixels_of(b)))
         del b
     assert len(addresses) <= loader.prefetch + 2, "released buffers are lent again"
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_a_large_buffer_costs_only_the_pages_written_and_goes_back_as_a_small_one():
+    """A region sized for the largest batch (the interleaved kind's pixels) is an anonymous
+    mapping: lending 256 MiB adds no resident memory until it is written, writing a quarter adds
+    a quarter; and it is lent again only once its last view is gone, as a small buffer is."""
+    pool = BufferPool(keep=2)
+    size = 256 << 20
+    before = _rss_bytes()
+    batch = pool.empty(size, np.uint8)
+    assert _rss_bytes() - before < 16 << 20, "lending touched the pages"
+    batch.numpy()[: size // 4] = 7
+    grown = _rss_bytes() - before
+    assert size // 4 - (16 << 20) < grown < size // 4 + (16 << 20), grown
+    kept = batch.numpy()[10:20]
+    first = address(batch)
+    del batch
+    gc.collect()
+    assert pool.free_buffers() == 0, "a view is still alive"
+    assert (kept == 7).all()
+    del kept
+    gc.collect()
+    assert pool.free_buffers() == 1
+    again = pool.empty(size, np.uint8)
+    assert address(again) == first, "the same memory lent again"

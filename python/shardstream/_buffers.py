@@ -5,17 +5,24 @@ kernel clears each page before handing it over): 7 % of a NaFlex batch's time on
 pooled buffer goes back to its pool only when the last array or tensor sharing its memory has
 been freed, so a batch the caller keeps (or any view of it) is never written again.
 
-How that is known: the memory is a ``bytearray`` that the pool keeps, lent as
-``np.frombuffer(memory)``. Every numpy view made from that array keeps it alive (numpy makes
-a view's base the first array that does not own its data, and this one's base is the
-``bytearray``), ``torch.from_numpy`` keeps it alive for as long as the tensor's storage lives,
+How that is known: the memory is a ``bytearray`` or an anonymous ``mmap`` that the pool keeps,
+lent as ``np.frombuffer(memory)``. Every numpy view made from that array keeps it alive (numpy
+makes a view's base the first array that does not own its data, and this one's base is the
+memory object), ``torch.from_numpy`` keeps it alive for as long as the tensor's storage lives,
 and a ``weakref.finalize`` on it hands the memory back. Pinned buffers are not pooled: torch's
 caching host allocator already reuses them.
+
+A buffer of ``MAP_FROM_BYTES`` or more is an anonymous mapping, whose pages the kernel gives as
+they are first written: a region sized for the largest batch (the interleaved kind's pixels:
+``max_patches_per_batch`` patches) costs the pages the batches use, where ``bytearray(n)``
+writes every byte at once (462 MB of zeros, a fifth of an interleaved pass's instructions, in
+the profile of a pass whose patch budget never binds).
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 import threading
 import weakref
 from typing import Any
@@ -28,6 +35,15 @@ except ImportError:  # pragma: no cover - torch is optional
     torch = None  # type: ignore[assignment]
 
 
+#: Buffers from this size on are anonymous mappings, written page by page (see the module's doc).
+MAP_FROM_BYTES = 1 << 20
+
+
+def _fresh(nbytes: int) -> bytearray | mmap.mmap:
+    """``nbytes`` of zeroed memory; from ``MAP_FROM_BYTES`` on, none of it touched yet."""
+    return mmap.mmap(-1, nbytes) if nbytes >= MAP_FROM_BYTES else bytearray(nbytes)
+
+
 class BufferPool:
     """Uninitialised batch buffers, recycled once every reference to a lent one is gone.
 
@@ -37,7 +53,7 @@ class BufferPool:
 
     def __init__(self, keep: int) -> None:
         self._keep = max(1, keep)
-        self._free: dict[int, list[bytearray]] = {}
+        self._free: dict[int, list[bytearray | mmap.mmap]] = {}
         self._lock = threading.Lock()
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any, *, pin: bool = False) -> Any:
@@ -52,7 +68,7 @@ class BufferPool:
             free = self._free.get(nbytes)
             memory = free.pop() if free else None
         if memory is None:
-            memory = bytearray(nbytes)
+            memory = _fresh(nbytes)
         lent = np.frombuffer(memory, dtype=dtype)
         weakref.finalize(lent, self._give_back, memory)
         array = lent.reshape(shape)
@@ -65,7 +81,7 @@ class BufferPool:
     def __setstate__(self, state: dict[str, int]) -> None:
         self.__init__(state["keep"])  # type: ignore[misc]
 
-    def _give_back(self, memory: bytearray) -> None:
+    def _give_back(self, memory: bytearray | mmap.mmap) -> None:
         with self._lock:
             free = self._free.setdefault(len(memory), [])
             if len(free) < self._keep:
