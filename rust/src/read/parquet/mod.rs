@@ -16,6 +16,7 @@ mod chunks;
 mod footers;
 pub mod lists;
 pub(crate) mod pages;
+pub(crate) mod rows;
 pub mod schema;
 pub(crate) mod values;
 
@@ -25,8 +26,7 @@ use std::sync::Arc;
 use parquet::basic::Compression;
 use parquet::column::reader::{get_column_reader, ColumnReader};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
-use parquet::file::properties::ReaderProperties;
-use parquet::file::serialized_reader::{SerializedPageReader, SerializedRowGroupReader};
+use parquet::file::serialized_reader::SerializedPageReader;
 
 pub use chunks::RangedFile;
 pub use schema::{ColumnKind, Feature, FileSchema};
@@ -134,27 +134,10 @@ impl ParquetFile {
         self.row_counts().iter().sum()
     }
 
-    /// Row group `group`'s reader over the chunks of `leaves`, fetched (one range each,
-    /// coalesced) and bounded: a chunk larger than `rows` values of `max_value_bytes` take
-    /// ([`chunk_limit`]) is refused before it is fetched. `first_row` (the group's first row)
-    /// goes into a fault's offset.
-    pub fn row_group_reader(
-        &self,
-        group: usize,
-        leaves: &[usize],
-        max_value_bytes: u64,
-        first_row: u64,
-    ) -> Result<SerializedRowGroupReader<'_, RangedFile>, ShardFault> {
-        self.fetch_chunks(group, leaves, max_value_bytes, first_row)?;
-        let meta = self.meta.row_group(group);
-        let props = Arc::new(ReaderProperties::builder().build());
-        let page_index = self.meta.page_index_for_row_group(group);
-        SerializedRowGroupReader::new(self.file.clone(), meta, page_index, props)
-            .map_err(|e| self.corrupt(format!("row group {group}: {e}")))
-    }
-
-    /// Fetches row group `group`'s chunks of `leaves` (see [`Self::row_group_reader`]),
-    /// releasing the previous row group's.
+    /// Fetches row group `group`'s chunks of `leaves` (one range each, coalesced)
+    /// and bounded: a chunk larger than `rows` values of `max_value_bytes` take ([`chunk_limit`])
+    /// is refused before it is fetched; `first_row` (the group's first row) goes into a fault's
+    /// offset. Releases the previous row group's.
     fn fetch_chunks(
         &self,
         group: usize,
@@ -302,9 +285,9 @@ pub struct ParquetSamples {
 }
 
 /// Rows decoded into samples at a time: what a row group costs is a piece of it, never all.
-const PIECE_ROWS: usize = 1024;
+pub(crate) const PIECE_ROWS: usize = 1024;
 /// Value bytes after which a piece stops early (a piece holds at least one row).
-const PIECE_BYTES: usize = 16 << 20;
+pub(crate) const PIECE_BYTES: usize = 16 << 20;
 
 /// A row group being read: one cursor a wanted column, and the rows read of its footer's count.
 struct GroupCursor {
@@ -381,27 +364,20 @@ impl ParquetSamples {
         })
     }
 
-    /// A column's read error as a fault: too large when its pages could not be read within
-    /// their bound, else corrupt.
+    /// A column's read error as a fault (see [`rows::column_fault`]).
     fn column_fault(
         &self,
         c: &schema::MemberColumn,
         tallies: &[Arc<pages::PageTally>],
         e: parquet::errors::ParquetError,
     ) -> ShardFault {
-        let large = tallies
-            .iter()
-            .find_map(|t| t.too_large.lock().expect("tally").clone());
-        let detail = format!("row group {}: column {:?}: {e}", self.group, c.name);
-        match large {
-            Some(_) => ShardFault {
-                reason: Reason::MemberTooLarge,
-                kind: SourceKind::Other,
-                detail: format!("{}: {}", self.file.display, capped_detail(detail)),
-                offset: self.group_first,
-            },
-            None => self.corrupt(detail),
-        }
+        rows::column_fault(
+            &self.file,
+            (self.group, self.group_first),
+            &c.name,
+            tallies,
+            e,
+        )
     }
 
     /// Reads the next piece of the current row group into `ready`: up to `piece_rows` rows,
