@@ -42,7 +42,14 @@ def convs() -> list[dict]:
 
 def count(files, tokenizer, layout):
     return count_interleaved(
-        files, tokenizer=tokenizer, spec=SPEC, seq_len=SEQ_LEN, batch_size=BATCH, eos_token=EOS, threads=2, layout=layout
+        files,
+        tokenizer=tokenizer,
+        spec=SPEC,
+        seq_len=SEQ_LEN,
+        batch_size=BATCH,
+        eos_token=EOS,
+        threads=2,
+        layout=layout,
     )
 
 
@@ -72,7 +79,10 @@ def llava_onevision_parquet(path, convs: list[dict], images: str, row_group_size
         assert all(len(c["images"]) <= 1 for c in convs)
         names = [c["names"] if isinstance(c["names"], str) else None for c in convs]
         columns["image"] = pa.array(
-            [{"bytes": c["images"][0], "path": n} if c["images"] else None for c, n in zip(convs, names, strict=True)],
+            [
+                {"bytes": c["images"][0], "path": n} if c["images"] else None
+                for c, n in zip(convs, names, strict=True)
+            ],
             IMAGE_STRUCT,
         )
     else:
@@ -94,7 +104,9 @@ def test_llava_onevision_conversations_with_one_image_equal_the_tar_s_batches(co
     assert len(got) > 1 and got == want
 
 
-def test_llava_onevision_conversations_with_an_images_list_equal_the_tar_s_batches(convs, tokenizer, tmp_path):
+def test_llava_onevision_conversations_with_an_images_list_equal_the_tar_s_batches(
+    convs, tokenizer, tmp_path
+):
     tar = count([write_llava_tar(str(tmp_path / "all.tar"), convs)], tokenizer, Conversations())
     path = llava_onevision_parquet(str(tmp_path / "all.parquet"), convs, "images")
     parquet = count([path], tokenizer, Conversations())
@@ -120,7 +132,10 @@ def test_the_cauldron_s_turns_equal_the_llava_conversation_with_its_images_first
         turns = []
         for j, item in enumerate(items):
             lead = IMAGE * len(c["images"]) if j == 0 else ""
-            turns += [{"from": "human", "value": lead + item["user"]}, {"from": "gpt", "value": item["assistant"]}]
+            turns += [
+                {"from": "human", "value": lead + item["user"]},
+                {"from": "gpt", "value": item["assistant"]},
+            ]
         names = [f"{j}.jpg" for j in range(len(c["images"]))]
         llava.append({"key": c["key"], "conversations": turns, "images": c["images"], "names": names})
     path = str(tmp_path / "cauldron.parquet")
@@ -156,7 +171,13 @@ def test_caption_pairs_equal_the_tar_s_batches(shape, tokenizer, tmp_path):
     pairs = pairs_of(tar_path)
     keys = pa.array([k for k, _, _ in pairs])
     if shape == "img2dataset":
-        table = pa.table({"__key__": keys, "jpg": pa.array([j for _, j, _ in pairs], pa.binary()), "txt": [t for *_, t in pairs]})
+        table = pa.table(
+            {
+                "__key__": keys,
+                "jpg": pa.array([j for _, j, _ in pairs], pa.binary()),
+                "txt": [t for *_, t in pairs],
+            }
+        )
         layout = Captions()
     else:
         images = pa.array([{"bytes": j, "path": f"{k}.jpg"} for k, j, _ in pairs], IMAGE_STRUCT)
@@ -184,7 +205,13 @@ def test_a_pair_without_its_image_or_caption_is_skipped_with_the_tar_s_reason(to
 
 # The defects a Parquet row can hold: a value that is not a string, or a conversation that is not
 # a list, cannot be written in these columns' types.
-PARQUET_BAD_KINDS = ["more_placeholders", "fewer_placeholders", "unknown_role", "from_missing", "no_assistant"]
+PARQUET_BAD_KINDS = [
+    "more_placeholders",
+    "fewer_placeholders",
+    "unknown_role",
+    "from_missing",
+    "no_assistant",
+]
 
 
 @pytest.mark.parametrize("kind", PARQUET_BAD_KINDS)

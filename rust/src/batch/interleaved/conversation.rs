@@ -179,7 +179,10 @@ fn conversation_parts(mut raw: RawSample, format: &ChatFormat) -> Result<Vec<Par
 }
 
 /// A conversation's parts under `format`, or why it cannot be rendered.
-pub(super) fn render(conversation: Conversation, format: &ChatFormat) -> Result<Vec<Part>, Rejection> {
+pub(super) fn render(
+    conversation: Conversation,
+    format: &ChatFormat,
+) -> Result<Vec<Part>, Rejection> {
     let Conversation { turns, images } = conversation;
     let bad = |detail: String| (Reason::BadJson, detail);
     let placeholders: usize = turns

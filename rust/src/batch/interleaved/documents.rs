@@ -88,9 +88,11 @@ pub enum Layout {
     /// Aligned `texts` and `images` lists: Parquet columns, or a tar sample's JSON member.
     #[default]
     Lists,
-    /// A tar sample's LLaVA conversation, rendered by this chat format.
+    /// A LLaVA conversation (a tar sample's JSON, or a Parquet row's turns column), rendered by
+    /// this chat format.
     Conversations(ChatFormat),
-    /// A tar sample's image-caption pair, as a one-image document.
+    /// An image-caption pair (a tar sample's members, or a Parquet row's columns), as a
+    /// one-image document.
     Captions(CaptionKeys),
 }
 

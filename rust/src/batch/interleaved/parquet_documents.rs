@@ -51,7 +51,10 @@ enum Shape {
     /// Images, texts, then the images' paths when they are structs.
     Lists { paths: bool },
     /// The turns' two fields, then the images when there are any.
-    Conversations { cauldron: bool, images: Option<bool> },
+    Conversations {
+        cauldron: bool,
+        images: Option<bool>,
+    },
     /// The image columns the file has, then the caption column.
     Captions { names: Vec<String> },
 }
@@ -192,8 +195,7 @@ impl ParquetRows {
                 }
             }
             Layout::Conversations(format) => {
-                let (fields, cauldron) = match file.list_fields(&format.field, &["from", "value"])
-                {
+                let (fields, cauldron) = match file.list_fields(&format.field, &["from", "value"]) {
                     Ok(f) => (f, false),
                     Err(llava) => match file.list_fields(&format.field, &["user", "assistant"]) {
                         Ok(f) => (f, true),
@@ -255,7 +257,13 @@ impl ParquetRows {
     }
 
     fn column_names(&self) -> String {
-        let names: Vec<&str> = self.file.schema.columns.iter().map(|c| c.name.as_str()).collect();
+        let names: Vec<&str> = self
+            .file
+            .schema
+            .columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
         names.join(", ")
     }
 
@@ -263,7 +271,10 @@ impl ParquetRows {
     fn documents(&mut self, first: u64, pieces: Vec<ColumnPiece>, spec: &DocumentSpec) {
         let shape = self.shape.as_ref().expect("the shape is resolved");
         let columns = match shape {
-            Shape::Lists { paths: true } | Shape::Conversations { images: Some(_), .. } => 3,
+            Shape::Lists { paths: true }
+            | Shape::Conversations {
+                images: Some(_), ..
+            } => 3,
             Shape::Lists { paths: false } | Shape::Conversations { images: None, .. } => 2,
             Shape::Captions { names } => names.len(),
         };
@@ -429,9 +440,7 @@ fn conversation_parts(
         .unwrap_or_default()
         .into_iter()
         .enumerate()
-        .map(|(j, image)| {
-            image.ok_or_else(|| (Reason::MissingImage, format!("image {j} is null")))
-        })
+        .map(|(j, image)| image.ok_or_else(|| (Reason::MissingImage, format!("image {j} is null"))))
         .collect::<Result<Vec<_>, _>>()?;
     if cauldron && !images.is_empty() {
         // The Cauldron's turns name no image: they all lead its first user turn.

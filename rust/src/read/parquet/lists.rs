@@ -291,7 +291,9 @@ impl ParquetFile {
                             && c.path().parts().last().map(String::as_str) == Some(*field)
                     })
                     .ok_or_else(|| {
-                        format!("the column {name:?} is not a list of structs with a string {field:?}")
+                        format!(
+                            "the column {name:?} is not a list of structs with a string {field:?}"
+                        )
                     })
             })
             .collect()

@@ -474,10 +474,9 @@ impl<P: PageReader> PageReader for BoundedPages<P> {
     /// cut from one being streamed does when its first repetition level is 0.
     fn at_record_boundary(&mut self) -> Result<bool> {
         match &self.split {
-            Some(split) if split.next < split.count => Ok(split
-                .reps
-                .as_ref()
-                .is_none_or(|reps| reps[split.next] == 0)),
+            Some(split) if split.next < split.count => {
+                Ok(split.reps.as_ref().is_none_or(|reps| reps[split.next] == 0))
+            }
             _ => self.inner.at_record_boundary(),
         }
     }

@@ -176,7 +176,14 @@ impl ColumnPiece {
     fn bytes(&self) -> usize {
         match self {
             ColumnPiece::Flat(p) => p.values.iter().flatten().map(Vec::len).sum(),
-            ColumnPiece::Lists(p) => p.lists.iter().flatten().flatten().flatten().map(Vec::len).sum(),
+            ColumnPiece::Lists(p) => p
+                .lists
+                .iter()
+                .flatten()
+                .flatten()
+                .flatten()
+                .map(Vec::len)
+                .sum(),
         }
     }
 }
