@@ -153,7 +153,7 @@ impl ParquetRows {
                 self.current = None;
                 Some(Ok(()))
             }
-            Ok(Some((first, pieces))) => {
+            Ok(Some((first, _, pieces))) => {
                 self.documents(first, pieces, spec);
                 Some(Ok(()))
             }

@@ -1,6 +1,6 @@
-//! A row group's columns, flat or lists, read a piece of rows at a time (the interleaved kind's
-//! documents and conversations): what a reader holds at once is a page or two a column
-//! (`pages::BoundedPages`) and one piece's values, never the row group.
+//! A row group's columns, flat or lists, read a piece of rows at a time (a shard's samples, the
+//! interleaved kind's documents and conversations): what a reader holds at once is a page or two
+//! a column (`pages::BoundedPages`) and one piece's values, never the row group.
 
 use std::sync::Arc;
 
@@ -86,7 +86,7 @@ impl ParquetFile {
 }
 
 impl GroupPieces {
-    /// The next piece: the file row of its first row, and one [`ColumnPiece`] a wanted column
+    /// The next piece: the file row of its first row, its rows, and one [`ColumnPiece`] a wanted column
     /// of up to `rows` rows, fewer once `max_bytes` of values (all columns together) are in it
     /// (one row at least); None once the footer's rows are read (a column holding more is
     /// corrupt). The rows are read a step at a time, each step sized by the bytes a row has
@@ -96,7 +96,7 @@ impl GroupPieces {
         file: &ParquetFile,
         rows: usize,
         max_bytes: usize,
-    ) -> Result<Option<(u64, Vec<ColumnPiece>)>, ShardFault> {
+    ) -> Result<Option<(u64, usize, Vec<ColumnPiece>)>, ShardFault> {
         if self.read >= self.rows {
             for i in 0..self.cursors.len() {
                 let mut extra = self.empty(i);
@@ -136,7 +136,7 @@ impl GroupPieces {
         }
         let first = self.first_row + self.read;
         self.read += n as u64;
-        Ok(Some((first, pieces)))
+        Ok(Some((first, n, pieces)))
     }
 
     fn empty(&self, i: usize) -> ColumnPiece {

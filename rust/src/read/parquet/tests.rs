@@ -703,7 +703,7 @@ fn read_lists(
     let (mut out, mut over, mut first) = (Vec::new(), Vec::new(), 0);
     for (group, n) in file.row_counts().into_iter().enumerate() {
         let mut pieces = file.group_pieces(group, &wanted, cap, first).unwrap();
-        while let Some((at, mut piece)) = pieces.next_piece(&file, rows, bytes).unwrap() {
+        while let Some((at, _, mut piece)) = pieces.next_piece(&file, rows, bytes).unwrap() {
             let rows::ColumnPiece::Lists(piece) = piece.remove(0) else {
                 panic!("a list piece")
             };
