@@ -172,3 +172,122 @@ def test_image_bytes_over_the_cap_are_skipped_by_reason(tmp_path, text):
     assert out["images"] == 3
     assert out["skipped"] == {"member_too_large": 8}
     assert out["grown"] < 1 << 30, f"grew by {out['grown'] >> 20} MiB"
+
+
+# -- the interleaved kind ----------------------------------------------------------------------------
+
+INTERLEAVED_DOCS, INTERLEAVED_BOMBS = 600, 12
+
+
+def interleaved_table(text: bytes) -> pa.Table:
+    """OBELICS-style documents (``key``, ``texts: list<string>``, ``images: list<binary>``):
+    600 ordinary ones of real captions around real photos (scikit-image, as JPEG), and among
+    them 12 of one 48 MiB text each (a 4 KB period: zstd keeps them to ~300 KB each)."""
+    from PIL import Image
+    from skimage import data as images
+
+    photos = []
+    for name in ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry"):
+        buf = io.BytesIO()
+        Image.fromarray(getattr(images, name)()).save(buf, format="JPEG", quality=85)
+        photos.append(buf.getvalue())
+    big = repeat_to(text[:4096], 48 * MiB)
+    keys, texts, imgs = [], [], []
+    every = INTERLEAVED_DOCS // INTERLEAVED_BOMBS
+    for i in range(INTERLEAVED_DOCS):
+        a, b = (i * 997) % (len(text) - 2000), (i * 577) % (len(text) - 2000)
+        keys.append(f"doc-{i:05d}")
+        texts.append([repeat_to(text[a:], 600), None, repeat_to(text[b:], 300)])
+        imgs.append([None, photos[i % len(photos)], None])
+        if i % every == every // 2:
+            keys.append(f"bomb-{i:05d}")
+            texts.append([big])
+            imgs.append([None])
+    return pa.table(
+        {
+            "key": keys,
+            "texts": pa.array(texts, pa.list_(pa.string())),
+            "images": pa.array(imgs, pa.list_(pa.binary())),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def interleaved_files(tmp_path_factory, text) -> tuple[str, str]:
+    """The documents of :func:`interleaved_table` in one zstd row group without a dictionary
+    (about 2 MB of compressed text, the photos, and 576 MiB of text decompressed), and the same
+    rewritten in row groups of 50 rows."""
+    root = tmp_path_factory.mktemp("interleaved")
+    table = interleaved_table(text)
+    one, small = str(root / "one.parquet"), str(root / "small.parquet")
+    pq.write_table(table, one, compression="zstd", use_dictionary=False)
+    pq.write_table(table, small, compression="zstd", use_dictionary=False, row_group_size=50)
+    assert pq.ParquetFile(one).metadata.num_row_groups == 1
+    assert pq.ParquetFile(small).metadata.num_row_groups > 10
+    return one, small
+
+
+@pytest.fixture(scope="module")
+def vlm_tokenizer(tmp_path_factory) -> str:
+    from qwen_reference import write_tokenizer_json
+
+    return write_tokenizer_json(str(tmp_path_factory.mktemp("vlm-tok") / "tokenizer.json"))
+
+
+INTERLEAVED_COUNT = """
+from shardstream import InterleavedLoader, QwenVL, count_interleaved
+c = count_interleaved({path!r}, tokenizer={tokenizer!r}, spec=QwenVL(max_pixels=28 * 28 * 64), seq_len=512,
+                      batch_size=2, eos_token="</s>", max_document_bytes={cap}, threads=1)
+"""
+
+
+def test_an_interleaved_row_group_is_read_in_pieces(interleaved_files, vlm_tokenizer):
+    """docs/guides/memory.md's bound for the interleaved kind: the 576 MiB of text over the cap
+    are skipped as they stream past, and the one row group is read a piece at a time."""
+    path, _ = interleaved_files
+    cap = 16 * MiB
+    out = peak_of(
+        INTERLEAVED_COUNT.format(path=path, tokenizer=vlm_tokenizer, cap=cap)
+        + """
+loader = InterleavedLoader(c, pad_token_id=2, threads=1)
+n = sum(len(b.keys) for b, _ in zip(loader, range(40)))
+out = {"documents": c.documents, "skipped": c.skipped, "read": n}
+"""
+    )
+    assert out["skipped"] == {"member_too_large": INTERLEAVED_BOMBS}
+    assert out["documents"] == INTERLEAVED_DOCS and out["read"] > 40
+    bound = text_bound(cap, os.path.getsize(path))
+    assert out["grown"] < min(bound, 1 << 30), f"grew by {out['grown'] >> 20} MiB (bound {bound >> 20} MiB)"
+
+
+def test_an_interleaved_file_in_small_row_groups_yields_the_same_batches(interleaved_files, vlm_tokenizer):
+    """The pieces never change what a file yields: the one row group and the same documents in
+    row groups of 50 give the same documents, skips and batches, byte for byte."""
+    import hashlib
+
+    pytest.importorskip("torch")
+    from shardstream import InterleavedLoader, QwenVL, count_interleaved
+
+    def epoch(path):
+        c = count_interleaved(
+            path,
+            tokenizer=vlm_tokenizer,
+            spec=QwenVL(max_pixels=28 * 28 * 64),
+            seq_len=512,
+            batch_size=2,
+            eos_token="</s>",
+            max_document_bytes=16 * MiB,
+            threads=1,
+        )
+        digests = []
+        for b in InterleavedLoader(c, pad_token_id=2, threads=1):
+            h = hashlib.sha256()
+            for t in (b.input_ids, b.labels, b.position_ids, b.pixel_values, b.image_grid_thw):
+                h.update(t.numpy().tobytes())
+            digests.append((list(b.keys), h.hexdigest()))
+        return c.documents, c.skipped, c.total_batches, digests
+
+    one, small = interleaved_files
+    got, want = epoch(one), epoch(small)
+    assert got[:3] == (INTERLEAVED_DOCS, {"member_too_large": INTERLEAVED_BOMBS}, len(got[3]))
+    assert got == want

@@ -7,6 +7,10 @@ turns whose ``<image>`` placeholders stand for the sample's images, and ``image`
 for ``KEY.jpg``, ``"0.jpg"`` for ``KEY.0.jpg``). A single ``image`` that names no member (LLaVA
 keeps the original path, ``"coco/train2017/....jpg"``) is the sample's one image member.
 
+In Parquet (LLaVA-OneVision-Data, the Cauldron), the turns are a ``list<struct<from, value>>``
+column named by ``field`` (or the Cauldron's ``list<struct<user, assistant, source>>``) beside
+an ``image`` column (one ``datasets`` Image struct or binary) or an ``images`` list of them.
+
 The rendering and its labels are described once, on :class:`Conversations`.
 """
 
@@ -30,8 +34,14 @@ DEFAULT_ROLES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Conversations:
-    """Reads tars of LLaVA-style conversations instead of interleaved documents, for
-    :func:`~shardstream.count_interleaved`'s ``layout=``.
+    """Reads LLaVA-style conversations instead of interleaved documents, for
+    :func:`~shardstream.count_interleaved`'s ``layout=``: from tars (``KEY.json``), or from
+    Parquet, where ``field`` names a ``list<struct<from: string, value: string>>`` column
+    (LLaVA-OneVision-Data's ``conversations``) or a ``list<struct<user: string, assistant:
+    string>>`` one (the Cauldron's ``texts``: each item a user turn, then an assistant turn;
+    when no turn holds a ``placeholder``, the row's images lead its first user turn), beside an
+    ``images`` column (a list of ``datasets`` Image structs or binary) or an ``image`` column
+    (one; null for none). A row is rendered, labelled and checked as a tar's sample is.
 
     A conversation is rendered as a chat template renders string contents (the defaults are
     ChatML, as Qwen2-VL's and Qwen2.5-VL's templates): when ``system`` is set and the first turn
@@ -56,7 +66,7 @@ class Conversations:
     (``missing_text``).
 
     Attributes:
-        field: The JSON field holding the turns.
+        field: The JSON field (tar) or the column (Parquet) holding the turns.
         placeholder: What stands for an image in a turn's value.
         system: The system turn put first when a conversation has none; None: none.
         turn_start: Opens a turn; ``{role}`` is replaced by the turn's role.

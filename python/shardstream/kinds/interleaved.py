@@ -277,7 +277,8 @@ def count_interleaved(
     Args:
         urls: Parquet files (OBELICS layout: aligned list columns ``texts`` of strings and
             ``images`` of binary or ``datasets`` Image structs, one of the two non-null at each
-            position; a unit is the whole file, read one row group at a time) and WebDataset
+            position; a unit is the whole file, read one row group at a time, a piece of rows
+            at a time) and WebDataset
             tars (MINT-1T layout: ``KEY.json`` with ``texts`` and ``images`` lists, an image
             entry naming a member of the sample by extension, ``"0.jpg"`` for ``KEY.0.jpg``; a
             unit is a shard), as
@@ -301,10 +302,11 @@ def count_interleaved(
         max_pixels: An image of more pixels by its header is a pixel bomb: its document is
             skipped (``too_many_pixels``) before anything is decoded; default: the loader's.
         eos_token: The token after every document; None: the tokenizer's usual EOS.
-        layout: What a tar sample is, when not an interleaved document: a multi-image LLaVA
-            conversation (:class:`~shardstream.Conversations`, which says how it is rendered
-            and labelled) or an image-caption pair (:class:`~shardstream.Captions`); ``texts``
-            and ``images`` are then unused. None: interleaved documents (the lists).
+        layout: What a sample (a tar sample or a Parquet row) is, when not an interleaved
+            document: a multi-image LLaVA conversation (:class:`~shardstream.Conversations`,
+            which says how it is rendered and labelled, and which Parquet columns it reads) or
+            an image-caption pair (:class:`~shardstream.Captions`); ``texts`` and ``images`` are
+            then unused. None: interleaved documents (the lists).
         threads: Threads reading and tokenizing (default: this process's share of the cores).
         output: If given, the counts are also saved there.
         source: How the files are fetched (S3 endpoint, cache, ...).
@@ -351,11 +353,6 @@ def count_interleaved(
     shards = expand_urls(urls, **options)
     if not shards:
         raise ValueError(f"no files match {urls!r}")
-    parquet = [s for s in shards if str(s).split("?")[0].endswith(".parquet")]
-    if layout is not None and parquet:
-        shown = getattr(parquet[0], "display", parquet[0])
-        what = type(layout).__name__
-        raise OptionError("layout", f"{what} are read from WebDataset tars; {shown} is Parquet")
     tokenizer = os.path.abspath(os.fspath(tokenizer))
     settings = {
         "spec": spec.settings(),

@@ -1,6 +1,9 @@
 //! Multi-image conversations (LLaVA layout) as documents: a tar sample's `KEY.json` holds a
 //! `conversations` list of `{"from", "value"}` turns whose `<image>` placeholders stand for the
-//! sample's images, named by `image` (one) or `images` (a list) as members of the sample.
+//! sample's images, named by `image` (one) or `images` (a list) as members of the sample. A
+//! Parquet row holds the same turns as a `list<struct<from, value>>` column beside an `image` or
+//! `images` column (`parquet_documents`); both are read into a [`Conversation`] and rendered by
+//! [`render`].
 //!
 //! A conversation is rendered by a chat format (ChatML by default, as Qwen2-VL's template
 //! renders string contents): an optional default system turn, then per turn
@@ -125,6 +128,22 @@ pub fn conversation_document(raw: RawSample, format: &ChatFormat) -> DocumentRes
         .map_err(|r| (key, r))
 }
 
+/// A conversation as read, from a tar sample's JSON or a Parquet row (`parquet_documents`),
+/// before it is rendered: one renderer, one set of checks and labels for both.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Conversation {
+    pub turns: Vec<Turn>,
+    /// The images, in the order of the placeholders over the whole conversation.
+    pub images: Vec<Vec<u8>>,
+}
+
+/// A turn's `from` and `value`; None where it is not a string.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Turn {
+    pub from: Option<String>,
+    pub value: Option<String>,
+}
+
 fn conversation_parts(mut raw: RawSample, format: &ChatFormat) -> Result<Vec<Part>, Rejection> {
     if let Some(defect) = raw.defect.take() {
         return Err(defect);
@@ -146,9 +165,29 @@ fn conversation_parts(mut raw: RawSample, format: &ChatFormat) -> Result<Vec<Par
     };
     let names = image_names(&value)?;
     let images = take_images(&mut raw, &names)?;
+    let field = |t: &serde_json::Value, name: &str| {
+        t.get(name).and_then(|v| v.as_str()).map(str::to_string)
+    };
+    let turns = turns
+        .iter()
+        .map(|t| Turn {
+            from: field(t, "from"),
+            value: field(t, "value"),
+        })
+        .collect();
+    render(Conversation { turns, images }, format)
+}
+
+/// A conversation's parts under `format`, or why it cannot be rendered.
+pub(super) fn render(
+    conversation: Conversation,
+    format: &ChatFormat,
+) -> Result<Vec<Part>, Rejection> {
+    let Conversation { turns, images } = conversation;
+    let bad = |detail: String| (Reason::BadJson, detail);
     let placeholders: usize = turns
         .iter()
-        .filter_map(|t| t.get("value").and_then(|v| v.as_str()))
+        .filter_map(|t| t.value.as_deref())
         .map(|v| v.matches(format.placeholder.as_str()).count())
         .sum();
     if placeholders != images.len() {
@@ -162,10 +201,7 @@ fn conversation_parts(mut raw: RawSample, format: &ChatFormat) -> Result<Vec<Par
         ));
     }
     let mut parts = Vec::with_capacity(4 * turns.len() + images.len() + 4);
-    let first_from = turns
-        .first()
-        .and_then(|t| t.get("from"))
-        .and_then(|f| f.as_str());
+    let first_from = turns.first().and_then(|t| t.from.as_deref());
     let starts_with_system = first_from.and_then(|f| format.role(f)) == Some("system");
     if let (Some(system), false) = (&format.system, starts_with_system) {
         parts.push(format.frame(format.turn_start.replace("{role}", "system")));
@@ -176,17 +212,17 @@ fn conversation_parts(mut raw: RawSample, format: &ChatFormat) -> Result<Vec<Par
     let mut images = images.into_iter();
     let mut learned = false;
     for (i, turn) in turns.iter().enumerate() {
-        let field = |name: &str| {
-            turn.get(name)
-                .and_then(|v| v.as_str())
+        let field = |value: &Option<String>, name: &str| {
+            value
+                .clone()
                 .ok_or_else(|| bad(format!("turn {i} has no string {name:?}")))
         };
-        let (from, text) = (field("from")?, field("value")?);
+        let (from, text) = (field(&turn.from, "from")?, field(&turn.value, "value")?);
         let role = format
-            .role(from)
+            .role(&from)
             .ok_or_else(|| bad(format!("turn {i}: unknown role {from:?} (not in roles)")))?;
         learned |= role == ASSISTANT;
-        format.turn(role, text, &mut images, &mut parts)?;
+        format.turn(role, &text, &mut images, &mut parts)?;
     }
     if format.assistant_only && !learned {
         return Err((

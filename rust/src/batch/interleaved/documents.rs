@@ -1,30 +1,30 @@
 //! A unit's interleaved documents, in file order: each an ordered sequence of text segments and
 //! encoded images, checked (aligned, present, valid UTF-8, within the caps) but not decoded.
 //!
-//! Two layouts:
+//! The layouts:
 //! - Parquet (OBELICS, OmniCorpus): aligned list columns `texts` (strings) and `images`
 //!   (binary, or the `datasets` Image struct `bytes`, `path`); at each position exactly one of
-//!   the two holds a value. A unit is the whole file, read a row group at a time (each row group
-//!   whole: this kind does not read Parquet in pieces yet).
+//!   the two holds a value. A unit is the whole file, read a row group at a time and a row group
+//!   a piece of rows at a time (`parquet_documents`), so a row group's size never sets memory.
 //! - WebDataset tars (MINT-1T, Energon): `KEY.json` holding `texts` and `images` lists whose
 //!   image entries name members of the same sample by extension (`"0.jpg"` for `KEY.0.jpg`).
-//! - Conversations in tars (LLaVA): see `conversation`, which renders them into parts.
-//! - Image-caption pairs in tars: see `captions` (one-image documents).
+//! - Conversations (LLaVA, LLaVA-OneVision, the Cauldron), in tars or Parquet: see
+//!   `conversation`, which renders them into parts, and `parquet_documents`.
+//! - Image-caption pairs, in tars or Parquet: see `captions` (one-image documents).
 //!
 //! A document that cannot be used is a counted skip with a typed reason, the same in the count
 //! pass and the loader.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::captions::{caption_document, CaptionKeys};
 use super::conversation::{conversation_document, ChatFormat};
+use super::parquet_documents::ParquetRows;
 use crate::batch::packed::TextUnit;
 use crate::batch::sample::Rejection;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::read::group::{open_shard, RawSample, SampleReader};
-use crate::read::parquet::lists::{read_lists, List};
-use crate::read::parquet::values::read_leaf;
+use crate::read::parquet::lists::List;
 use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::source::{Expected, SourceOptions, SourceStats};
 
@@ -88,27 +88,17 @@ pub enum Layout {
     /// Aligned `texts` and `images` lists: Parquet columns, or a tar sample's JSON member.
     #[default]
     Lists,
-    /// A tar sample's LLaVA conversation, rendered by this chat format.
+    /// A LLaVA conversation (a tar sample's JSON, or a Parquet row's turns column), rendered by
+    /// this chat format.
     Conversations(ChatFormat),
-    /// A tar sample's image-caption pair, as a one-image document.
+    /// An image-caption pair (a tar sample's members, or a Parquet row's columns), as a
+    /// one-image document.
     Captions(CaptionKeys),
 }
 
 enum Rows {
-    Parquet(Box<ParquetRows>),
+    Parquet(Box<super::parquet_documents::ParquetRows>),
     Tar(Box<SampleReader>),
-}
-
-/// A Parquet unit's row groups, read one at a time.
-struct ParquetRows {
-    file: ParquetFile,
-    /// The next row group, its first row, and the row the unit ends at (None: the file's end).
-    group: usize,
-    first_row: u64,
-    end_row: Option<u64>,
-    ready: VecDeque<DocumentResult>,
-    /// The file's name, for keys of rows without a key column.
-    stem: String,
 }
 
 /// The documents of one unit, in order.
@@ -135,44 +125,11 @@ impl UnitDocuments {
             kind,
         };
         let rows = if is_parquet_name(&unit.url) {
-            if spec.layout != Layout::Lists {
-                return Err(fault(
-                    Reason::Unreadable,
-                    "conversations and caption pairs are read from WebDataset tars, not Parquet"
-                        .into(),
-                    SourceKind::Other,
-                ));
-            }
             let file = ParquetFile::open(&unit.url, &expected, opts, stats)
                 .map_err(|f| fault(f.reason, f.detail, f.kind))?;
-            let counts = file.row_counts();
-            let mut first = 0;
-            let group = counts
-                .iter()
-                .position(|&n| {
-                    let here = first == unit.first_row;
-                    first += n;
-                    here
-                })
-                .unwrap_or(counts.len());
-            if group == counts.len() && unit.first_row > 0 {
-                return Err(fault(
-                    Reason::Unreadable,
-                    format!(
-                        "no row group starts at row {} (the file changed?)",
-                        unit.first_row
-                    ),
-                    SourceKind::Other,
-                ));
-            }
-            Rows::Parquet(Box::new(ParquetRows {
-                file,
-                group,
-                first_row: unit.first_row,
-                end_row: unit.rows.map(|r| unit.first_row + r),
-                ready: VecDeque::new(),
-                stem: file_stem(&unit.url),
-            }))
+            let rows = ParquetRows::new(file, unit.first_row, unit.rows, &unit.url)
+                .map_err(|detail| fault(Reason::Unreadable, detail, SourceKind::Other))?;
+            Rows::Parquet(Box::new(rows))
         } else {
             let reader = open_shard(
                 &unit.url,
@@ -196,32 +153,15 @@ impl UnitDocuments {
     /// The next document, or the fault that ends the unit.
     pub fn next_document(&mut self) -> Option<Result<DocumentResult, Fault>> {
         match &mut self.rows {
-            Rows::Parquet(rows) => loop {
-                if let Some(doc) = rows.ready.pop_front() {
-                    return Some(Ok(doc));
-                }
-                let counts = rows.file.row_counts();
-                let ended = rows.end_row.is_some_and(|end| rows.first_row >= end);
-                if rows.group >= counts.len() || ended {
-                    return None;
-                }
-                let group = rows.group;
-                match group_documents(&rows.file, (group, rows.first_row), &rows.stem, &self.spec) {
-                    Ok(docs) => rows.ready = docs,
-                    Err((reason, detail)) => {
-                        rows.group = counts.len();
-                        return Some(Err(Fault {
-                            reason,
-                            url: self.display.clone(),
-                            key: String::new(),
-                            detail,
-                            kind: SourceKind::Other,
-                        }));
-                    }
-                }
-                rows.first_row += counts[group];
-                rows.group += 1;
-            },
+            Rows::Parquet(rows) => rows.next_document(&self.spec).map(|r| {
+                r.map_err(|f| Fault {
+                    reason: f.reason,
+                    url: self.display.clone(),
+                    key: String::new(),
+                    detail: f.detail,
+                    kind: f.kind,
+                })
+            }),
             Rows::Tar(reader) => Some(match reader.next()? {
                 Err(f) => Err(Fault {
                     reason: f.reason,
@@ -251,80 +191,17 @@ impl UnitDocuments {
     }
 }
 
-/// The documents of row group `group` (its first row `first_row`), read whole.
-fn group_documents(
-    file: &ParquetFile,
-    (group, first_row): (usize, u64),
-    stem: &str,
-    spec: &DocumentSpec,
-) -> Result<VecDeque<DocumentResult>, Rejection> {
-    let missing = |e: String| (Reason::MissingColumn, e);
-    let texts = file.list_column(&spec.texts).map_err(missing)?;
-    let images = file.list_column(&spec.images).map_err(missing)?;
-    let rows = file.row_counts()[group] as usize;
-    let key = file
-        .schema
-        .members(Some(&[]))
-        .columns
-        .into_iter()
-        .find(|c| file.schema.key().is_some_and(|k| k.name == c.name));
-    let mut leaves = vec![texts.values, images.values];
-    leaves.extend(images.paths);
-    leaves.extend(key.as_ref().map(|k| k.leaf));
-    let reader = file
-        .row_group_reader(group, &leaves, spec.max_document_bytes, first_row)
-        .map_err(|f| (f.reason, f.detail))?;
-    let corrupt = |what: &str, e: parquet::errors::ParquetError| {
-        let f = file.corrupt(format!("row group {group}: {what}: {e}"));
-        (f.reason, f.detail)
-    };
-    let text_lists = read_lists(&reader, texts.values, rows).map_err(|e| corrupt("texts", e))?;
-    let image_lists = read_lists(&reader, images.values, rows).map_err(|e| corrupt("images", e))?;
-    let path_lists = match images.paths {
-        Some(leaf) => Some(read_lists(&reader, leaf, rows).map_err(|e| corrupt("paths", e))?),
-        None => None,
-    };
-    let keys = match &key {
-        Some(k) => Some(read_leaf(&reader, k.leaf, rows).map_err(|e| corrupt("key", e))?),
-        None => None,
-    };
-    if text_lists.len() != rows || image_lists.len() != rows {
-        return Err((
-            Reason::CorruptParquet,
-            format!("row group {group}: the lists hold fewer rows than the footer's {rows}"),
-        ));
-    }
-    let mut paths = path_lists.map(|p| p.into_iter());
-    let mut keys = keys.map(|k| k.into_iter());
-    Ok(text_lists
-        .into_iter()
-        .zip(image_lists)
-        .enumerate()
-        .map(|(i, (texts, images))| {
-            let row = first_row + i as u64;
-            let key = keys
-                .as_mut()
-                .and_then(|k| k.next().flatten())
-                .and_then(|b| String::from_utf8(b).ok())
-                .unwrap_or_else(|| format!("{stem}/{row}"));
-            let paths = paths.as_mut().and_then(|p| p.next()).flatten();
-            aligned(texts, images, paths, spec)
-                .map(|parts| Document {
-                    key: key.clone(),
-                    parts,
-                })
-                .map_err(|(reason, detail)| (key, (reason, format!("row {row}: {detail}"))))
-        })
-        .collect())
-}
-
 /// The parts of aligned `texts` and `images` lists (with the images' `path`s, when the images
 /// are structs).
-fn aligned(
+/// `oversized`: the document's bytes when a list's values passed `max_document_bytes` as they
+/// were read (those from there on are empty here): it is refused for its size, after the checks
+/// of its shape.
+pub(super) fn aligned(
     texts: List,
     images: List,
     paths: List,
     spec: &DocumentSpec,
+    oversized: Option<u64>,
 ) -> Result<Vec<Part>, Rejection> {
     let misaligned = |detail: String| Err((Reason::MisalignedDocument, detail));
     let (texts, images) = match (texts, images) {
@@ -360,14 +237,21 @@ fn aligned(
         };
         parts.push(part);
     }
-    check_caps(&parts, spec)?;
+    let images = parts.iter().filter(|p| matches!(p, Part::Image(_))).count();
+    let bytes = oversized.unwrap_or_else(|| parts.iter().map(|p| p.bytes() as u64).sum());
+    caps(images, bytes, parts.is_empty(), spec)?;
     Ok(parts)
 }
 
 /// A document's images and bytes within the caps, and not empty.
 pub(super) fn check_caps(parts: &[Part], spec: &DocumentSpec) -> Result<(), Rejection> {
     let images = parts.iter().filter(|p| matches!(p, Part::Image(_))).count();
-    let bytes = parts.iter().map(Part::bytes).sum::<usize>();
+    let bytes = parts.iter().map(|p| p.bytes() as u64).sum();
+    caps(images, bytes, parts.is_empty(), spec)
+}
+
+/// A document of `images` images and `bytes` bytes within the caps, and not `empty`.
+fn caps(images: usize, bytes: u64, empty: bool, spec: &DocumentSpec) -> Result<(), Rejection> {
     if images > spec.max_images as usize {
         return Err((
             Reason::TooManyImages,
@@ -377,7 +261,7 @@ pub(super) fn check_caps(parts: &[Part], spec: &DocumentSpec) -> Result<(), Reje
             ),
         ));
     }
-    if bytes as u64 > spec.max_document_bytes {
+    if bytes > spec.max_document_bytes {
         return Err((
             Reason::MemberTooLarge,
             format!(
@@ -386,7 +270,7 @@ pub(super) fn check_caps(parts: &[Part], spec: &DocumentSpec) -> Result<(), Reje
             ),
         ));
     }
-    if parts.is_empty() {
+    if empty {
         return Err((Reason::MissingText, "an empty document".into()));
     }
     Ok(())
@@ -487,11 +371,4 @@ pub(super) fn take_member(
     } else {
         std::mem::take(member)
     })
-}
-
-/// The file name without its folder and `.parquet`.
-fn file_stem(url: &str) -> String {
-    let path = url.split(['?', '#']).next().unwrap_or(url);
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.strip_suffix(".parquet").unwrap_or(name).to_string()
 }

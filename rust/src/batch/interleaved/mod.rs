@@ -21,6 +21,7 @@ mod count;
 mod documents;
 mod measure;
 mod pack;
+mod parquet_documents;
 mod pipeline;
 mod positions;
 mod spec;

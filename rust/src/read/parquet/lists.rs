@@ -6,15 +6,19 @@
 //! element is None) and one per row (a null list is None), as `values` gives a flat column's: a
 //! consumer checks UTF-8 and alignment, so one bad document never costs its row group.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use parquet::basic::Repetition;
-use parquet::column::reader::ColumnReader;
+use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use parquet::data_type::ByteArrayType;
 use parquet::errors::{ParquetError, Result};
-use parquet::file::reader::RowGroupReader;
 use parquet::schema::types::{SchemaDescriptor, Type};
 
+use super::pages::PageTally;
 use super::ParquetFile;
 
-/// Rows decoded per call (bounds what one call allocates, as `values::BATCH`).
+/// Rows decoded per call at most (bounds what one call allocates, as `values::STEP`).
 const BATCH: usize = 256;
 
 /// One row's list: None for a null list, else its elements (None: a null element).
@@ -114,49 +118,184 @@ fn levels(descr: &SchemaDescriptor, leaf: usize) -> Result<(i16, i16)> {
     )))
 }
 
-/// Row group `reader`'s lists of leaf `leaf`, one per row; `rows` is the footer's count (a
-/// column with more rows is an error; fewer are returned for the caller to report).
-pub fn read_lists(reader: &dyn RowGroupReader, leaf: usize, rows: usize) -> Result<Vec<List>> {
-    let descr = reader.metadata().schema_descr();
-    let (list_def, element_def) = levels(descr, leaf)?;
-    let max_def = descr.column(leaf).max_def_level();
-    let ColumnReader::ByteArrayColumnReader(mut column) = reader.get_column_reader(leaf)? else {
-        return Err(ParquetError::General(format!(
-            "column {} is not bytes",
-            descr.column(leaf).path()
-        )));
-    };
-    let mut out: Vec<List> = Vec::with_capacity(rows.min(BATCH));
-    let (mut defs, mut reps, mut values) = (Vec::new(), Vec::new(), Vec::new());
-    loop {
-        defs.clear();
-        reps.clear();
-        values.clear();
-        let (records, _, _) =
-            column.read_records(BATCH, Some(&mut defs), Some(&mut reps), &mut values)?;
-        if records == 0 {
-            return Ok(out);
-        }
-        let mut present = values.iter();
-        for (&d, &r) in defs.iter().zip(&reps) {
-            if r == 0 {
-                out.push((d >= list_def).then(Vec::new));
+/// Lists read by [`ListCursor::read`]: one a row, and the rows whose values passed the cap.
+#[derive(Default)]
+pub(crate) struct ListPiece {
+    pub lists: Vec<List>,
+    /// (index in `lists`, all its values' bytes) of each row whose values together are more
+    /// than the cap: its values from the one that passed it on are handed on empty, so a row
+    /// never costs more than the cap, and its whole size is still known.
+    pub too_large: Vec<(usize, u64)>,
+}
+
+/// A list column of one row group (`list<string>`, `list<binary>`, a field of `list<struct>`),
+/// read a piece of rows at a time, as `values::LeafCursor` reads a flat one: what it holds at
+/// once is the page or two a call reads (bounded by `pages::BoundedPages`) and the piece's lists.
+pub(crate) struct ListCursor {
+    reader: ColumnReaderImpl<ByteArrayType>,
+    list_def: i16,
+    element_def: i16,
+    max_def: i16,
+    /// A row's values past this many bytes are handed on empty (see [`ListPiece::too_large`]).
+    cap: u64,
+    tally: Arc<PageTally>,
+    /// Levels read so far.
+    read: u64,
+    defs: Vec<i16>,
+    reps: Vec<i16>,
+}
+
+impl ListCursor {
+    /// A cursor over leaf `leaf`'s `reader` (its pages counted in `tally`).
+    pub(crate) fn new(
+        reader: ColumnReader,
+        schema: &SchemaDescriptor,
+        leaf: usize,
+        cap: u64,
+        tally: Arc<PageTally>,
+    ) -> Result<Self> {
+        let (list_def, element_def) = levels(schema, leaf)?;
+        let ColumnReader::ByteArrayColumnReader(reader) = reader else {
+            return Err(ParquetError::General(format!(
+                "column {} is not bytes",
+                schema.column(leaf).path()
+            )));
+        };
+        Ok(Self {
+            reader,
+            list_def,
+            element_def,
+            max_def: schema.column(leaf).max_def_level(),
+            cap,
+            tally,
+            read: 0,
+            defs: Vec::new(),
+            reps: Vec::new(),
+        })
+    }
+
+    /// Appends up to `rows` more lists to `piece`, stopping early once `max_bytes` of values
+    /// are in it (after one row at least); returns the rows read (0: the column has ended).
+    /// Each call asks for no more rows than levels are left in the pages handed out (a row has
+    /// one level at least), so a call reads its current page and at most the rest of a row.
+    pub(crate) fn read(
+        &mut self,
+        rows: usize,
+        max_bytes: usize,
+        piece: &mut ListPiece,
+    ) -> Result<usize> {
+        let (mut got, mut bytes) = (0, 0usize);
+        let mut values = Vec::new();
+        while got < rows && (got == 0 || bytes < max_bytes) {
+            let pending = self
+                .tally
+                .levels
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.read);
+            let step = (pending as usize).clamp(1, BATCH).min(rows - got);
+            self.defs.clear();
+            self.reps.clear();
+            values.clear();
+            let (records, _, levels) = self.reader.read_records(
+                step,
+                Some(&mut self.defs),
+                Some(&mut self.reps),
+                &mut values,
+            )?;
+            if records == 0 {
+                break;
             }
-            if d >= element_def {
-                let element = if d == max_def {
-                    present.next().map(|v| v.data().to_vec())
+            // Values a streamed page skipped for size, by their level in the chunk.
+            let end = self.read + levels as u64;
+            let mut skipped: Vec<(u64, u64)> = Vec::new();
+            self.tally.oversized.lock().expect("tally").retain(|&v| {
+                let here = v.0 < end;
+                if here && v.0 >= self.read {
+                    skipped.push(v);
+                }
+                !here
+            });
+            let mut skipped = skipped.into_iter().peekable();
+            let mut present = values.iter();
+            let mut row_bytes = 0u64;
+            for (i, (&d, &r)) in self.defs.iter().zip(&self.reps).enumerate() {
+                if r == 0 {
+                    self.close_row(row_bytes, piece);
+                    piece.lists.push((d >= self.list_def).then(Vec::new));
+                    row_bytes = 0;
+                }
+                if d < self.element_def {
+                    continue;
+                }
+                let element = if d == self.max_def {
+                    let value = present.next().map_or(&[][..], |v| v.data());
+                    let level = self.read + i as u64;
+                    let len = match skipped.next_if(|&(at, _)| at == level) {
+                        Some((_, len)) => len,
+                        None => value.len() as u64,
+                    };
+                    row_bytes += len;
+                    if row_bytes > self.cap || len as usize != value.len() {
+                        Some(Vec::new())
+                    } else {
+                        bytes += value.len();
+                        Some(value.to_vec())
+                    }
                 } else {
                     None
                 };
-                if let Some(Some(list)) = out.last_mut() {
+                if let Some(Some(list)) = piece.lists.last_mut() {
                     list.push(element);
                 }
             }
+            self.close_row(row_bytes, piece);
+            self.read = end;
+            got += records;
         }
-        if out.len() > rows {
-            return Err(ParquetError::General(format!(
-                "a column holds more rows than the footer's {rows}"
-            )));
+        Ok(got)
+    }
+
+    /// Notes the last row of `piece` as too large when its `row_bytes` are over the cap.
+    fn close_row(&self, row_bytes: u64, piece: &mut ListPiece) {
+        let row = piece.lists.len().wrapping_sub(1);
+        if row_bytes > self.cap && piece.too_large.last().is_none_or(|&(r, _)| r != row) {
+            piece.too_large.push((row, row_bytes));
         }
+    }
+}
+
+impl ParquetFile {
+    /// The leaves of fields `fields` of the `list<struct<...>>` column `name` (a conversation's
+    /// turns), in that order: Err says which is missing, or that `name` is not such a list.
+    pub fn list_fields(
+        &self,
+        name: &str,
+        fields: &[&str],
+    ) -> std::result::Result<Vec<usize>, String> {
+        let descr = self.meta.file_metadata().schema_descr();
+        let root = descr
+            .root_schema()
+            .get_fields()
+            .iter()
+            .position(|f| f.name() == name)
+            .ok_or_else(|| format!("no column {name:?}"))?;
+        fields
+            .iter()
+            .map(|field| {
+                (0..descr.num_columns())
+                    .find(|&l| {
+                        let c = descr.column(l);
+                        descr.get_column_root_idx(l) == root
+                            && c.max_rep_level() == 1
+                            && c.physical_type() == parquet::basic::Type::BYTE_ARRAY
+                            && c.path().parts().last().map(String::as_str) == Some(*field)
+                    })
+                    .ok_or_else(|| {
+                        format!(
+                            "the column {name:?} is not a list of structs with a string {field:?}"
+                        )
+                    })
+            })
+            .collect()
     }
 }

@@ -16,6 +16,7 @@ mod chunks;
 mod footers;
 pub mod lists;
 pub(crate) mod pages;
+pub(crate) mod rows;
 pub mod schema;
 pub(crate) mod values;
 
@@ -25,8 +26,7 @@ use std::sync::Arc;
 use parquet::basic::Compression;
 use parquet::column::reader::{get_column_reader, ColumnReader};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
-use parquet::file::properties::ReaderProperties;
-use parquet::file::serialized_reader::{SerializedPageReader, SerializedRowGroupReader};
+use parquet::file::serialized_reader::SerializedPageReader;
 
 pub use chunks::RangedFile;
 pub use schema::{ColumnKind, Feature, FileSchema};
@@ -134,27 +134,10 @@ impl ParquetFile {
         self.row_counts().iter().sum()
     }
 
-    /// Row group `group`'s reader over the chunks of `leaves`, fetched (one range each,
-    /// coalesced) and bounded: a chunk larger than `rows` values of `max_value_bytes` take
-    /// ([`chunk_limit`]) is refused before it is fetched. `first_row` (the group's first row)
-    /// goes into a fault's offset.
-    pub fn row_group_reader(
-        &self,
-        group: usize,
-        leaves: &[usize],
-        max_value_bytes: u64,
-        first_row: u64,
-    ) -> Result<SerializedRowGroupReader<'_, RangedFile>, ShardFault> {
-        self.fetch_chunks(group, leaves, max_value_bytes, first_row)?;
-        let meta = self.meta.row_group(group);
-        let props = Arc::new(ReaderProperties::builder().build());
-        let page_index = self.meta.page_index_for_row_group(group);
-        SerializedRowGroupReader::new(self.file.clone(), meta, page_index, props)
-            .map_err(|e| self.corrupt(format!("row group {group}: {e}")))
-    }
-
-    /// Fetches row group `group`'s chunks of `leaves` (see [`Self::row_group_reader`]),
-    /// releasing the previous row group's.
+    /// Fetches row group `group`'s chunks of `leaves` (one range each, coalesced)
+    /// and bounded: a chunk larger than `rows` values of `max_value_bytes` take ([`chunk_limit`])
+    /// is refused before it is fetched; `first_row` (the group's first row) goes into a fault's
+    /// offset. Releases the previous row group's.
     fn fetch_chunks(
         &self,
         group: usize,
@@ -295,24 +278,16 @@ pub struct ParquetSamples {
     /// (column, member name): columns handed out under another name than their own.
     renamed: Vec<(String, String)>,
     /// The row group being read, a piece at a time.
-    current: Option<GroupCursor>,
+    current: Option<rows::GroupPieces>,
     /// A piece's most rows, and the value bytes after which it stops early.
     piece_rows: usize,
     piece_bytes: usize,
 }
 
 /// Rows decoded into samples at a time: what a row group costs is a piece of it, never all.
-const PIECE_ROWS: usize = 1024;
+pub(crate) const PIECE_ROWS: usize = 1024;
 /// Value bytes after which a piece stops early (a piece holds at least one row).
-const PIECE_BYTES: usize = 16 << 20;
-
-/// A row group being read: one cursor a wanted column, and the rows read of its footer's count.
-struct GroupCursor {
-    columns: Vec<values::LeafCursor>,
-    tallies: Vec<Arc<pages::PageTally>>,
-    rows: u64,
-    read: u64,
-}
+pub(crate) const PIECE_BYTES: usize = 16 << 20;
 
 impl ParquetSamples {
     /// The member size limit the chunks are bounded by (default: the core's `MAX_MEMBER_BYTES`).
@@ -347,103 +322,47 @@ impl ParquetSamples {
         self
     }
 
-    /// Opens row group `self.group`: fetches its wanted column chunks (one range each) and
-    /// makes a cursor over each.
-    fn open_group(&mut self) -> Result<GroupCursor, ShardFault> {
-        let rows = self.counts[self.group];
-        let leaves: Vec<usize> = self.columns.columns.iter().map(|c| c.leaf).collect();
-        self.file
-            .fetch_chunks(self.group, &leaves, self.max_member_bytes, self.group_first)?;
-        let mut columns = Vec::with_capacity(leaves.len());
-        let mut tallies = Vec::with_capacity(leaves.len());
-        for c in &self.columns.columns {
-            let cursor = self
-                .file
-                .bounded_column(self.group, c.leaf, self.max_member_bytes)
-                .and_then(|(reader, tally)| {
-                    let descr = self
-                        .file
-                        .meta
-                        .row_group(self.group)
-                        .column(c.leaf)
-                        .column_descr_ptr();
-                    tallies.push(tally.clone());
-                    values::LeafCursor::new(reader, &descr, self.max_member_bytes, tally)
-                })
-                .map_err(|e| self.column_fault(c, &tallies, e))?;
-            columns.push(cursor);
-        }
-        Ok(GroupCursor {
-            columns,
-            tallies,
-            rows,
-            read: 0,
-        })
-    }
-
-    /// A column's read error as a fault: too large when its pages could not be read within
-    /// their bound, else corrupt.
-    fn column_fault(
-        &self,
-        c: &schema::MemberColumn,
-        tallies: &[Arc<pages::PageTally>],
-        e: parquet::errors::ParquetError,
-    ) -> ShardFault {
-        let large = tallies
-            .iter()
-            .find_map(|t| t.too_large.lock().expect("tally").clone());
-        let detail = format!("row group {}: column {:?}: {e}", self.group, c.name);
-        match large {
-            Some(_) => ShardFault {
-                reason: Reason::MemberTooLarge,
-                kind: SourceKind::Other,
-                detail: format!("{}: {}", self.file.display, capped_detail(detail)),
-                offset: self.group_first,
-            },
-            None => self.corrupt(detail),
-        }
-    }
-
-    /// Reads the next piece of the current row group into `ready`: up to `piece_rows` rows,
-    /// fewer once the first column's values pass `piece_bytes`.
+    /// Reads the next piece of the current row group into `ready` (`rows::GroupPieces`: up to
+    /// `piece_rows` rows, fewer once `piece_bytes` of values are in it), opening the row group
+    /// first: its wanted column chunks fetched, one range each.
     fn read_piece(&mut self) -> Result<(), ShardFault> {
         if self.current.is_none() {
-            self.current = Some(self.open_group()?);
+            let wanted: Vec<rows::Wanted> = self
+                .columns
+                .columns
+                .iter()
+                .map(|c| rows::Wanted {
+                    name: c.name.clone(),
+                    leaf: c.leaf,
+                    list: false,
+                })
+                .collect();
+            let group = self.file.group_pieces(
+                self.group,
+                &wanted,
+                self.max_member_bytes,
+                self.group_first,
+            )?;
+            self.current = Some(group);
         }
-        let mut group = self.current.take().expect("a row group open");
-        let left = (group.rows - group.read).min(self.piece_rows as u64) as usize;
-        let mut pieces: Vec<values::Piece> = Vec::with_capacity(group.columns.len());
-        let mut n = left;
-        for (i, column) in group.columns.iter_mut().enumerate() {
-            let c = &self.columns.columns[i];
-            let mut piece = values::Piece::default();
-            // The first column sets the piece's rows; the others read as many.
-            let bytes = if i == 0 { self.piece_bytes } else { usize::MAX };
-            let got = column
-                .read(n, bytes, &mut piece)
-                .map_err(|e| self.column_fault(c, &group.tallies, e))?;
-            if i == 0 && got > 0 {
-                n = got;
-            }
-            if got != n {
-                return Err(self.corrupt(format!(
-                    "row group {} holds {} rows in column {:?}, its footer says {}",
-                    self.group,
-                    group.read + got as u64,
-                    c.name,
-                    group.rows
-                )));
-            }
-            pieces.push(piece);
-        }
-        if group.columns.is_empty() {
-            n = left;
-        }
+        let group = self.current.as_mut().expect("a row group open");
+        let Some((first_ordinal, n, pieces)) =
+            group.next_piece(&self.file, self.piece_rows, self.piece_bytes)?
+        else {
+            self.current = None;
+            self.group_first += self.counts[self.group];
+            self.group += 1;
+            return Ok(());
+        };
         let mut columns: Vec<_> = pieces
             .into_iter()
-            .map(|p| (p.values.into_iter(), p.too_large.into_iter().peekable()))
+            .map(|p| match p {
+                rows::ColumnPiece::Flat(p) => {
+                    (p.values.into_iter(), p.too_large.into_iter().peekable())
+                }
+                rows::ColumnPiece::Lists(_) => unreachable!("member columns are flat"),
+            })
             .collect();
-        let first_ordinal = self.group_first + group.read;
         for (row, ordinal) in (0..n).zip(first_ordinal..) {
             let mut large = None;
             let values: Vec<Option<Vec<u8>>> = columns
@@ -461,26 +380,6 @@ impl ParquetSamples {
                 self.ready.push_back(self.sample(values, ordinal, large));
             }
         }
-        group.read += n as u64;
-        if group.read < group.rows {
-            self.current = Some(group);
-            return Ok(());
-        }
-        // The footer's rows are read: a column holding more values is corrupt.
-        for (i, column) in group.columns.iter_mut().enumerate() {
-            let c = &self.columns.columns[i];
-            let extra = column
-                .read(1, usize::MAX, &mut values::Piece::default())
-                .map_err(|e| self.column_fault(c, &group.tallies, e))?;
-            if extra > 0 {
-                return Err(self.corrupt(format!(
-                    "row group {}: column {:?}: a column holds more values than the footer's {} rows",
-                    self.group, c.name, group.rows
-                )));
-            }
-        }
-        self.group_first += group.rows;
-        self.group += 1;
         Ok(())
     }
 
@@ -536,10 +435,6 @@ impl ParquetSamples {
             ordinal,
             defect,
         }
-    }
-
-    fn corrupt(&self, detail: String) -> ShardFault {
-        fault(&self.file.file, &self.file.display, detail)
     }
 }
 

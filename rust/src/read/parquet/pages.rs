@@ -7,7 +7,8 @@
 //! and each page is decompressed with its output bounded by `budget` (the value cap plus room
 //! for levels). A page that decompresses past the budget is, when it can be, read as a stream
 //! (a flat column of plain byte arrays, the shape of text and image columns when the dictionary
-//! is off, under a streaming codec: zstd, gzip, lz4 frames): its values are re-cut into pages of
+//! is off, under a streaming codec: zstd, gzip, lz4 frames; or a list of them, an interleaved
+//! document's `texts` or `images`): its values are re-cut into pages of
 //! at most [`SPLIT_BYTES`] each, and a value over the cap is skipped as it streams past, handed
 //! on empty and noted in the [`PageTally`] for the reader to report as too large. A snappy page
 //! is decompressed whole (its format bounds its output by its compressed bytes, see
@@ -62,6 +63,8 @@ pub(crate) struct BoundedPages<P> {
 /// A page over the budget, being read as a stream.
 struct Split {
     values: Box<dyn Read + Send>,
+    /// The page's repetition levels (None: a flat column).
+    reps: Option<Vec<i16>>,
     /// The page's definition levels (None: a required column, every level a value).
     defs: Option<Vec<i16>>,
     count: usize,
@@ -185,11 +188,12 @@ impl<P: PageReader> BoundedPages<P> {
         })
     }
 
-    /// Whether a page over the budget can be read as a stream of plain values.
+    /// Whether a page over the budget can be read as a stream of plain values (a flat column's
+    /// or a list's: the re-cut pages are v1 pages, which a list's rows may span).
     fn splittable(&self, encoding: Encoding) -> bool {
         self.physical == PhysicalType::BYTE_ARRAY
             && encoding == Encoding::PLAIN
-            && self.max_rep == 0
+            && self.max_rep < 256
             && self.max_def < 256
     }
 
@@ -212,25 +216,31 @@ impl<P: PageReader> BoundedPages<P> {
             .fetch_add(levels as u64, Ordering::Relaxed);
     }
 
-    /// Starts reading a page over the budget as a stream, `levels` its definition levels (RLE).
+    /// Starts reading a page over the budget as a stream, `levels` its repetition and
+    /// definition levels (RLE) when they are not in the stream (a v2 page's).
     fn start_split(
         &mut self,
         mut values: Box<dyn Read + Send>,
         num_values: u32,
         encoding: Encoding,
-        levels: Option<Bytes>,
+        levels: Option<(Bytes, Bytes)>,
     ) -> Result<Option<Page>> {
         if !self.splittable(encoding) {
             return Err(self.too_large(format!("a {encoding} page of {num_values} values")));
         }
         let count = num_values as usize;
-        let defs = if self.max_def == 0 {
-            None
-        } else {
-            let levels = match levels {
-                Some(levels) => levels,
+        let (given_reps, given_defs) = match levels {
+            Some((reps, defs)) => (Some(reps), Some(defs)),
+            None => (None, None),
+        };
+        // A v1 page: the levels lead its data (repetition, then definition), after their length.
+        let mut levels = |max: i16, given: Option<Bytes>| -> Result<Option<Vec<i16>>> {
+            if max == 0 {
+                return Ok(None);
+            }
+            let bytes = match given {
+                Some(bytes) => bytes,
                 None => {
-                    // A v1 page: the levels lead its data, after their length.
                     let mut len = [0u8; 4];
                     values.read_exact(&mut len).map_err(general)?;
                     let len = u32::from_le_bytes(len) as usize;
@@ -244,10 +254,13 @@ impl<P: PageReader> BoundedPages<P> {
                     bytes.into()
                 }
             };
-            Some(decode_levels(&levels, level_width(self.max_def), count)?)
+            Ok(Some(decode_levels(&bytes, level_width(max), count)?))
         };
+        let reps = levels(self.max_rep, given_reps)?;
+        let defs = levels(self.max_def, given_defs)?;
         self.split = Some(Split {
             values,
+            reps,
             defs,
             count,
             next: 0,
@@ -309,8 +322,8 @@ impl<P: PageReader> BoundedPages<P> {
         }
         let n = split.next - start;
         let mut buf = Vec::with_capacity(values.len() + 16);
-        if let Some(defs) = &split.defs {
-            let rle = encode_levels(&defs[start..split.next]);
+        for levels in [&split.reps, &split.defs].into_iter().flatten() {
+            let rle = encode_levels(&levels[start..split.next]);
             buf.extend_from_slice(&(rle.len() as u32).to_le_bytes());
             buf.extend_from_slice(&rle);
         }
@@ -382,7 +395,10 @@ impl<P: PageReader> PageReader for BoundedPages<P> {
                         }
                     }
                     Decompressed::Stream(values) => {
-                        if def_level_encoding != Encoding::RLE {
+                        let rle = |max: i16, e: Encoding| max == 0 || e == Encoding::RLE;
+                        if !rle(self.max_def, def_level_encoding)
+                            || !rle(self.max_rep, rep_level_encoding)
+                        {
                             return Err(self.too_large(format!(
                                 "a page of {num_values} values with {def_level_encoding} levels"
                             )));
@@ -435,8 +451,9 @@ impl<P: PageReader> PageReader for BoundedPages<P> {
                         }
                     }
                     Decompressed::Stream(values) => {
+                        let reps = buf.slice(..rep_levels_byte_len as usize);
                         let defs = buf.slice(rep_levels_byte_len as usize..levels_len);
-                        return self.start_split(values, num_values, encoding, Some(defs));
+                        return self.start_split(values, num_values, encoding, Some((reps, defs)));
                     }
                 }
             }
@@ -451,6 +468,17 @@ impl<P: PageReader> PageReader for BoundedPages<P> {
             ));
         }
         self.inner.peek_next_page()
+    }
+
+    /// A list's reader asks, as it loads a page, whether the next one starts a row: a page
+    /// cut from one being streamed does when its first repetition level is 0.
+    fn at_record_boundary(&mut self) -> Result<bool> {
+        match &self.split {
+            Some(split) if split.next < split.count => {
+                Ok(split.reps.as_ref().is_none_or(|reps| reps[split.next] == 0))
+            }
+            _ => self.inner.at_record_boundary(),
+        }
     }
 
     fn skip_next_page(&mut self) -> Result<()> {

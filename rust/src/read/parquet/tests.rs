@@ -619,3 +619,178 @@ fn a_page_over_its_bound_is_streamed_and_values_over_the_cap_are_skipped_by_reas
         fault.detail
     );
 }
+
+/// Lists of real captions, as an interleaved document's `texts`: every 13th row a null list,
+/// every 17th an empty one, every fifth element null, and the first element of every 11th row
+/// `long` bytes of captions.
+fn caption_lists(n: usize, long: usize) -> Vec<lists::List> {
+    let captions = real_captions(n + 4);
+    let all = captions.join(" ").into_bytes();
+    (0..n)
+        .map(|i| match i {
+            _ if i % 13 == 4 => None,
+            _ if i % 17 == 2 => Some(Vec::new()),
+            _ => Some(
+                (0..1 + i % 4)
+                    .map(|j| match j {
+                        _ if (i + j) % 5 == 0 => None,
+                        0 if i % 11 == 5 => Some(all.iter().cycle().take(long).copied().collect()),
+                        _ => Some(captions[i + j].clone().into_bytes()),
+                    })
+                    .collect(),
+            ),
+        })
+        .collect()
+}
+
+fn write_lists(
+    path: &std::path::Path,
+    rows: &[lists::List],
+    per_group: usize,
+    props: WriterProperties,
+) {
+    let schema = parse_message_type(
+        "message s { optional group texts (LIST) { repeated group list { \
+         optional binary element (STRING); } } }",
+    )
+    .unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+    for group_rows in rows.chunks(per_group) {
+        let (mut values, mut defs, mut reps) = (Vec::new(), Vec::new(), Vec::new());
+        for row in group_rows {
+            match row.as_deref() {
+                // A null list, and an empty one: one level each.
+                None | Some([]) => {
+                    defs.push(row.is_some() as i16);
+                    reps.push(0);
+                }
+                Some(list) => {
+                    for (j, element) in list.iter().enumerate() {
+                        reps.push((j > 0) as i16);
+                        defs.push(if element.is_some() { 3 } else { 2 });
+                        values.extend(element.clone().map(ByteArray::from));
+                    }
+                }
+            }
+        }
+        let mut group = writer.next_row_group().unwrap();
+        let mut c = group.next_column().unwrap().unwrap();
+        c.typed::<ByteArrayType>()
+            .write_batch(&values, Some(&defs), Some(&reps))
+            .unwrap();
+        c.close().unwrap();
+        group.close().unwrap();
+    }
+    writer.close().unwrap();
+}
+
+/// Every row's list of `path`'s `texts`, read in pieces of `rows` rows and `bytes` bytes under
+/// the cap, and the rows over it (file row, bytes).
+fn read_lists(
+    path: &std::path::Path,
+    cap: u64,
+    (rows, bytes): (usize, usize),
+) -> (Vec<lists::List>, Vec<(usize, u64)>) {
+    let stats = Arc::new(SourceStats::default());
+    let file = open(path, &stats).unwrap();
+    let leaf = file.list_column("texts").unwrap().values;
+    let wanted = [rows::Wanted {
+        name: "texts".into(),
+        leaf,
+        list: true,
+    }];
+    let (mut out, mut over, mut first) = (Vec::new(), Vec::new(), 0);
+    for (group, n) in file.row_counts().into_iter().enumerate() {
+        let mut pieces = file.group_pieces(group, &wanted, cap, first).unwrap();
+        while let Some((at, _, mut piece)) = pieces.next_piece(&file, rows, bytes).unwrap() {
+            let rows::ColumnPiece::Lists(piece) = piece.remove(0) else {
+                panic!("a list piece")
+            };
+            over.extend(piece.too_large.iter().map(|&(r, b)| (at as usize + r, b)));
+            out.extend(piece.lists);
+        }
+        first += n;
+    }
+    (out, over)
+}
+
+#[test]
+fn list_rows_read_in_pieces_of_any_size_and_a_row_over_the_cap_is_skipped_past() {
+    use parquet::basic::{Compression, Encoding, GzipLevel, ZstdLevel};
+    use parquet::file::properties::WriterVersion;
+    let dir = scratch_dir("parquet-list-pieces");
+    // Rows of 3 MiB over a 1 MiB cap, in pages far over the 2 MiB a page may take: streamed.
+    let cap = 1 << 20;
+    let rows = caption_lists(150, 3 << 20);
+    let bytes = |list: &lists::List| -> u64 {
+        list.iter()
+            .flatten()
+            .flatten()
+            .map(|v| v.len() as u64)
+            .sum()
+    };
+    for (name, codec, version, page) in [
+        (
+            "snappy-v1-small-pages",
+            Compression::SNAPPY,
+            WriterVersion::PARQUET_1_0,
+            64 << 10,
+        ),
+        (
+            "zstd-v1",
+            Compression::ZSTD(ZstdLevel::default()),
+            WriterVersion::PARQUET_1_0,
+            1 << 30,
+        ),
+        (
+            "gzip-v2",
+            Compression::GZIP(GzipLevel::default()),
+            WriterVersion::PARQUET_2_0,
+            1 << 30,
+        ),
+    ] {
+        let path = dir.join(format!("{name}.parquet"));
+        let props = WriterProperties::builder()
+            .set_compression(codec)
+            .set_dictionary_enabled(false)
+            .set_writer_version(version)
+            .set_data_page_size_limit(page)
+            .set_write_batch_size(1 << 20)
+            .set_data_page_row_count_limit(1 << 20)
+            .set_encoding(Encoding::PLAIN)
+            .build();
+        write_lists(&path, &rows, 70, props);
+        let (whole, none) = read_lists(&path, 1 << 30, (1024, 16 << 20));
+        assert_eq!(
+            (whole.as_slice(), none.as_slice()),
+            (rows.as_slice(), &[][..]),
+            "{name}"
+        );
+        let (capped, over) = read_lists(&path, cap, (1024, 16 << 20));
+        let want: Vec<(usize, u64)> = (0..rows.len())
+            .filter(|&i| bytes(&rows[i]) > cap)
+            .map(|i| (i, bytes(&rows[i])))
+            .collect();
+        assert!(!want.is_empty());
+        assert_eq!(
+            over, want,
+            "{name}: the rows over the cap, with their bytes"
+        );
+        for (i, (got, all)) in capped.iter().zip(&rows).enumerate() {
+            if bytes(all) > cap {
+                assert!(bytes(got) <= cap, "{name}: row {i} holds at most the cap");
+                assert_eq!(got.as_ref().map(Vec::len), all.as_ref().map(Vec::len));
+            } else {
+                assert_eq!(got, all, "{name}: row {i}");
+            }
+        }
+        for piece in [(1, 1), (7, 100), (1000, 50_000)] {
+            assert_eq!(
+                read_lists(&path, cap, piece),
+                (capped.clone(), over.clone()),
+                "{name} {piece:?}"
+            );
+        }
+    }
+}
