@@ -24,6 +24,10 @@ OnError = Literal["skip", "raise"]
 # step-th sample starting at offset (streaming without an index); None keeps every sample.
 SpanTuple = tuple[str, int, int, int, int, int | None, tuple[int, int] | None]
 
+class UnknownSetting(ValueError):
+    """A config key the core does not read: ``args = (key, kind, message)``. A setting misspelt or
+    meant for another kind is refused by name, never ignored with its default taken."""
+
 class CoreFault(Exception):
     """A shard or sample fault: ``args = (reason, url, key, detail, kind)``.
 
@@ -428,13 +432,14 @@ def interleaved_tokens(config: dict[str, Any]) -> tuple[str, int, tuple[int, int
     """(the tokenizer file's fingerprint, its EOS id, the (vision start, end, pad) ids) under an
     interleaved ``config`` (tokenizer, eos_token, vision, vision_tokens, texts, images,
     max_images_per_document, max_document_bytes, seq_len, batch_size, max_patches_per_batch,
-    max_pixels, conversations: None or the fields of ``Conversations``); ValueError when the
-    tokenizer lacks a token or a setting is out of range."""
+    max_pixels, vision_kind, layout: None or ``Conversations.settings()`` /
+    ``Captions.settings()``); ValueError when the tokenizer lacks a token or a setting is out
+    of range, ``UnknownSetting`` for a key it does not read."""
 
 def count_interleaved(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
     """Per unit (Parquet row group or tar shard), in file order, under an interleaved ``config``
     (as ``interleaved_tokens``'s, with the source options): url, first_row, rows, identity,
-    documents, batches, text_tokens, image_tokens, images, patches, slots, unpacked_slots,
+    documents, batches, text_tokens, image_tokens, images, patches, slots, padded_slots,
     skipped (by reason), examples, error."""
 
 def interleaved_pipeline(

@@ -7,7 +7,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{json_to_py, naflex_spec, present, sample_spec, source_options};
+use super::convert::{
+    json_to_py, naflex_spec, present, refuse_unknown, sample_spec, source_options, SAMPLE_KEYS,
+    SOURCE_KEYS,
+};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::budget::{
@@ -19,7 +22,21 @@ use crate::tokenize::shared;
 
 /// The spec of `config`: its sample keys, `naflex` tuple, `max_patches_per_batch`, `buckets`
 /// (ascending patch bounds), `max_images_per_batch` (0: no cap) and `max_member_bytes`.
+/// The keys of the budget kind's config besides the sample's and the source's: the count's,
+/// then the pipeline's.
+const BUDGET_KEYS: &[&str] = &[
+    "naflex",
+    "max_patches_per_batch",
+    "buckets",
+    "max_images_per_batch",
+    "max_member_bytes",
+    "threads",
+    "crop_seed",
+    "tokenizer",
+];
+
 fn budget_spec(config: &Bound<'_, PyDict>) -> PyResult<BudgetSpec> {
+    refuse_unknown(config, "token-budget NaFlex", &[BUDGET_KEYS, SAMPLE_KEYS, SOURCE_KEYS])?;
     let naflex = naflex_spec(
         &present(config, "naflex")?.ok_or_else(|| PyValueError::new_err("config needs naflex"))?,
     )?;

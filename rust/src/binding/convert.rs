@@ -8,6 +8,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::errors::UnknownSetting;
+
 use crate::batch::config::{OnError, PipelineConfig, SampleKind};
 use crate::batch::naflex::NaFlexSpec;
 use crate::batch::sample::{CaptionSource, SampleSpec};
@@ -116,6 +118,57 @@ fn seconds(value: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::Duration
     })
 }
 
+/// The keys [`source_options`] reads.
+pub(super) const SOURCE_KEYS: &[&str] = &[
+    "connect_timeout",
+    "read_timeout",
+    "max_retries",
+    "backoff_initial",
+    "backoff_max",
+    "retry_after_max",
+    "cache_dir",
+    "cache_max_bytes",
+    "ca_bundle",
+    "signer",
+];
+
+/// The keys [`sample_spec`] reads.
+pub(super) const SAMPLE_KEYS: &[&str] = &[
+    "image_size",
+    "caption_key",
+    "image_keys",
+    "max_pixels",
+    "random_crop_scale",
+    "random_crop_ratio",
+    "crop",
+];
+
+/// Refuses a key of `config` that none of the lists in `known` holds: a setting the binding of
+/// `kind` does not read (misspelt, or meant for another kind) would otherwise be ignored, its
+/// default taken in silence. The error names the key, the kind and the keys it takes.
+pub(super) fn refuse_unknown(
+    config: &Bound<'_, PyDict>,
+    kind: &str,
+    known: &[&[&str]],
+) -> PyResult<()> {
+    for key in config.keys() {
+        let key: String = key.extract()?;
+        if !known.iter().any(|k| k.contains(&key.as_str())) {
+            let mut takes: Vec<&str> = known.concat();
+            takes.sort_unstable();
+            return Err(UnknownSetting::new_err((
+                key.clone(),
+                kind.to_string(),
+                format!(
+                    "the {kind} core takes no setting {key:?} (it takes: {})",
+                    takes.join(", ")
+                ),
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Reader options from a config dict (any of its keys may be absent); none: the defaults.
 pub(super) fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<SourceOptions> {
     let mut opts = SourceOptions::default();
@@ -183,7 +236,32 @@ fn python_signer(callable: Py<PyAny>) -> Signer {
 
 /// A `Loader`'s config dict as a `PipelineConfig`: keys that are absent or None keep the core's
 /// defaults.
+/// The keys [`pipeline_config`] reads besides the sample's and the source's.
+const PIPELINE_KEYS: &[&str] = &[
+    "batch_size",
+    "threads",
+    "read_ahead",
+    "span_queue",
+    "block_size",
+    "shuffle_seed",
+    "first_block",
+    "crop_seed",
+    "skip_emitted",
+    "planned",
+    "cycle",
+    "drop_last",
+    "max_member_bytes",
+    "num_batches",
+    "last_batch_size",
+    "on_error",
+    "sources",
+    "naflex",
+    "undecoded",
+    "tokenizer",
+];
+
 pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineConfig> {
+    refuse_unknown(config, "loader", &[PIPELINE_KEYS, SAMPLE_KEYS, SOURCE_KEYS])?;
     let mut cfg = PipelineConfig {
         spec: sample_spec(config)?,
         source: source_options(Some(config))?,

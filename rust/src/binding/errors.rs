@@ -16,6 +16,13 @@ create_exception!(
     "A shard or sample fault: args = (reason, url, key, detail)."
 );
 
+create_exception!(
+    _core,
+    UnknownSetting,
+    PyValueError,
+    "A config key the core does not read: args = (key, kind, message)."
+);
+
 pub(super) fn fault_to_py(f: Fault) -> PyErr {
     CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail, f.kind.as_str()))
 }

@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{json_to_py, present, source_options};
+use super::convert::{json_to_py, present, refuse_unknown, source_options, SOURCE_KEYS};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
@@ -75,6 +75,26 @@ fn layout(config: &Bound<'_, PyDict>) -> PyResult<Layout> {
     };
     let c = c.cast::<PyDict>()?;
     let kind: String = need(c, "kind")?;
+    let keys: &[&str] = match kind.as_str() {
+        "captions" => &["kind", "image_keys", "caption_key"],
+        "conversations" => &[
+            "kind",
+            "field",
+            "placeholder",
+            "system",
+            "turn_start",
+            "turn_end",
+            "turn_separator",
+            "roles",
+            "assistant_only",
+        ],
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "layout kind must be 'conversations' or 'captions', not {other:?}"
+            )))
+        }
+    };
+    refuse_unknown(c, &format!("interleaved {kind} layout"), &[keys])?;
     if kind == "captions" {
         return Ok(Layout::Captions(CaptionKeys {
             image_keys: need(c, "image_keys")?,
@@ -98,9 +118,31 @@ fn layout(config: &Bound<'_, PyDict>) -> PyResult<Layout> {
 /// merge_size, temporal_patch_size, min_pixels, max_pixels), `vision_tokens` (start, end, pad
 /// names), `texts`, `images`, `max_images_per_document`, `max_document_bytes`, `seq_len`,
 /// `batch_size`, `max_patches_per_batch`, `max_pixels`, `layout` (None or a dict).
+/// The keys of the interleaved kind's config besides the source's: the count's, then the
+/// pipeline's.
+const INTERLEAVED_KEYS: &[&str] = &[
+    "tokenizer",
+    "eos_token",
+    "vision_kind",
+    "vision",
+    "vision_tokens",
+    "texts",
+    "images",
+    "max_images_per_document",
+    "max_document_bytes",
+    "seq_len",
+    "batch_size",
+    "max_patches_per_batch",
+    "max_pixels",
+    "layout",
+    "threads",
+    "pad_id",
+];
+
 fn interleaved_spec(
     config: &Bound<'_, PyDict>,
 ) -> PyResult<(Arc<DocumentEncoder>, InterleavedSpec)> {
+    refuse_unknown(config, "interleaved", &[INTERLEAVED_KEYS, SOURCE_KEYS])?;
     let bad = |e: String| PyValueError::new_err(e);
     let tokenizer: String = need(config, "tokenizer")?;
     let eos: Option<String> = present(config, "eos_token")?

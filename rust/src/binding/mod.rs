@@ -23,7 +23,7 @@ mod text;
 mod units;
 
 use convert::defaults_dict;
-use errors::CoreFault;
+use errors::{CoreFault, UnknownSetting};
 use index::DatasetIndex;
 use pipeline::Pipeline;
 use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
@@ -34,6 +34,7 @@ use text::PyClipTokenizer;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
+    m.add("UnknownSetting", m.py().get_type::<UnknownSetting>())?;
     m.add("DEFAULTS", defaults_dict(m.py())?)?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Pipeline>()?;

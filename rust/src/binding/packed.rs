@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{json_to_py, present, source_options};
+use super::convert::{json_to_py, present, refuse_unknown, source_options, SOURCE_KEYS};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, plan, share, ReaderTuple, ShapeTuple, UnitTuple};
 use crate::batch::packed::{
@@ -97,6 +97,9 @@ pub fn count_tokens<'py>(
     threads: usize,
     config: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
+    if let Some(config) = config {
+        refuse_unknown(config, "token count", &[SOURCE_KEYS])?;
+    }
     let enc = encoder(tokenizer, eos_token, bos_token)?;
     let spec = text_spec(text_key, max_document_bytes)?;
     let opts = source_options(config)?;
@@ -137,6 +140,18 @@ impl MetaToPy for RowsMeta {
     }
 }
 
+/// The keys of the packed text kind's config besides the source's.
+const PACKED_KEYS: &[&str] = &[
+    "text_key",
+    "tokenizer",
+    "eos_token",
+    "bos_token",
+    "max_document_bytes",
+    "threads",
+    "int32",
+    "boundaries",
+];
+
 /// Starts the packed pipeline of one `reader` of the plan over `units` and their token
 /// `counts` (count order); `config`: text_key, tokenizer, eos_token, bos_token,
 /// max_document_bytes, threads, int32, boundaries and the source options.
@@ -147,6 +162,7 @@ pub fn packed_pipeline(
     reader: ReaderTuple,
     config: &Bound<'_, PyDict>,
 ) -> PyResult<Pipeline> {
+    refuse_unknown(config, "packed text", &[PACKED_KEYS, SOURCE_KEYS])?;
     let batch_size = reader.3 .2 as usize;
     let share = share(units, counts, reader)?;
     let text_key: String =

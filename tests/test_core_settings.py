@@ -1,0 +1,89 @@
+"""Settings cross into the core by name, and a name it does not read is refused (issue 53): a
+misspelt or misplaced setting used to be ignored, its default taken in silence. For each kind,
+the config its loader sends, with one key misspelt, fails with ``_core.UnknownSetting`` naming
+the key; an interleaved layout's keys are checked the same way, and a layout of an unknown kind
+is refused by name. The loaders' own configs pass (every other test reads through them)."""
+
+from __future__ import annotations
+
+import pytest
+from corpus import good_shard
+from interleaved_corpus import captions, real_documents, write_obelics_parquet
+from qwen_reference import EOS, write_tokenizer_json
+from shardstream import (
+    InterleavedLoader,
+    NaFlex,
+    NaFlexBudgetLoader,
+    QwenVL,
+    ShardLoader,
+    TextLoader,
+    _core,
+    count_interleaved,
+    count_patches,
+    count_tokens,
+)
+from text_corpus import write_parquet_corpus
+
+
+def misspelt(loader, key: str, typo: str) -> None:
+    """``loader``'s core config with ``key`` renamed ``typo``."""
+    loader._config[typo] = loader._config.pop(key)
+
+
+def first_batch(loader):
+    return next(iter(loader))
+
+
+def test_the_image_text_loader_refuses_a_misspelt_setting(tmp_path):
+    loader = ShardLoader(good_shard(str(tmp_path / "a.tar"), 4), batch_size=2)
+    first_batch(loader)  # its own config passes
+    misspelt(loader, "max_member_bytes", "max_membr_bytes")
+    with pytest.raises(_core.UnknownSetting, match="max_membr_bytes"):
+        first_batch(loader)
+
+
+def test_the_token_budget_naflex_loader_refuses_a_misspelt_setting(tmp_path):
+    shards = [good_shard(str(tmp_path / f"{i}.tar"), 6, seed=i) for i in range(2)]
+    counts = count_patches(
+        shards, naflex=NaFlex(patch_size=16, max_num_patches=64), max_patches_per_batch=256
+    )
+    loader = NaFlexBudgetLoader(counts)
+    first_batch(loader)
+    misspelt(loader, "max_images_per_batch", "max_image_per_batch")
+    with pytest.raises(_core.UnknownSetting, match="max_image_per_batch"):
+        first_batch(loader)
+
+
+def test_the_text_loader_refuses_a_misspelt_setting(tmp_path):
+    tokenizer = write_tokenizer_json(str(tmp_path / "tokenizer.json"))
+    texts = [" ".join(captions()[i : i + 10]) for i in range(0, 400, 5)]
+    counts = count_tokens(write_parquet_corpus(str(tmp_path / "text"), texts, files=1), tokenizer=tokenizer)
+    loader = TextLoader(counts, batch_size=2, seq_len=64)
+    first_batch(loader)
+    misspelt(loader, "boundaries", "boundary")
+    with pytest.raises(_core.UnknownSetting, match="boundary"):
+        first_batch(loader)
+
+
+def test_the_interleaved_loader_and_its_layouts_refuse_a_misspelt_setting(tmp_path):
+    tokenizer = write_tokenizer_json(str(tmp_path / "tokenizer.json"))
+    files = [write_obelics_parquet(str(tmp_path / "docs.parquet"), real_documents(8, seed=2), 4)]
+    spec = QwenVL(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    counts = count_interleaved(
+        files, tokenizer=tokenizer, spec=spec, seq_len=512, batch_size=1, eos_token=EOS
+    )
+    loader = InterleavedLoader(counts)
+    first_batch(loader)
+    misspelt(loader, "max_images_per_document", "max_images_per_doc")
+    with pytest.raises(_core.UnknownSetting, match="max_images_per_doc"):
+        first_batch(loader)
+    # A layout's keys: one misspelt, and a layout of a kind the core does not have.
+    loader = InterleavedLoader(counts)
+    loader._config["layout"] = {"kind": "captions", "image_keys": ["jpg"], "caption": "txt"}
+    with pytest.raises(_core.UnknownSetting, match="'caption'"):
+        first_batch(loader)
+    loader._config["layout"] = {"kind": "conversation"}
+    with pytest.raises(
+        ValueError, match="layout kind must be 'conversations' or 'captions', not \"conversation\""
+    ):
+        first_batch(loader)
