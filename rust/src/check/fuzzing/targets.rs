@@ -274,4 +274,17 @@ mod tests {
             assert_eq!(Target::from_name(target.name()), Some(target));
         }
     }
+
+    /// The inputs the libFuzzer targets found a bug with, kept in `regressions/` as found
+    /// (`<target>-<what>`): each now ends in an error, not a crash.
+    #[test]
+    fn fuzz_findings_end_in_an_error() {
+        let found: [(Target, &[u8]); 1] = [(
+            Target::Parquet,
+            include_bytes!("regressions/parquet-negative-chunk-offset"),
+        )];
+        for (target, input) in found {
+            assert!(!target.run(input), "{target:?}");
+        }
+    }
 }

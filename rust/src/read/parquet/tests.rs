@@ -671,3 +671,22 @@ fn snappy_and_lz4_pages_over_the_cap_are_skipped_by_reason() {
         }
     }
 }
+
+/// Regression (fuzzing, the `parquet` target's first minutes): a footer claiming a column chunk
+/// at a negative offset made the parquet crate's `byte_range` panic; it is a corrupt file.
+#[test]
+fn a_column_chunk_at_a_negative_offset_is_corrupt_not_a_panic() {
+    let input = include_bytes!("../../check/fuzzing/regressions/parquet-negative-chunk-offset");
+    let dir = scratch_dir("parquet-negative-chunk");
+    let path = dir.join("found.parquet");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let wanted = ["text".to_string()];
+    let fault = open(&path, &stats)
+        .unwrap()
+        .samples(0, Some(&wanted))
+        .find_map(Result::err)
+        .expect("a fault");
+    assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
+    assert!(fault.detail.contains("column chunk"), "{}", fault.detail);
+}
