@@ -279,10 +279,16 @@ mod tests {
     /// (`<target>-<what>`): each now ends in an error, not a crash.
     #[test]
     fn fuzz_findings_end_in_an_error() {
-        let found: [(Target, &[u8]); 1] = [(
-            Target::Parquet,
-            include_bytes!("regressions/parquet-negative-chunk-offset"),
-        )];
+        let found: [(Target, &[u8]); 2] = [
+            (
+                Target::Parquet,
+                include_bytes!("regressions/parquet-negative-chunk-offset"),
+            ),
+            (
+                Target::Parquet,
+                include_bytes!("regressions/parquet-short-dictionary-page"),
+            ),
+        ];
         for (target, input) in found {
             assert!(!target.run(input), "{target:?}");
         }

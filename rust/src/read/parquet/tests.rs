@@ -690,3 +690,22 @@ fn a_column_chunk_at_a_negative_offset_is_corrupt_not_a_panic() {
     assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
     assert!(fault.detail.contains("column chunk"), "{}", fault.detail);
 }
+
+/// Regression (fuzzing, the `parquet` target): a dictionary page of byte arrays claiming more
+/// values than its bytes hold made the parquet crate's plain decoder panic; it is a corrupt file.
+#[test]
+fn a_dictionary_page_shorter_than_its_values_is_corrupt_not_a_panic() {
+    let input = include_bytes!("../../check/fuzzing/regressions/parquet-short-dictionary-page");
+    let dir = scratch_dir("parquet-short-dictionary");
+    let path = dir.join("found.parquet");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let fault = open(&path, &stats)
+        .unwrap()
+        .samples(0, None)
+        .with_max_member_bytes(1 << 16)
+        .find_map(Result::err)
+        .expect("a fault");
+    assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
+    assert!(fault.detail.contains("dictionary page"), "{}", fault.detail);
+}
