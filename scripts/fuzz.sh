@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     *) TARGETS+=("$1"); shift ;;
   esac
 done
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(tar group image index)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(tar group image index parquet jsonl documents)
 
 HOST="$(rustc -vV | sed -n 's/^host: //p')"
 OUT="$ROOT/target/fuzz"
@@ -63,7 +63,7 @@ run_target() {
   status="$(grep -E 'cov: [0-9]+ ft: [0-9]+ corp: ' "$log" | tail -1 || true)"
   cov="$(grep -Eo 'cov: [0-9]+ ft: [0-9]+' <<<"$status" || true)"
   corp="$(grep -Eo 'corp: [0-9]+/[0-9]+[a-zA-Z]*' <<<"$status" | cut -d' ' -f2 || true)"
-  printf '[fuzz] %-6s %s s: %s runs, %s exec/s, corpus %s inputs (%s in %s), %s, peak RSS %s MB, exit %s\n' \
+  printf '[fuzz] %-9s %s s: %s runs, %s exec/s, corpus %s inputs (%s in %s), %s, peak RSS %s MB, exit %s\n' \
     "$t" "$SECONDS_PER_TARGET" "${runs:-?}" "${per_s:-?}" "${corp%%/*}" "${corp#*/}" "target/fuzz/corpus/$t" \
     "${cov:-cov ?}" "${peak:-?}" "$rc"
   if [ "$rc" -ne 0 ]; then

@@ -212,6 +212,15 @@ impl fmt::Display for Fault {
 
 impl std::error::Error for Fault {}
 
+/// The text a panic carries (a `&str` or `String` payload).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,16 +1,8 @@
 //! A pipeline thread's panic as a message and as the fault that fails the pass: a bug met on
 //! some input must not end an epoch early (in DDP, one rank stopping early hangs the others).
 
+pub(super) use crate::error::panic_message;
 use crate::error::{Fault, Reason, SourceKind};
-
-/// The text a panic carries (a `&str` or `String` payload).
-pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
-}
 
 /// A fault for a pipeline thread that panicked: the pass fails with it instead of ending early.
 pub(super) fn panic_fault(thread: &str, panic: &(dyn std::any::Any + Send)) -> Fault {

@@ -36,7 +36,11 @@ const BUDGET_KEYS: &[&str] = &[
 ];
 
 fn budget_spec(config: &Bound<'_, PyDict>) -> PyResult<BudgetSpec> {
-    refuse_unknown(config, "token-budget NaFlex", &[BUDGET_KEYS, SAMPLE_KEYS, SOURCE_KEYS])?;
+    refuse_unknown(
+        config,
+        "token-budget NaFlex",
+        &[BUDGET_KEYS, SAMPLE_KEYS, SOURCE_KEYS],
+    )?;
     let naflex = naflex_spec(
         &present(config, "naflex")?.ok_or_else(|| PyValueError::new_err("config needs naflex"))?,
     )?;

@@ -16,7 +16,11 @@ use crate::batch::sample::CaptionSource;
 use crate::batch::units::count_files;
 use crate::tokenize::DocumentEncoder;
 
-fn encoder(tokenizer: &str, eos: Option<&str>, bos: Option<&str>) -> PyResult<Arc<DocumentEncoder>> {
+fn encoder(
+    tokenizer: &str,
+    eos: Option<&str>,
+    bos: Option<&str>,
+) -> PyResult<Arc<DocumentEncoder>> {
     DocumentEncoder::shared(tokenizer, eos, bos).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 

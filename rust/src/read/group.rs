@@ -355,4 +355,43 @@ mod tests {
         // exactly as Python's `re` does.
         assert_eq!(split_key("ab/.c"), Some(("ab/", "c".to_string())));
     }
+
+    /// A decompression bomb in a gzip shard (issue 52): a member of 64 MiB that takes 64 KB
+    /// compressed is skipped as `member_too_large` as it streams past, its bytes never held, and
+    /// the next sample is read.
+    #[test]
+    fn a_member_of_a_gzip_shard_far_over_the_limit_is_skipped_without_being_held() {
+        use crate::check::fuzzing::seeds::{gzip, tar_header, tar_member, BLOCK};
+        let long = 64u64 << 20;
+        let mut tar = tar_header("s/00000.txt", long, b'0').to_vec();
+        tar.resize(tar.len() + long as usize, b' ');
+        tar_member(&mut tar, "s/00001.txt", b"after", b'0');
+        tar.extend_from_slice(&[0; 2 * BLOCK]);
+        let shard = gzip(&tar);
+        drop(tar);
+        assert!(shard.len() < 1 << 20, "{} bytes", shard.len());
+        let dir = crate::batch::sample::fixtures::scratch_dir("gzip-bomb");
+        let path = dir.join("bomb.tar.gz");
+        std::fs::write(&path, &shard).unwrap();
+        let stats = Arc::new(SourceStats::default());
+        let samples: Vec<RawSample> = open_shard(
+            path.to_str().unwrap(),
+            0,
+            0,
+            1 << 20,
+            &source::Expected::default(),
+            &SourceOptions::default(),
+            &stats,
+        )
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+        assert_eq!(samples.len(), 2);
+        let (reason, detail) = samples[0].defect.clone().expect("a defect");
+        assert_eq!(reason, Reason::MemberTooLarge, "{detail}");
+        assert!(samples[0].members.iter().all(|(_, b)| b.is_empty()));
+        assert_eq!(samples[1].get("txt"), Some(&b"after"[..]));
+        assert!(samples[1].defect.is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -253,9 +253,15 @@ mod tests {
         std::fs::copy(GPT2_STYLE, path).unwrap();
         let a = DocumentEncoder::shared(path, None, None).unwrap();
         let b = DocumentEncoder::shared(path, None, None).unwrap();
-        assert!(Arc::ptr_eq(&a, &b), "the same file and settings: one encoder");
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the same file and settings: one encoder"
+        );
         let other_eos = DocumentEncoder::shared(path, Some("</s>"), Some("</s>")).unwrap();
-        assert!(!Arc::ptr_eq(&a, &other_eos), "other settings: another encoder");
+        assert!(
+            !Arc::ptr_eq(&a, &other_eos),
+            "other settings: another encoder"
+        );
         // The file edited in place (the same vocabulary, other bytes): read again.
         let mut raw = std::fs::read(path).unwrap();
         raw.push(b'\n');

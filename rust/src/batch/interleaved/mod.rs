@@ -31,6 +31,9 @@ pub use captions::CaptionKeys;
 pub use conversation::ChatFormat;
 pub use count::{count_files, count_unit, InterleavedCount};
 pub use documents::{DocumentSpec, Layout};
+/// A unit's documents, for the fuzz targets' checks (`check::fuzzing::readers`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use documents::{Part, UnitDocuments};
 pub use pack::PackShape;
 pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
 pub use spec::QwenVlSpec;

@@ -458,8 +458,8 @@ impl InterleavedBatches {
                 return Fate::Learned;
             }
             let first_read = (first..=last).find(|&j| !is_unread(j));
-            let here = first_read == Some(self.next)
-                && !counted.iter().any(|d| Arc::ptr_eq(d, &run.doc));
+            let here =
+                first_read == Some(self.next) && !counted.iter().any(|d| Arc::ptr_eq(d, &run.doc));
             if here {
                 counted.push(&run.doc);
             }
@@ -469,7 +469,11 @@ impl InterleavedBatches {
     }
 
     /// Writes `batch` into `lent`: a cut run (`fates`, one a run) without labels.
-    fn fill(&mut self, lent: &mut Lent, (batch, fates): (PackedBatch, Vec<Fate>)) -> InterleavedMeta {
+    fn fill(
+        &mut self,
+        lent: &mut Lent,
+        (batch, fates): (PackedBatch, Vec<Fate>),
+    ) -> InterleavedMeta {
         let spec = &self.input.spec;
         let (rows, len) = (spec.shape.rows, spec.shape.seq_len);
         let cells = rows * len;

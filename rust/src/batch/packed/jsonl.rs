@@ -680,4 +680,64 @@ mod tests {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A decompression bomb (issue 52): one line of 64 MiB of real text in a gzip or zstd file
+    /// over 30 times smaller is skipped as `member_too_large` while it streams past, never held
+    /// (the line buffer stays within twice the cap), and the line after it is read.
+    #[test]
+    fn a_compressed_bomb_of_one_long_line_is_skipped_without_being_held() {
+        use std::io::Write;
+        let dir = crate::batch::sample::fixtures::scratch_dir("jsonl-bomb");
+        let text = crate::check::fuzzing::reader_seeds::real_captions(40).join(" ");
+        let cap = 64 << 10;
+        let long = 64 << 20;
+        let write_line = |out: &mut dyn Write| {
+            out.write_all(b"{\"text\": \"").unwrap();
+            let mut left = long;
+            while left > 0 {
+                let n = left.min(text.len());
+                out.write_all(&text.as_bytes()[..n]).unwrap();
+                left -= n;
+            }
+            out.write_all(b"\"}\n{\"text\": \"after\"}\n").unwrap();
+        };
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        write_line(&mut gz);
+        let mut zst = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        write_line(&mut zst);
+        for (name, bytes) in [
+            ("bomb.jsonl.gz", gz.finish().unwrap()),
+            ("bomb.jsonl.zst", zst.finish().unwrap()),
+        ] {
+            assert!(bytes.len() * 30 < long, "{name}: {} bytes", bytes.len());
+            let path = dir.join(name);
+            std::fs::write(&path, &bytes).unwrap();
+            let url = path.to_str().unwrap();
+            let stats = Arc::new(SourceStats::default());
+            let opts = SourceOptions::default();
+            let mut docs =
+                JsonlDocuments::open(url, "text", cap, &Expected::default(), &opts, &stats, url)
+                    .unwrap();
+            let skip = docs.next_document().unwrap().unwrap().unwrap_err();
+            assert_eq!(
+                (skip.reason, skip.key.as_str()),
+                (Reason::MemberTooLarge, "line 1"),
+                "{name}: {skip}"
+            );
+            assert!(
+                skip.detail.contains("over max_document_bytes"),
+                "{}",
+                skip.detail
+            );
+            let after = docs.next_document().unwrap().unwrap().unwrap();
+            assert_eq!(after, "after", "{name}");
+            assert!(docs.next_document().is_none(), "{name}");
+            assert!(
+                docs.lines.held() <= 2 * cap as usize,
+                "{name}: held {} bytes",
+                docs.lines.held()
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -7,5 +7,7 @@
 //!   sanitizer-coverage instrumentation and no sanitizer (`scripts/fuzz.sh`).
 
 pub mod checks;
+pub mod reader_seeds;
+pub mod readers;
 pub mod seeds;
 pub mod targets;

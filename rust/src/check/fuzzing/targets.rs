@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 
-use super::{checks, seeds};
+use super::{checks, reader_seeds, readers, seeds};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -18,6 +18,14 @@ pub enum Target {
     Image,
     /// The index: manifest, detail blocks (raw, and behind their checksum and gzip), JSON v1.
     Index,
+    /// A Parquet file read as image-text samples, as text documents and as interleaved list
+    /// documents (`readers::parquet`).
+    Parquet,
+    /// A JSONL text file, plain, gzip and zstd (by name, or sniffed).
+    Jsonl,
+    /// A WebDataset sample's JSON member as the interleaved kind parses it: MINT-1T lists, LLaVA
+    /// conversations; and a caption pair's caption.
+    Documents,
 }
 
 /// How the `Index` target's first byte picks what the rest is.
@@ -29,7 +37,15 @@ const INDEX_JSON_V1: u8 = 4;
 const INDEX_KINDS: u8 = 5;
 
 impl Target {
-    pub const ALL: [Target; 4] = [Target::Tar, Target::Group, Target::Image, Target::Index];
+    pub const ALL: [Target; 7] = [
+        Target::Tar,
+        Target::Group,
+        Target::Image,
+        Target::Index,
+        Target::Parquet,
+        Target::Jsonl,
+        Target::Documents,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +53,9 @@ impl Target {
             Target::Group => "group",
             Target::Image => "image",
             Target::Index => "index",
+            Target::Parquet => "parquet",
+            Target::Jsonl => "jsonl",
+            Target::Documents => "documents",
         }
     }
 
@@ -95,6 +114,29 @@ impl Target {
                     _ => checks::json_v1(rest),
                 }
             }
+            Target::Parquet => {
+                let Some((&knob, file)) = data.split_first() else {
+                    return false;
+                };
+                let layout = PARQUET_LAYOUTS[knob as usize % PARQUET_LAYOUTS.len()];
+                readers::parquet(file, layout, CAPS[(knob as usize / 3) % 2])
+            }
+            Target::Jsonl => {
+                let Some((&knob, file)) = data.split_first() else {
+                    return false;
+                };
+                let names = readers::JSONL_NAMES;
+                let cap = CAPS[(knob as usize / names.len()) % 2];
+                readers::jsonl(file, names[knob as usize % names.len()], cap)
+            }
+            Target::Documents => {
+                let Some((&knob, member)) = data.split_first() else {
+                    return false;
+                };
+                let layout = TAR_LAYOUTS[knob as usize % 3];
+                let single = (knob / 3) % 2 == 1;
+                readers::tar_document(member, layout, single, CAPS[(knob as usize / 6) % 2])
+            }
         }
     }
 
@@ -145,9 +187,64 @@ impl Target {
                 }
                 out
             }
+            Target::Parquet => {
+                use readers::ParquetLayout::{Lists, Samples, Text};
+                let layout = |l| PARQUET_LAYOUTS.iter().position(|&x| x == l).unwrap() as u8;
+                let mut out = vec![
+                    prefixed(&[layout(Samples)], &reader_seeds::parquet_image_text()),
+                    prefixed(&[layout(Samples)], &reader_seeds::parquet_image_struct()),
+                    prefixed(&[layout(Lists)], &reader_seeds::parquet_lists()),
+                ];
+                let texts = reader_seeds::parquet_texts();
+                out.push(prefixed(&[layout(Samples)], &texts[0]));
+                out.extend(texts.iter().map(|t| prefixed(&[layout(Text)], t)));
+                out
+            }
+            Target::Jsonl => {
+                let [plain, gz, zst] = reader_seeds::jsonl_files();
+                let name = |n| readers::JSONL_NAMES.iter().position(|&x| x == n).unwrap() as u8;
+                vec![
+                    prefixed(&[name("jsonl")], &plain),
+                    prefixed(&[name("jsonl.gz")], &gz),
+                    prefixed(&[name("jsonl.zst")], &zst),
+                    prefixed(&[name("ndjson")], &gz),
+                    prefixed(&[name("ndjson")], &zst),
+                ]
+            }
+            Target::Documents => {
+                use readers::TarLayout::{Captions, Conversations, Lists};
+                let knob = |l, single: bool| {
+                    TAR_LAYOUTS.iter().position(|&x| x == l).unwrap() as u8 + 3 * single as u8
+                };
+                vec![
+                    prefixed(&[knob(Lists, false)], &reader_seeds::mint_json()),
+                    prefixed(&[knob(Conversations, false)], &reader_seeds::llava_json()),
+                    prefixed(
+                        &[knob(Conversations, true)],
+                        &reader_seeds::llava_single_json(),
+                    ),
+                    prefixed(&[knob(Captions, true)], &reader_seeds::caption_txt()),
+                ]
+            }
         }
     }
 }
+
+/// The readers' targets' document caps, the knob picks one: the seeds read under the first; the
+/// second makes most of their values too large.
+const CAPS: [u64; 2] = [1 << 16, 300];
+
+const PARQUET_LAYOUTS: [readers::ParquetLayout; 3] = [
+    readers::ParquetLayout::Samples,
+    readers::ParquetLayout::Text,
+    readers::ParquetLayout::Lists,
+];
+
+const TAR_LAYOUTS: [readers::TarLayout; 3] = [
+    readers::TarLayout::Lists,
+    readers::TarLayout::Conversations,
+    readers::TarLayout::Captions,
+];
 
 /// The first 8 bytes (little-endian, zero-padded) as a knob, and the rest.
 fn split_knob(data: &[u8]) -> (u64, &[u8]) {
@@ -175,6 +272,29 @@ mod tests {
                 );
             }
             assert_eq!(Target::from_name(target.name()), Some(target));
+        }
+    }
+
+    /// The inputs the libFuzzer targets found a bug with, kept in `regressions/` as found
+    /// (`<target>-<what>`): each now ends in an error, not a crash.
+    #[test]
+    fn fuzz_findings_end_in_an_error() {
+        let found: [(Target, &[u8]); 3] = [
+            (
+                Target::Parquet,
+                include_bytes!("regressions/parquet-negative-chunk-offset"),
+            ),
+            (
+                Target::Parquet,
+                include_bytes!("regressions/parquet-short-dictionary-page"),
+            ),
+            (
+                Target::Parquet,
+                include_bytes!("regressions/parquet-delta-length-overflow"),
+            ),
+        ];
+        for (target, input) in found {
+            assert!(!target.run(input), "{target:?}");
         }
     }
 }

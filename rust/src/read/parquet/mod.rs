@@ -151,7 +151,20 @@ impl ParquetFile {
         let limit = chunk_limit(rows, max_value_bytes);
         let mut ranges = Vec::with_capacity(leaves.len());
         for &leaf in leaves {
-            let (start, len) = meta.column(leaf).byte_range();
+            // The footer's offset and size, checked: the crate's `byte_range` panics on a
+            // negative one (found by fuzzing), and its page reader calls it on chunks fetched here.
+            let chunk = meta.column(leaf);
+            let start = chunk
+                .dictionary_page_offset()
+                .unwrap_or(chunk.data_page_offset());
+            let (Ok(start), Ok(len)) =
+                (u64::try_from(start), u64::try_from(chunk.compressed_size()))
+            else {
+                return Err(self.corrupt(format!(
+                    "row group {group}: column chunk {leaf} at offset {start} of {} bytes",
+                    chunk.compressed_size()
+                )));
+            };
             if len > limit {
                 return Err(ShardFault {
                     reason: Reason::MemberTooLarge,

@@ -197,6 +197,31 @@ impl<P: PageReader> BoundedPages<P> {
             && self.max_def < 256
     }
 
+    /// A dictionary page of byte arrays must hold the `num_values` length-prefixed values it
+    /// claims: the crate's plain decoder reads each length without checking that four bytes are
+    /// left, and panics (found by fuzzing).
+    fn check_dictionary(&self, buf: &[u8], num_values: u32) -> Result<()> {
+        if self.physical != PhysicalType::BYTE_ARRAY {
+            return Ok(());
+        }
+        let mut at = 0usize;
+        for _ in 0..num_values {
+            let len = buf
+                .get(at..at + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
+            match len.map(|len| at + 4 + len).filter(|&end| end <= buf.len()) {
+                Some(end) => at = end,
+                None => {
+                    return Err(ParquetError::General(format!(
+                        "a dictionary page of {num_values} values overruns its {} bytes",
+                        buf.len()
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A flat column's page claiming more levels than the row group has rows is corrupt: no
     /// level buffer is sized from it.
     fn check_levels(&self, num_values: u32) -> Result<()> {
@@ -363,12 +388,15 @@ impl<P: PageReader> PageReader for BoundedPages<P> {
                 encoding,
                 is_sorted,
             } => match self.decompress(&buf)? {
-                Decompressed::Whole(buf) => Page::DictionaryPage {
-                    buf,
-                    num_values,
-                    encoding,
-                    is_sorted,
-                },
+                Decompressed::Whole(buf) => {
+                    self.check_dictionary(&buf, num_values)?;
+                    Page::DictionaryPage {
+                        buf,
+                        num_values,
+                        encoding,
+                        is_sorted,
+                    }
+                }
                 Decompressed::Stream(_) => {
                     return Err(self.too_large(format!("a dictionary page of {num_values} values")))
                 }

@@ -154,11 +154,21 @@ impl GroupPieces {
         rows: usize,
         piece: &mut ColumnPiece,
     ) -> Result<usize, ShardFault> {
-        let read = match (&mut self.cursors[i], piece) {
+        // The parquet crate's decoders panic on some malformed pages (a DELTA_LENGTH_BYTE_ARRAY
+        // page with a negative length slices past its buffer, found by fuzzing): a hostile file
+        // is a corrupt one, never a crash. Nothing the closure touches is used after a panic
+        // but the error, and the cursor is not read again (the row group ends with it).
+        let decode = std::panic::AssertUnwindSafe(|| match (&mut self.cursors[i], piece) {
             (Cursor::Flat(c), ColumnPiece::Flat(p)) => c.read(rows, usize::MAX, p),
             (Cursor::List(c), ColumnPiece::Lists(p)) => c.read(rows, usize::MAX, p),
             _ => unreachable!("a piece of the cursor's kind"),
-        };
+        });
+        let read = std::panic::catch_unwind(decode).unwrap_or_else(|panic| {
+            Err(parquet::errors::ParquetError::General(format!(
+                "its pages cannot be decoded ({})",
+                crate::error::panic_message(panic.as_ref())
+            )))
+        });
         read.map_err(|e| {
             column_fault(
                 file,

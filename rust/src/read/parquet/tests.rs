@@ -296,27 +296,7 @@ fn ranges_merge_where_they_overlap_or_lie_within_the_gap() {
     );
 }
 
-/// The first `n` real captions of the shared data (`SHARDSTREAM_TEST_DATA`, else
-/// `/work/shared/data`): img2dataset's test file, read with the crate's own row API.
-pub(crate) fn real_captions(n: usize) -> Vec<String> {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    let data =
-        std::env::var("SHARDSTREAM_TEST_DATA").unwrap_or_else(|_| "/work/shared/data".into());
-    let path = format!("{data}/img2dataset-test_1000.parquet");
-    let reader = SerializedFileReader::new(std::fs::File::open(&path).expect(&path)).unwrap();
-    let mut out = Vec::with_capacity(n);
-    for row in reader.get_row_iter(None).unwrap() {
-        for (name, field) in row.unwrap().get_column_iter() {
-            if let (true, parquet::record::Field::Str(s)) = (name == "TEXT", field) {
-                if !s.is_empty() && out.len() < n {
-                    out.push(s.clone());
-                }
-            }
-        }
-    }
-    assert_eq!(out.len(), n, "{path} holds {n} captions");
-    out
-}
+pub(crate) use crate::check::fuzzing::reader_seeds::real_captions;
 
 /// A FineWeb-style text file: a `text` string column (UTF-8 by its schema) holding `docs` as
 /// they are, whatever their bytes, in row groups of `rows_per_group`.
@@ -793,4 +773,134 @@ fn list_rows_read_in_pieces_of_any_size_and_a_row_over_the_cap_is_skipped_past()
             );
         }
     }
+}
+
+/// Decompression bombs in the codecs the streaming test above leaves out (issue 52): snappy,
+/// lz4 (hadoop framing, as this writer and Spark write it) and lz4_raw pages of 3 MiB documents,
+/// read under a 1 MiB cap. Snappy's page is decompressed whole within its format's bound and
+/// each long document is skipped as `member_too_large`; an lz4 page is never decompressed past
+/// its bound: its row group ends as `member_too_large` naming the page.
+#[test]
+fn snappy_and_lz4_pages_over_the_cap_are_skipped_by_reason() {
+    use parquet::basic::{Compression, Encoding};
+    let dir = scratch_dir("parquet-codec-bombs");
+    let cap = 1 << 20;
+    let docs = captions_with_long_ones(200, 3 << 20);
+    for (name, codec) in [
+        ("snappy", Compression::SNAPPY),
+        ("lz4", Compression::LZ4),
+        ("lz4-raw", Compression::LZ4_RAW),
+    ] {
+        let path = dir.join(format!("{name}.parquet"));
+        let props = WriterProperties::builder()
+            .set_compression(codec)
+            .set_dictionary_enabled(false)
+            .set_data_page_size_limit(1 << 30)
+            .set_write_batch_size(1 << 20)
+            .set_data_page_row_count_limit(1 << 20)
+            .set_encoding(Encoding::PLAIN)
+            .build();
+        write_text_with(&path, &docs, 200, props);
+        let stats = Arc::new(SourceStats::default());
+        let wanted = ["text".to_string()];
+        let read: Vec<_> = open(&path, &stats)
+            .unwrap()
+            .samples(0, Some(&wanted))
+            .with_max_member_bytes(cap)
+            .collect();
+        if codec == Compression::SNAPPY {
+            assert_eq!(read.len(), 200, "{name}: every row is yielded");
+            for (i, sample) in read.into_iter().enumerate() {
+                let sample = sample.expect("no fault");
+                match &docs[i] {
+                    Some(d) if d.len() as u64 > cap => assert_eq!(
+                        sample.defect,
+                        Some((
+                            Reason::MemberTooLarge,
+                            format!("text: {} bytes > {cap}", d.len())
+                        )),
+                        "{name}: row {i}"
+                    ),
+                    Some(d) => assert_eq!(sample.get("text"), Some(&d[..]), "{name}: row {i}"),
+                    None => assert!(sample.members.is_empty(), "{name}: row {i}"),
+                }
+            }
+        } else {
+            let [Err(fault)] = &read[..] else {
+                panic!(
+                    "{name}: the row group ends at once, got {} items",
+                    read.len()
+                );
+            };
+            assert_eq!(
+                fault.reason,
+                Reason::MemberTooLarge,
+                "{name}: {}",
+                fault.detail
+            );
+            assert!(
+                fault.detail.contains("lz4") && fault.detail.contains("over the"),
+                "{name}: {}",
+                fault.detail
+            );
+        }
+    }
+}
+
+/// Regression (fuzzing, the `parquet` target's first minutes): a footer claiming a column chunk
+/// at a negative offset made the parquet crate's `byte_range` panic; it is a corrupt file.
+#[test]
+fn a_column_chunk_at_a_negative_offset_is_corrupt_not_a_panic() {
+    let input = include_bytes!("../../check/fuzzing/regressions/parquet-negative-chunk-offset");
+    let dir = scratch_dir("parquet-negative-chunk");
+    let path = dir.join("found.parquet");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let wanted = ["text".to_string()];
+    let fault = open(&path, &stats)
+        .unwrap()
+        .samples(0, Some(&wanted))
+        .find_map(Result::err)
+        .expect("a fault");
+    assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
+    assert!(fault.detail.contains("column chunk"), "{}", fault.detail);
+}
+
+/// Regression (fuzzing, the `parquet` target): a dictionary page of byte arrays claiming more
+/// values than its bytes hold made the parquet crate's plain decoder panic; it is a corrupt file.
+#[test]
+fn a_dictionary_page_shorter_than_its_values_is_corrupt_not_a_panic() {
+    let input = include_bytes!("../../check/fuzzing/regressions/parquet-short-dictionary-page");
+    let dir = scratch_dir("parquet-short-dictionary");
+    let path = dir.join("found.parquet");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let fault = open(&path, &stats)
+        .unwrap()
+        .samples(0, None)
+        .with_max_member_bytes(1 << 16)
+        .find_map(Result::err)
+        .expect("a fault");
+    assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
+    assert!(fault.detail.contains("dictionary page"), "{}", fault.detail);
+}
+
+/// Regression (fuzzing, the `parquet` target): a DELTA_LENGTH_BYTE_ARRAY page whose lengths run
+/// negative made the parquet crate's decoder slice past its buffer and panic. The file is
+/// corrupt: today the piece reader meets the corruption first; were the decoder to panic again,
+/// the reader catches it (`rows`) and reports the same.
+#[test]
+fn a_delta_page_with_negative_lengths_is_corrupt_not_a_panic() {
+    let input = include_bytes!("../../check/fuzzing/regressions/parquet-delta-length-overflow");
+    let dir = scratch_dir("parquet-delta-lengths");
+    let path = dir.join("found.parquet");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let fault = open(&path, &stats)
+        .unwrap()
+        .samples(0, None)
+        .with_max_member_bytes(1 << 16)
+        .find_map(Result::err)
+        .expect("a fault");
+    assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
 }
