@@ -279,7 +279,7 @@ mod tests {
     /// (`<target>-<what>`): each now ends in an error, not a crash.
     #[test]
     fn fuzz_findings_end_in_an_error() {
-        let found: [(Target, &[u8]); 3] = [
+        let found: [(Target, &[u8]); 4] = [
             (
                 Target::Parquet,
                 include_bytes!("regressions/parquet-negative-chunk-offset"),
@@ -291,6 +291,10 @@ mod tests {
             (
                 Target::Parquet,
                 include_bytes!("regressions/parquet-delta-length-overflow"),
+            ),
+            (
+                Target::Parquet,
+                include_bytes!("regressions/parquet-chunk-past-the-end"),
             ),
         ];
         for (target, input) in found {

@@ -85,6 +85,17 @@ impl RangedFile {
 
     fn fetch(&self, start: u64, end: u64) -> Result<Bytes, SourceError> {
         let end = end.min(self.len);
+        // A footer can place a column chunk past the file's end (found by fuzzing: the length
+        // below underflowed); such a file is as short as one that ends mid-read.
+        if start > end {
+            return Err(SourceError::Open {
+                url: source::redact_url(&self.url),
+                message: format!(
+                    "the file ended {} bytes before a read at byte {start}",
+                    start - end
+                ),
+            });
+        }
         let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
         let read = match &self.local {
             Some(file) => self.read_local(file, start, end, &mut out),

@@ -904,3 +904,26 @@ fn a_delta_page_with_negative_lengths_is_corrupt_not_a_panic() {
         .expect("a fault");
     assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
 }
+
+/// Regression (fuzzing, the `parquet` target after the piece reader): a footer placing a column
+/// chunk past the file's end made the length of the read underflow (a panic with overflow
+/// checks, a read of the whole rest of the file without); the file is short, and says so.
+#[test]
+fn a_column_chunk_past_the_files_end_is_a_short_file_not_an_underflow() {
+    let input = include_bytes!("../../check/fuzzing/regressions/parquet-chunk-past-the-end");
+    let dir = scratch_dir("parquet-chunk-past-the-end");
+    let path = dir.join("found.parquet");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let fault = open(&path, &stats)
+        .unwrap()
+        .samples(0, None)
+        .with_max_member_bytes(1 << 16)
+        .find_map(Result::err)
+        .expect("a fault");
+    assert!(
+        fault.detail.contains("bytes before a read at byte"),
+        "{}",
+        fault.detail
+    );
+}
