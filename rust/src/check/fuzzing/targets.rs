@@ -279,7 +279,7 @@ mod tests {
     /// (`<target>-<what>`): each now ends in an error, not a crash.
     #[test]
     fn fuzz_findings_end_in_an_error() {
-        let found: [(Target, &[u8]); 4] = [
+        let found: [(Target, &[u8]); 5] = [
             (
                 Target::Parquet,
                 include_bytes!("regressions/parquet-negative-chunk-offset"),
@@ -295,6 +295,11 @@ mod tests {
             (
                 Target::Parquet,
                 include_bytes!("regressions/parquet-chunk-past-the-end"),
+            ),
+            // A page header whose thrift list claims 2^31 elements: slow to skip, bounded.
+            (
+                Target::Parquet,
+                include_bytes!("regressions/parquet-page-header-long-list"),
             ),
         ];
         for (target, input) in found {
