@@ -851,17 +851,12 @@ fn snappy_and_lz4_pages_over_the_cap_are_skipped_by_reason() {
 /// at a negative offset made the parquet crate's `byte_range` panic; it is a corrupt file.
 #[test]
 fn a_column_chunk_at_a_negative_offset_is_corrupt_not_a_panic() {
-    let input = include_bytes!("../../check/fuzzing/regressions/parquet-negative-chunk-offset");
-    let dir = scratch_dir("parquet-negative-chunk");
-    let path = dir.join("found.parquet");
-    std::fs::write(&path, &input[1..]).unwrap();
-    let stats = Arc::new(SourceStats::default());
-    let wanted = ["text".to_string()];
-    let fault = open(&path, &stats)
-        .unwrap()
-        .samples(0, Some(&wanted))
-        .find_map(Result::err)
-        .expect("a fault");
+    let fault = first_fault_of_found(
+        include_bytes!("../../check/fuzzing/regressions/parquet-negative-chunk-offset"),
+        "parquet-negative-chunk",
+        Some("text"),
+        u64::MAX,
+    );
     assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
     assert!(fault.detail.contains("column chunk"), "{}", fault.detail);
 }
@@ -870,17 +865,12 @@ fn a_column_chunk_at_a_negative_offset_is_corrupt_not_a_panic() {
 /// values than its bytes hold made the parquet crate's plain decoder panic; it is a corrupt file.
 #[test]
 fn a_dictionary_page_shorter_than_its_values_is_corrupt_not_a_panic() {
-    let input = include_bytes!("../../check/fuzzing/regressions/parquet-short-dictionary-page");
-    let dir = scratch_dir("parquet-short-dictionary");
-    let path = dir.join("found.parquet");
-    std::fs::write(&path, &input[1..]).unwrap();
-    let stats = Arc::new(SourceStats::default());
-    let fault = open(&path, &stats)
-        .unwrap()
-        .samples(0, None)
-        .with_max_member_bytes(1 << 16)
-        .find_map(Result::err)
-        .expect("a fault");
+    let fault = first_fault_of_found(
+        include_bytes!("../../check/fuzzing/regressions/parquet-short-dictionary-page"),
+        "parquet-short-dictionary",
+        None,
+        1 << 16,
+    );
     assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
     assert!(fault.detail.contains("dictionary page"), "{}", fault.detail);
 }
@@ -891,17 +881,12 @@ fn a_dictionary_page_shorter_than_its_values_is_corrupt_not_a_panic() {
 /// the reader catches it (`rows`) and reports the same.
 #[test]
 fn a_delta_page_with_negative_lengths_is_corrupt_not_a_panic() {
-    let input = include_bytes!("../../check/fuzzing/regressions/parquet-delta-length-overflow");
-    let dir = scratch_dir("parquet-delta-lengths");
-    let path = dir.join("found.parquet");
-    std::fs::write(&path, &input[1..]).unwrap();
-    let stats = Arc::new(SourceStats::default());
-    let fault = open(&path, &stats)
-        .unwrap()
-        .samples(0, None)
-        .with_max_member_bytes(1 << 16)
-        .find_map(Result::err)
-        .expect("a fault");
+    let fault = first_fault_of_found(
+        include_bytes!("../../check/fuzzing/regressions/parquet-delta-length-overflow"),
+        "parquet-delta-lengths",
+        None,
+        1 << 16,
+    );
     assert_eq!(fault.reason, Reason::CorruptParquet, "{}", fault.detail);
 }
 
@@ -910,20 +895,32 @@ fn a_delta_page_with_negative_lengths_is_corrupt_not_a_panic() {
 /// checks, a read of the whole rest of the file without); the file is short, and says so.
 #[test]
 fn a_column_chunk_past_the_files_end_is_a_short_file_not_an_underflow() {
-    let input = include_bytes!("../../check/fuzzing/regressions/parquet-chunk-past-the-end");
-    let dir = scratch_dir("parquet-chunk-past-the-end");
-    let path = dir.join("found.parquet");
-    std::fs::write(&path, &input[1..]).unwrap();
-    let stats = Arc::new(SourceStats::default());
-    let fault = open(&path, &stats)
-        .unwrap()
-        .samples(0, None)
-        .with_max_member_bytes(1 << 16)
-        .find_map(Result::err)
-        .expect("a fault");
+    let fault = first_fault_of_found(
+        include_bytes!("../../check/fuzzing/regressions/parquet-chunk-past-the-end"),
+        "parquet-chunk-past-the-end",
+        None,
+        1 << 16,
+    );
     assert!(
         fault.detail.contains("bytes before a read at byte"),
         "{}",
         fault.detail
     );
+}
+
+/// The first fault of a fuzzing finding (its first byte the target's knob, the rest the file)
+/// read as image-text samples of column `wanted` (None: every column) under `cap`.
+fn first_fault_of_found(input: &[u8], name: &str, wanted: Option<&str>, cap: u64) -> ShardFault {
+    let dir = scratch_dir(name);
+    let path = dir.join("found.parquet");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let stats = Arc::new(SourceStats::default());
+    let wanted = wanted.map(|w| vec![w.to_string()]);
+    let samples = open(&path, &stats).unwrap().samples(0, wanted.as_deref());
+    let mut samples = if cap == u64::MAX {
+        samples
+    } else {
+        samples.with_max_member_bytes(cap)
+    };
+    samples.find_map(Result::err).expect("a fault")
 }
