@@ -44,7 +44,12 @@ Every contender runs in a fresh process, its best of ``--repeat`` rounds taken i
     python benches/bench_interleaved.py [--docs 400] [--files 4] [--rows-per-group 8] \\
         [--seq-len 4096] [--batch 8] [--min-pixels 3136] [--max-pixels 1003520] [--repeat 3] \\
         [--threads 1] [--no-peer] [--no-images] [--no-verify] [--peer-decode pil|torchvision] \\
-        [--dir /tmp/shardstream-bench-interleaved]
+        [--baseline PYTHON_DIR] [--dir /tmp/shardstream-bench-interleaved]
+
+``--baseline`` adds section 1's shardstream on another build (its python/ folder, e.g. a
+worktree of an earlier commit built with ``maturin develop`` or its ``_core`` copied in) as one
+more contender, taking turns with this build round by round, and prints this build's rate over
+the baseline's per round: a before/after on the same machine in the same run.
 
 Smoke run (about a minute): ``--docs 40 --repeat 1``.
 """
@@ -64,6 +69,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+# --baseline: a worker imports another build's shardstream (its python/ folder) instead.
+BASELINE_ENV = "SHARDSTREAM_BENCH_BASELINE"
+if os.environ.get(BASELINE_ENV):
+    sys.path.insert(0, os.environ[BASELINE_ENV])
 from _harness import pin, print_result, proc_kb, try_worker  # noqa: E402
 
 GEN = "i1"  # bump when the generated corpus changes, so cached ones are not reused
@@ -523,6 +532,10 @@ def memory(rs: list[dict]) -> str:
     return f"{max(r['peak_mb'] for r in rs):.0f} (+{max(r['grown_mb'] for r in rs):.0f})"
 
 
+def docs_per_second(result: dict) -> float:
+    return result["documents"] / result["seconds"]
+
+
 def fmt_rounds(rates: list[float]) -> str:
     return ", ".join(f"{r:.0f}" for r in rates)
 
@@ -546,6 +559,7 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="shardstream only")
     ap.add_argument("--no-images", action="store_true", help="skip section 2 (the image path alone)")
     ap.add_argument("--no-verify", action="store_true", help="skip section 2's agreement check")
+    ap.add_argument("--baseline", help="python/ folder of another shardstream build, run beside")
     ap.add_argument("--dir", default=os.path.join("/tmp", "shardstream-bench-interleaved"))
     ap.add_argument("--worker")
     ap.add_argument("--options")
@@ -586,6 +600,9 @@ def main() -> None:
         )
     ours_label = f"shardstream, {args.threads} thread{'s' if args.threads > 1 else ''}"
     runs[ours_label] = ("shardstream", ours_cores, {})
+    baseline_label = f"{ours_label}, baseline build"
+    if args.baseline:
+        runs[baseline_label] = ("shardstream", ours_cores, {BASELINE_ENV: os.path.abspath(args.baseline)})
     results: dict[str, list[dict]] = {label: [] for label in runs}
     for _ in range(max(1, args.repeat)):
         for label, (name, cpus, env) in runs.items():
@@ -629,8 +646,17 @@ def main() -> None:
                 f"    counting pass apart: {b['count_seconds']:.2f} s; with it, "
                 f"{b['documents'] / total:.1f} docs/s, {b['tokens'] / total:.0f} tokens/s"
             )
+    if ours_label in best and baseline_label in best:
+        # Rounds alternate, so round i of each ran next to the other's: the ratio per round.
+        pairs = list(zip(results[ours_label], results[baseline_label], strict=False))
+        per_round = [docs_per_second(a) / docs_per_second(b) for a, b in pairs]
+        best_ratio = docs_per_second(best[ours_label]) / docs_per_second(best[baseline_label])
+        print(
+            f"  this build / baseline build, docs/s: best {best_ratio:.3f}x; "
+            f"per round {', '.join(f'{r:.3f}x' for r in per_round)}"
+        )
     ours = best.get(ours_label)
-    peer = next((b for label, b in best.items() if label != ours_label), None)
+    peer = next((b for label, b in best.items() if label not in (ours_label, baseline_label)), None)
     if ours and peer:
         print("  ratios, shardstream / HF peer:")
         for what in ("documents", "tokens"):

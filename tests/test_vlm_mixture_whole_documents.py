@@ -144,17 +144,25 @@ def test_an_uninterrupted_epoch_on_two_ranks_learns_each_document_whole_or_not_a
     assert {name: len(keys) for name, keys in cut.items()} == dict(counted)
 
 
-def test_a_stop_on_two_ranks_resumed_onto_three_learns_each_document_whole_or_not_at_all(sources, whole):
+@pytest.mark.parametrize("stop", ["after 4 batches", "one batch before the end"])
+def test_a_stop_on_two_ranks_resumed_onto_three_learns_each_document_whole_or_not_at_all(
+    sources, whole, stop
+):
+    """Stopped one batch before the end, 2 batches of each source are left: they do not divide
+    among 3 ranks, and the documents begun before the stop that go on into them must still be
+    read to their end (a rank short of a batch reads one of padding)."""
     seen: dict[str, dict[str, list[int]]] = {name: defaultdict(list) for name, _, _ in IMAGE_TEXT}
     states = []
+    epoch = len(mixture(sources, 0, 2))
+    done = 4 if stop == "after 4 batches" else epoch - 1
     for rank in range(2):
         first = mixture(sources, rank, 2)
         it = iter(first)
-        for _ in range(4):
+        for _ in range(done):
             note(next(it), seen)
         states.append(first.state_dict())
         it.close()
-    lengths = []
+    lengths, padding = [], Counter()
     for rank in range(3):
         resumed = mixture(sources, rank, 3)
         resumed.load_state_dict(states[0])
@@ -162,7 +170,14 @@ def test_a_stop_on_two_ranks_resumed_onto_three_learns_each_document_whole_or_no
         lengths.append(len(batches))
         for b in batches:
             note(b, seen)
-    assert len(set(lengths)) == 1 and lengths[0] > 0, lengths
+        for name, per in resumed.stats["sources"].items():
+            padding[name] += per["padding_batches"]
+    left = 2 * (epoch - done)  # each source's batches left
+    assert lengths == [-(-left // 3)] * 3, lengths
+    # Each source reads its batches left, the short ranks one of padding each.
+    assert padding["obelics"] == padding["pairs"] == 3 * lengths[0] - left, padding
+    # The text source leaves its remainder as packed text does; its parts past it are padding.
+    assert padding["text"] == 3 * (lengths[0] - left // 3), padding
     cut = check_whole_or_none(seen, whole)
     assert cut["obelics"], "the epoch cuts no document: the check would be vacuous"
     learned = sum(sum(v) for per in seen.values() for v in per.values())

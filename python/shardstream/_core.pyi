@@ -370,9 +370,13 @@ class ClipTokenizer:
 
 #: (world_size, workers, batch_size, seq_len, block_rows) of a packed plan's phase.
 PackShape = tuple[int, int, int, int, int]
-#: (seed, epoch, earlier phases with their batches done, current shape, rank, worker): one
+#: (the stream's planned end, whether phases after the first are padded): the end is the units'
+#: total weight, or less where a mixture's epoch ends first; a padded phase reads every position
+#: left, the ranks short of a batch getting padding.
+PlanEnd = tuple[int, bool]
+#: (seed, epoch, earlier phases with their batches done, current shape, rank, worker, end): one
 #: reader of one epoch's plan over unit weights.
-PlanReader = tuple[int, int, Sequence[tuple[PackShape, int]], PackShape, int, int]
+PlanReader = tuple[int, int, Sequence[tuple[PackShape, int]], PackShape, int, int, PlanEnd]
 
 def packed_encoder(
     tokenizer: str, eos_token: str | None = None, bos_token: str | None = None
@@ -406,10 +410,10 @@ def count_tokens(
     or the fault that made the unit unreadable)."""
 
 def packed_plan_counts(
-    total: int, seed: int, epoch: int, phases: Sequence[tuple[PackShape, int]], current: PackShape
-) -> tuple[int, int, int]:
+    end: PlanEnd, seed: int, epoch: int, phases: Sequence[tuple[PackShape, int]], current: PackShape
+) -> tuple[int, int, int, int]:
     """(batches per rank left from the recorded position, the current phase's batches per rank,
-    tokens of the remainder) of an epoch's packed plan."""
+    positions of the remainder, positions of padding) of an epoch's packed plan up to ``end``."""
 
 def packed_pipeline(
     units: Sequence[tuple[str, int, int | None, str | None]],

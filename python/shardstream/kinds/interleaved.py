@@ -603,6 +603,9 @@ class InterleavedLoader(UnitPlanLoader):
             f"fewer than the {self.world_size} ranks"
         )
 
+    # A document spans batches: as a mixture's source, a resume reads every batch left.
+    _pads_later_phases = True
+
     def _shape(self) -> tuple[int, int, int, int, int]:
         return (self.world_size, self._num_workers, 1, 1, 1)
 
@@ -641,7 +644,9 @@ class InterleavedLoader(UnitPlanLoader):
         """Counters of the last (or current) pass of this rank: ``batches``, ``rows``,
         ``tokens`` (of documents), ``padding`` (tokens), ``documents`` (begun and learned),
         ``cut_documents`` (documents the epoch reads only in part, whose runs are therefore
-        context without labels; counted by the rank that reads the first of them), ``images``,
+        context without labels; counted by the rank that reads the first of them),
+        ``padding_batches`` (batches of padding alone: in a :class:`~shardstream.VlmMixture`
+        resumed onto another world size, the ranks short of a batch), ``images``,
         ``patches``, ``skipped`` (documents, and images dropped at decode, by reason),
         ``faults`` (the first 1,000, each with ``reason``, ``url``, ``key``, ``detail``),
         ``bytes``, ``retries``, ``decode_seconds``, ``measure_seconds``; and for the epoch:

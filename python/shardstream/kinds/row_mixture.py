@@ -124,9 +124,9 @@ class RowMixture:
 
     def _worker_part(self) -> Iterator[Any]:
         """In DataLoader worker ``w`` of ``K``: the mixture's batches ``w, w + K, ...`` below
-        ``len(self)`` (torch takes them round-robin). Every source's reader ``w`` holds at least
-        that many batches: each source's share is split among the workers the same balanced
-        way, and no source has fewer batches than the mixture."""
+        ``len(self)`` (torch takes them round-robin). Every source's reader ``w`` holds that
+        many batches (each source's share is split among the workers the same balanced way),
+        but where :meth:`_next_part` pads a source short of them."""
         worker, workers = _workers.worker()
         n = len(self)
         return self._iterate(n // workers + (1 if worker < n % workers else 0), worker, workers)
@@ -137,10 +137,18 @@ class RowMixture:
         iterators = [loader._iterate(worker, workers) for loader in self.loaders]
         try:
             for _ in range(count):
-                yield self._join([next(it) for it in iterators])
+                yield self._join([self._next_part(i, it) for i, it in enumerate(iterators)])
         finally:
             for it in iterators:
                 it.close()  # type: ignore[attr-defined]
+
+    def _next_part(self, source: int, it: Iterator[Any]) -> Any:
+        """Source ``source``'s next batch from its reader's iterator ``it``."""
+        return next(it)
+
+    def _source_done(self, source: int, done: int) -> int:
+        """Of the mixture's ``done`` batches this pass, those source ``source`` read."""
+        return done
 
     def _join(self, parts: list[Any]) -> Any:
         """One batch of the sources' batches ``parts`` (one each, in source order)."""
@@ -241,7 +249,9 @@ class RowMixture:
         return {
             "format": self.STATE_FORMAT,
             "rows": self.rows,
-            "sources": [loader.state_dict(done) for loader in self.loaders],
+            "sources": [
+                loader.state_dict(self._source_done(i, done)) for i, loader in enumerate(self.loaders)
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -14,6 +14,10 @@ A mixture (:class:`~shardstream.kinds.row_mixture.RowMixture`) may end its sourc
 early: it sets ``_epoch_batches``, which gives the batches per rank its epoch has on the world
 size of the epoch's first phase, and the source then plans its stream only up to there, so that
 every position it plans is read (its documents cut by that end are the pipeline's business).
+After a resume onto another world size, what is left of that stream seldom divides among the
+new ranks: a kind whose documents must be read whole (``_pads_later_phases``) then reads every
+position left, the ranks short of a batch getting one of padding (the core's
+``plan::packed::Rest::Padded``); the others leave those positions as the phase's remainder.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class UnitPlanLoader(LoaderBase):
     _total: int
     #: Set by a mixture: its batches per rank on a world size (see the module's documentation).
     _epoch_batches: Any = None
+    #: Whether, as a mixture's source, phases after the first read every position left (the
+    #: ranks short of a batch padded) rather than leave a remainder: for kinds whose documents
+    #: span batches and must be learned whole.
+    _pads_later_phases = False
 
     def _shape(self) -> Shape:
         raise NotImplementedError
@@ -93,14 +101,18 @@ class UnitPlanLoader(LoaderBase):
         shape = self._shape()
         return self._total // (world * shape[2] * shape[3])
 
-    def _reader(self, worker: int) -> tuple[int, int, list[tuple[Shape, int]], Shape, int, int, int]:
-        """Which reader of which epoch's plan the pipeline of DataLoader worker ``worker`` is:
-        (seed, epoch, phases, current shape, rank, worker, the stream's planned end)."""
-        return (self.seed, self.epoch, self._phases(), self._shape(), self.rank, worker, self._stream_end())
+    def _end(self) -> tuple[int, bool]:
+        """(the stream's planned end, whether later phases are padded): the core's ``PlanEnd``."""
+        return (self._stream_end(), self._epoch_batches is not None and self._pads_later_phases)
 
-    def _plan_counts(self) -> tuple[int, int, int]:
-        end = self._stream_end()
-        return _core.packed_plan_counts(end, self.seed, self.epoch, self._phases(), self._shape())
+    def _reader(self, worker: int) -> tuple[Any, ...]:
+        """Which reader of which epoch's plan the pipeline of DataLoader worker ``worker`` is:
+        (seed, epoch, phases, current shape, rank, worker, the stream's end)."""
+        return (self.seed, self.epoch, self._phases(), self._shape(), self.rank, worker, self._end())
+
+    def _plan_counts(self) -> tuple[int, int, int, int]:
+        """(batches per rank left, the phase's batches per rank, remainder, padding)."""
+        return _core.packed_plan_counts(self._end(), self.seed, self.epoch, self._phases(), self._shape())
 
     def _unread_weight(self) -> int:
         """The epoch's weight no rank reads: the plan's remainder, and the stream past a

@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardstream.config import SourceOptions
 from shardstream.errors import OptionError
@@ -65,6 +65,15 @@ def _load_counts(counts: Any) -> InterleavedCounts | TokenCounts:
         fmt = json.load(f).get("format")
     kind = InterleavedCounts if fmt == InterleavedCounts.FORMAT else TokenCounts
     return kind.load(path)
+
+
+class _PaddingRows(NamedTuple):
+    """A text source's part of a batch where it has no batch left: rows of padding, no labels."""
+
+    input_ids: Any
+    position_ids: Any
+    cu_seqlens: Any
+    max_seqlen: int
 
 
 class VlmMixture(RowMixture):
@@ -145,13 +154,62 @@ class VlmMixture(RowMixture):
         # is then known to its reader, which leaves it unlearned (see the mixtures guide).
         for loader in self.loaders:
             loader._epoch_batches = self._epoch_batches
+        self._pad_token_id = self.loaders[counts.index(vlm[0])].pad_token_id
+        self._text_padding: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current pass: the image-text sources' (after a
+        resume onto another world size they read every batch left, some ranks one of padding;
+        a text source short of them is padded, see :meth:`_next_part`)."""
+        return min(len(loader) for loader in self.loaders if isinstance(loader, InterleavedLoader))
+
+    def _next_part(self, source: int, it: Any) -> Any:
+        """A text source's next batch, or rows of padding where it has none left: after a resume
+        onto another world size its remainder (fewer tokens than a batch per rank) is left
+        unread, as packed text leaves it, while the image-text sources read every batch left
+        so that a document begun before the stop is read to its end."""
+        part = next(it, None)
+        if part is None and not isinstance(self.loaders[source], InterleavedLoader):
+            self._text_padding[source] = self._text_padding.get(source, 0) + 1
+            return self._padding_rows(self.rows[source])
+        if part is None:
+            raise RuntimeError(f"source {self.names[source]!r} ended before the mixture's batches")
+        return part
+
+    def _padding_rows(self, rows: int) -> _PaddingRows:
+        """``rows`` rows of padding, each one sequence (as the interleaved kind pads a row)."""
+        import torch
+
+        ids = torch.full((rows, self.seq_len), self._pad_token_id, dtype=torch.int64)
+        positions = torch.arange(self.seq_len, dtype=torch.int64).expand(rows, -1).contiguous()
+        cu = torch.arange(0, (rows + 1) * self.seq_len, self.seq_len, dtype=torch.int32)
+        return _PaddingRows(ids, positions, cu, self.seq_len)
+
+    def _source_done(self, source: int, done: int) -> int:
+        """A text source read no more batches this pass than it has (the rest were padding)."""
+        loader = self.loaders[source]
+        return done if isinstance(loader, InterleavedLoader) else min(done, len(loader))
+
+    def _begin_pass(self) -> None:
+        super()._begin_pass()
+        self._text_padding = {}
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """As :attr:`RowMixture.stats`; a text source's ``padding_batches`` counts its parts of
+        padding this pass (the image-text sources count theirs in their own stats)."""
+        stats = super().stats
+        for i, name in enumerate(self.names):
+            if not isinstance(self.loaders[i], InterleavedLoader):
+                stats["sources"][name]["padding_batches"] = self._text_padding.get(i, 0)
+        return stats
 
     def _epoch_batches(self, world_size: int) -> int:
         """Batches per rank of an epoch whose first phase runs on ``world_size`` ranks: as many
         as the source with the fewest allows."""
         return min(loader._batches_on(world_size) for loader in self.loaders)
 
-    def _join(self, parts: list[InterleavedBatch | TextBatch]) -> InterleavedBatch:
+    def _join(self, parts: list[InterleavedBatch | TextBatch | _PaddingRows]) -> InterleavedBatch:
         import torch
 
         ids, labels, positions, mrope, pixels, grids, keys = [], [], [], [], [], [], []
@@ -167,6 +225,9 @@ class VlmMixture(RowMixture):
                 keys.extend(p.keys)
                 documents += p.documents
                 tokens += p.tokens
+            elif isinstance(p, _PaddingRows):
+                mrope.append(positions[-1][None].expand(3, -1, -1))
+                labels.append(torch.full_like(ids[-1], IGNORE_INDEX))
             else:
                 # Text alone: M-RoPE's three rows are its 1-D positions (get_rope_index's rule).
                 mrope.append(positions[-1][None].expand(3, -1, -1))

@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyList};
 
 use super::convert::{json_to_py, present, refuse_unknown, source_options, SOURCE_KEYS};
 use super::pipeline::{MetaToPy, Pipeline};
-use super::units::{count_list, plan, share, ReaderTuple, ShapeTuple, UnitTuple};
+use super::units::{count_list, plan, share, EndTuple, ReaderTuple, ShapeTuple, UnitTuple};
 use crate::batch::packed::{
     self, count_unit, PackedConfig, RowsMeta, StreamInput, TextSpec, UnitCount,
 };
@@ -123,17 +123,22 @@ pub fn count_tokens<'py>(
 }
 
 /// (batches per rank from the recorded position, the current phase's batches per rank, tokens
-/// of the remainder) of an epoch's packed plan.
+/// of the remainder, positions of padding) of an epoch's packed plan up to `end`.
 #[pyfunction]
 pub fn packed_plan_counts(
-    total: u64,
+    end: EndTuple,
     seed: u64,
     epoch: u64,
     phases: Vec<(ShapeTuple, u64)>,
     current: ShapeTuple,
-) -> PyResult<(u64, u64, u64)> {
-    let p = plan(total, seed, epoch, phases, current)?;
-    Ok((p.batches_left(), p.phase_batches(), p.remainder_tokens()))
+) -> PyResult<(u64, u64, u64, u64)> {
+    let p = plan(end, seed, epoch, phases, current)?;
+    Ok((
+        p.batches_left(),
+        p.phase_batches(),
+        p.remainder_tokens(),
+        p.padding_tokens(),
+    ))
 }
 
 impl MetaToPy for RowsMeta {

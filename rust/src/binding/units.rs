@@ -9,16 +9,27 @@ use super::convert::json_to_py;
 use crate::batch::packed::TextUnit;
 use crate::batch::units::{Counted, UnitShare};
 use crate::error::Fault;
-use crate::plan::packed::{PackPhase, PackShape, PackedPlan};
+use crate::plan::packed::{PackPhase, PackShape, PackedPlan, Rest};
 
 /// (world_size, workers, batch_size, seq_len, block_rows)
 pub(super) type ShapeTuple = (u32, u32, u32, u32, u32);
 /// (url, first_row, rows or None, identity or None)
 pub(super) type UnitTuple = (String, u64, Option<u64>, Option<String>);
 /// (seed, epoch, earlier phases with their batches done, current shape, rank, worker, the
-/// stream's planned end): which reader of which epoch's plan. The end is the units' total
-/// weight, or less where a mixture's epoch ends first.
-pub(super) type ReaderTuple = (u64, u64, Vec<(ShapeTuple, u64)>, ShapeTuple, u32, u32, u64);
+/// stream's end): which reader of which epoch's plan.
+pub(super) type ReaderTuple = (
+    u64,
+    u64,
+    Vec<(ShapeTuple, u64)>,
+    ShapeTuple,
+    u32,
+    u32,
+    EndTuple,
+);
+/// (the stream's planned end, whether later phases are padded): the end is the units' total
+/// weight, or less where a mixture's epoch ends first; a mixture's source pads its later phases
+/// (`plan::packed::Rest::Padded`) so that it reads everything up to that end.
+pub(super) type EndTuple = (u64, bool);
 
 fn shape(t: ShapeTuple) -> PackShape {
     PackShape {
@@ -30,9 +41,9 @@ fn shape(t: ShapeTuple) -> PackShape {
     }
 }
 
-/// The epoch's plan over `total` weight.
+/// The epoch's plan over the weight up to `end`.
 pub(super) fn plan(
-    total: u64,
+    (total, padded): EndTuple,
     seed: u64,
     epoch: u64,
     phases: Vec<(ShapeTuple, u64)>,
@@ -45,7 +56,12 @@ pub(super) fn plan(
             batches_done,
         })
         .collect();
-    PackedPlan::new(total, seed, epoch, phases, shape(current))
+    let rest = if padded {
+        Rest::Padded
+    } else {
+        Rest::Remainder
+    };
+    PackedPlan::with_rest(total, seed, epoch, phases, shape(current), rest)
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 

@@ -19,6 +19,11 @@
 //!    shape starts a phase over what is left: every reader's rows not yet emitted, then the
 //!    phase's remainder, in stream order: a list of ranges, cut as in 2. Every token of the
 //!    epoch is thus in exactly one emitted row, except the last phase's remainder.
+//! 6. **Padded later phases.** A plan may instead read every position of its later phases
+//!    (`Rest::Padded`, for a mixture's source, whose epoch end was fixed on the first phase's
+//!    world size): from the second phase on, each rank gets `ceil(len / (W B L))` batches and
+//!    the positions past the stream's end are padding, so a phase has no remainder. A rank's
+//!    padding is at the end of its last reader's rows.
 //!
 //! Only positions are planned here; which documents and units a range covers is the reader's
 //! business (`batch::packed`). Nothing here knows about I/O or tokenizers.
@@ -84,11 +89,6 @@ impl PackShape {
     fn batch_tokens(&self) -> u64 {
         self.batch_size as u64 * self.seq_len as u64
     }
-
-    /// Batches per rank over a stream of `len` tokens.
-    fn batches_per_rank(&self, len: u64) -> u64 {
-        len / (self.world_size as u64 * self.batch_tokens())
-    }
 }
 
 /// One phase of an epoch: its shape and the batches every rank yielded in it.
@@ -136,7 +136,7 @@ impl UnitOrder {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackedReader {
     /// Stream positions the reader's rows are cut from, in order (their lengths sum to
-    /// `rows * seq_len`).
+    /// `rows * seq_len`, or less in a padded phase: the rows past them are padding).
     pub ranges: Vec<Span>,
     /// Rows of the reader's whole share in this phase.
     pub rows: u64,
@@ -155,6 +155,18 @@ impl PackedReader {
     }
 }
 
+/// What a phase after the first does with the positions that do not divide among its ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rest {
+    /// They are the phase's remainder, read by no rank (as in the first phase).
+    #[default]
+    Remainder,
+    /// Every position is read: shares rounded up, the positions past the stream's end padding.
+    /// For a mixture's source: its stream ends where the mixture's epoch does, and a document
+    /// begun before a resume must be read to its end after it.
+    Padded,
+}
+
 /// An epoch's packed plan: the stream's length, the seed and the phases (the last is current).
 #[derive(Clone, Debug)]
 pub struct PackedPlan {
@@ -162,17 +174,32 @@ pub struct PackedPlan {
     pub seed: u64,
     pub epoch: u64,
     pub phases: Vec<PackPhase>,
+    /// How phases after the first cut their stream.
+    pub rest: Rest,
 }
 
 impl PackedPlan {
     /// The plan of a fresh epoch, or of `phases` (a resume state) continued with `shape`: the
-    /// same shape continues the last phase, another starts a new one after it.
+    /// same shape continues the last phase, another starts a new one after it. Later phases
+    /// leave a remainder (`Rest::Remainder`).
     pub fn new(
+        total: u64,
+        seed: u64,
+        epoch: u64,
+        phases: Vec<PackPhase>,
+        shape: PackShape,
+    ) -> Result<Self, PlanError> {
+        Self::with_rest(total, seed, epoch, phases, shape, Rest::Remainder)
+    }
+
+    /// As [`PackedPlan::new`], with later phases cut as `rest` says.
+    pub fn with_rest(
         total: u64,
         seed: u64,
         epoch: u64,
         mut phases: Vec<PackPhase>,
         shape: PackShape,
+        rest: Rest,
     ) -> Result<Self, PlanError> {
         shape.validate()?;
         for p in &phases {
@@ -189,6 +216,7 @@ impl PackedPlan {
             seed,
             epoch,
             phases,
+            rest,
         };
         // Every recorded phase must fit the stream it was cut from.
         let mut stream = vec![Span {
@@ -196,7 +224,7 @@ impl PackedPlan {
             end: total,
         }];
         for (i, p) in plan.phases.iter().enumerate() {
-            let planned = p.shape.batches_per_rank(ranges_len(&stream));
+            let planned = plan.batches_per_rank(i, ranges_len(&stream));
             if p.batches_done > planned {
                 return Err(PlanError::State(format!(
                     "phase {i} records {} batches per rank, but its stream holds {planned}",
@@ -208,6 +236,18 @@ impl PackedPlan {
             }
         }
         Ok(plan)
+    }
+
+    /// Batches per rank of phase `i` over a stream of `len` positions: rounded down (the rest
+    /// is the phase's remainder), or up in a padded later phase.
+    fn batches_per_rank(&self, i: usize, len: u64) -> u64 {
+        let shape = self.phases[i].shape;
+        let global = shape.world_size as u64 * shape.batch_tokens();
+        if i > 0 && self.rest == Rest::Padded {
+            len.div_ceil(global)
+        } else {
+            len / global
+        }
     }
 
     fn current(&self) -> (usize, &PackPhase) {
@@ -229,8 +269,8 @@ impl PackedPlan {
 
     /// Batches every rank yields in the current phase, from its beginning.
     pub fn phase_batches(&self) -> u64 {
-        let (_, phase) = self.current();
-        phase.shape.batches_per_rank(ranges_len(&self.stream()))
+        let (i, _) = self.current();
+        self.batches_per_rank(i, ranges_len(&self.stream()))
     }
 
     /// Batches every rank yields from the recorded position to the end of the epoch.
@@ -240,11 +280,23 @@ impl PackedPlan {
 
     /// Tokens of the current phase that no rank reads: the epoch's remainder.
     pub fn remainder_tokens(&self) -> u64 {
-        let (_, phase) = self.current();
+        let (i, phase) = self.current();
         let len = ranges_len(&self.stream());
-        len - phase.shape.batches_per_rank(len)
+        let assigned = self.batches_per_rank(i, len)
             * phase.shape.world_size as u64
-            * phase.shape.batch_tokens()
+            * phase.shape.batch_tokens();
+        len.saturating_sub(assigned)
+    }
+
+    /// Positions of the current phase's shares past the stream's end: padding (only in a
+    /// padded later phase).
+    pub fn padding_tokens(&self) -> u64 {
+        let (i, phase) = self.current();
+        let len = ranges_len(&self.stream());
+        let assigned = self.batches_per_rank(i, len)
+            * phase.shape.world_size as u64
+            * phase.shape.batch_tokens();
+        assigned.saturating_sub(len)
     }
 
     /// The remainder's ranges (stream positions).
@@ -272,7 +324,7 @@ impl PackedPlan {
         let reader = (reader as u64 + phase.batches_done) % shape.readers() as u64;
         let reader = reader as u32;
         let stream = self.stream();
-        let batches = shape.batches_per_rank(ranges_len(&stream));
+        let batches = self.batches_per_rank(i, ranges_len(&stream));
         let (first, count) = reader_batch_range(batches, shape.readers(), reader);
         let tokens = shape.batch_tokens();
         let start = (rank as u64 * batches + first) * tokens;
@@ -304,7 +356,7 @@ impl PackedPlan {
         let phase = self.phases[i];
         let shape = phase.shape;
         let len = ranges_len(stream);
-        let batches = shape.batches_per_rank(len);
+        let batches = self.batches_per_rank(i, len);
         let tokens = shape.batch_tokens();
         let row = shape.seq_len as u64;
         let mut left = Vec::new();
@@ -341,7 +393,7 @@ impl PackedPlan {
                 }
             }
         }
-        let assigned = batches * shape.world_size as u64 * tokens;
+        let assigned = (batches * shape.world_size as u64 * tokens).min(len);
         push_all(&mut left, slice(stream, assigned, len));
         left
     }
@@ -408,10 +460,15 @@ mod tests {
         }
     }
 
-    /// Every row a reader emits, in order, as the stream positions of its tokens.
+    /// A padding position in `emitted_rows`.
+    const PADDING: u64 = u64::MAX;
+
+    /// Every row a reader emits, in order, as the stream positions of its tokens (`PADDING`
+    /// past its ranges, in a padded phase).
     fn emitted_rows(reader: &PackedReader) -> Vec<Vec<u64>> {
-        let positions: Vec<u64> = reader.ranges.iter().flat_map(|r| r.start..r.end).collect();
         let row = reader.seq_len as usize;
+        let mut positions: Vec<u64> = reader.ranges.iter().flat_map(|r| r.start..r.end).collect();
+        positions.resize(reader.rows as usize * row, PADDING);
         let block = reader.block_rows as u64;
         let mut rows = Vec::new();
         let mut b = 0u64;
@@ -556,6 +613,83 @@ mod tests {
                 "position {p}"
             );
         }
+    }
+
+    /// Adds the positions of `batches` to `seen`; returns the padding positions among them.
+    fn mark(seen: &mut [u32], batches: &[Vec<Vec<u64>>]) -> u64 {
+        let mut padding = 0;
+        for &p in batches.iter().flatten().flatten() {
+            if p == PADDING {
+                padding += 1;
+            } else {
+                seen[p as usize] += 1;
+            }
+        }
+        padding
+    }
+
+    #[test]
+    fn padded_later_phases_read_every_position_once_with_equal_batches_per_rank() {
+        // A mixture's source: the first phase divides (its end was chosen so), the later ones
+        // are cut on other world sizes and must leave nothing unread.
+        let first = shape(2, 2, 3, 12, 5);
+        let total = 2 * 3 * 12 * 40;
+        let fresh = PackedPlan::with_rest(total, 9, 0, vec![], first, Rest::Padded).unwrap();
+        assert_eq!((fresh.remainder_tokens(), fresh.padding_tokens()), (0, 0));
+        let mut seen = vec![0u32; total as usize];
+        for rank in 0..2 {
+            mark(&mut seen, &rank_batches(&fresh, rank)[..13]);
+        }
+        let mut phases = vec![PackPhase {
+            shape: first,
+            batches_done: 13,
+        }];
+        // 2 ranks -> 3 ranks with 2 readers each, 7 batches in, then -> 4 ranks to the end.
+        let second = shape(3, 2, 2, 12, 4);
+        let middle = PackedPlan::with_rest(total, 9, 0, phases.clone(), second, Rest::Padded);
+        let middle = middle.unwrap();
+        for rank in 0..3 {
+            let batches = rank_batches(&middle, rank);
+            assert_eq!(batches.len() as u64, middle.phase_batches());
+            mark(&mut seen, &batches[..7]);
+        }
+        phases.push(PackPhase {
+            shape: second,
+            batches_done: 7,
+        });
+        let third = shape(4, 0, 7, 12, 3);
+        let last = PackedPlan::with_rest(total, 9, 0, phases, third, Rest::Padded).unwrap();
+        assert_eq!(last.remainder_tokens(), 0);
+        assert!(last.remainder().is_empty());
+        let mut padding = 0;
+        for rank in 0..4 {
+            let batches = rank_batches(&last, rank);
+            assert_eq!(batches.len() as u64, last.phase_batches(), "rank {rank}");
+            padding += mark(&mut seen, &batches);
+        }
+        assert!(
+            padding > 0,
+            "the case must leave positions that do not divide"
+        );
+        assert_eq!(padding, last.padding_tokens());
+        assert!(
+            padding < 4 * 7 * 12,
+            "less than one batch per rank: {padding}"
+        );
+        for (p, &n) in seen.iter().enumerate() {
+            assert_eq!(n, 1, "position {p}");
+        }
+        // Without padding the same resume leaves a remainder no rank reads.
+        let mut phases = vec![PackPhase {
+            shape: first,
+            batches_done: 13,
+        }];
+        phases.push(PackPhase {
+            shape: second,
+            batches_done: 7,
+        });
+        let floor = PackedPlan::new(total, 9, 0, phases, third).unwrap();
+        assert!(floor.remainder_tokens() > 0);
     }
 
     #[test]

@@ -20,7 +20,10 @@
 //! run in any of them is *cut*: where its runs are read, they stay in their rows as context
 //! (isolated, as every run is) with no label, and the document is counted once, in
 //! `cut_documents`, by the reader of its first batch that is read. A document is thus learned
-//! whole or not at all in an epoch.
+//! whole or not at all in an epoch. A mixture's source resumed onto another world size reads
+//! every batch left (a padded phase, `plan::packed::Rest::Padded`): its reader's positions past
+//! the stream's end are batches of padding, counted in `padding_batches`, so that a document
+//! begun before the resume is never left with a batch no rank reads.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -44,7 +47,7 @@ use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::batch::sample::{Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::resize::CropBox;
-use crate::plan::packed::{slice, PackedReader, Span, UnitOrder};
+use crate::plan::packed::{ranges_len, slice, PackedReader, Span, UnitOrder};
 use crate::read::source::SourceOptions;
 use crate::tokenize::DocumentEncoder;
 
@@ -108,6 +111,8 @@ pub struct InterleavedStats {
     pub documents: AtomicU64,
     /// Documents this reader saw first that the epoch reads in part (see the module's doc).
     pub cut_documents: AtomicU64,
+    /// Batches of padding only (a padded phase's positions past the stream's end).
+    pub padding_batches: AtomicU64,
     pub images: AtomicU64,
     pub patches: AtomicU64,
     pub decode_us: AtomicU64,
@@ -137,6 +142,7 @@ impl KindStats for InterleavedStats {
             "padding": load(&self.padding),
             "documents": load(&self.documents),
             "cut_documents": load(&self.cut_documents),
+            "padding_batches": load(&self.padding_batches),
             "images": load(&self.images),
             "patches": load(&self.patches),
             "decode_seconds": load(&self.decode_us) as f64 / 1e6,
@@ -187,6 +193,9 @@ pub fn start(
         .map(|v| (v.unit, v.spans))
         .collect();
     let batches_left = reader.rows - reader.skip_rows;
+    // A padded phase's positions past the stream's end: the last of the reader's (one batch a
+    // position, no shuffle block), after every real one.
+    let padding_left = batches_left - ranges_len(&ranges);
     let shape = input.spec.shape;
     let setup = Setup {
         threads,
@@ -231,6 +240,7 @@ pub fn start(
             finished,
             stop,
             batches_left,
+            padding_left,
             input,
             stats: batch_stats,
         }
@@ -314,6 +324,8 @@ pub struct InterleavedBatches {
     finished: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     batches_left: u64,
+    /// Of `batches_left`, the batches of padding after the last planned one (a padded phase).
+    padding_left: u64,
     input: Arc<InterleavedInput>,
     stats: Arc<InterleavedStats>,
 }
@@ -351,6 +363,15 @@ impl InterleavedBatches {
         loop {
             if let Some(batch) = self.ready.pop_front() {
                 return Ok(batch);
+            }
+            if self.visit >= self.visits.len() && self.padding_left > 0 {
+                self.padding_left -= 1;
+                self.stats.padding_batches.fetch_add(1, Ordering::Relaxed);
+                let padding = PackedBatch {
+                    rows: Vec::new(),
+                    patches: 0,
+                };
+                return Ok((padding, Vec::new()));
             }
             if self.visit >= self.visits.len() {
                 return Err(internal(
