@@ -13,8 +13,8 @@ use super::convert::{
 };
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
-use crate::batch::budget::{
-    self, count_unit, BudgetBatchMeta, BudgetCount, BudgetInput, BudgetSpec,
+use crate::batch::naflex::{
+    self as budget, count_unit, BudgetBatchMeta, BudgetCount, BudgetInput, BudgetSpec,
 };
 use crate::batch::units::count_files;
 use crate::plan::budget::BudgetShape;

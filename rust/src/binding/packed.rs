@@ -9,10 +9,10 @@ use pyo3::types::{PyDict, PyList};
 use super::convert::{json_to_py, present, refuse_unknown, source_options, SOURCE_KEYS};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, plan, share, ReaderTuple, ShapeTuple, UnitTuple};
-use crate::batch::packed::{
-    self, count_unit, PackedConfig, RowsMeta, StreamInput, TextSpec, UnitCount,
+use crate::batch::kit::sample::CaptionSource;
+use crate::batch::text::{
+    self as packed, count_unit, PackedConfig, RowsMeta, StreamInput, TextSpec, UnitCount,
 };
-use crate::batch::sample::CaptionSource;
 use crate::batch::units::count_files;
 use crate::tokenize::DocumentEncoder;
 

@@ -38,10 +38,11 @@ use super::positions::{write_run, PositionRows};
 use super::spec::Grid;
 use super::vision::VisionSpec;
 use super::InterleavedSpec;
-use crate::batch::packed::stream::{visits, Visit};
-use crate::batch::packed::TextUnit;
+use crate::batch::kit::sample::{Rejection, Worker};
+// The kit's `Unit` under its old name, so that this file's body is unchanged by the move.
+use crate::batch::kit::unit::Unit as TextUnit;
+use crate::batch::kit::visits::{visits, Visit};
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
-use crate::batch::sample::{Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::resize::CropBox;
 use crate::plan::packed::{slice, PackedReader, Span, UnitOrder};
