@@ -11,7 +11,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use shardstream::batch::sample::{prepare_image, SampleSpec, Worker};
+use shardstream::batch::kit::sample::{SampleSpec, Worker};
+use shardstream::batch::square::sample::prepare_image;
 use shardstream::image::jpeg::Handle;
 use shardstream::image::jpeg_raw::RawDecoder;
 

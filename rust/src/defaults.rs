@@ -65,8 +65,8 @@ pub fn image_keys() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::config::PipelineConfig;
-    use crate::batch::sample::{CaptionSource, SampleSpec};
+    use crate::batch::kit::sample::{CaptionSource, SampleSpec};
+    use crate::batch::square::config::PipelineConfig;
     use crate::read::source::SourceOptions;
 
     #[test]

@@ -3,6 +3,16 @@
 
 use std::fmt;
 
+/// What a reader does with a fault (`on_error`): skip the sample or shard and count it, or end
+/// the stream with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    /// Count the fault and go on.
+    Skip,
+    /// End the stream with the fault.
+    Raise,
+}
+
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]

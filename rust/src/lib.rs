@@ -11,6 +11,8 @@ pub mod batch;
 pub mod check;
 pub mod defaults;
 pub mod error;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod image;
 pub mod index;
 pub mod plan;

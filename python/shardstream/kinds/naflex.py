@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from shardstream.errors import OptionError
 
-# The core's bounds (rust/src/batch/naflex.rs): a patch side and a budget per image.
+# The core's bounds (rust/src/batch/kit/patches.rs): a patch side and a budget per image.
 MAX_PATCH_SIZE = 256
 MAX_NUM_PATCHES = 65_536
 

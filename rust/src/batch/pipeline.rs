@@ -9,7 +9,7 @@
 //! the caller and the batcher, lending and checking the caller's buffers, stop, drop and join,
 //! and a panic anywhere in a kind's batching turned into a typed fault that fails the pass (a
 //! bug met on some input must never end an epoch early: one rank stopping hangs the others in
-//! DDP). A kind (`sample_batches`, `budget`, `packed`) is a `Kind`: how its next batch is made
+//! DDP). A kind (`square`, `naflex`, `text`, `interleaved`) is a `Kind`: how its next batch is made
 //! into a lent buffer, what it says of each batch, and what it counts.
 
 use std::any::Any;

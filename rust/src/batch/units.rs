@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::batch::packed::TextUnit;
+// The kit's `Unit` under its old name, so that this file's body is unchanged by the move.
+use crate::batch::kit::unit::Unit;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::plan::packed::{PackedPlan, PackedReader, Span, UnitOrder};
 use crate::read::parquet::{is_parquet_name, ParquetFile};
@@ -21,7 +22,7 @@ pub fn file_units(
     url: &str,
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
-) -> Result<Vec<TextUnit>, Fault> {
+) -> Result<Vec<Unit>, Fault> {
     let unreadable = |detail: String, kind: SourceKind| Fault {
         reason: Reason::Unreadable,
         url: redact_url(url),
@@ -37,7 +38,7 @@ pub fn file_units(
         _ => None,
     };
     if !is_parquet_name(url) {
-        return Ok(vec![TextUnit {
+        return Ok(vec![Unit {
             url: url.to_string(),
             first_row: 0,
             rows: None,
@@ -56,7 +57,7 @@ pub fn file_units(
         .row_counts()
         .into_iter()
         .map(|rows| {
-            let unit = TextUnit {
+            let unit = Unit {
                 url: url.to_string(),
                 first_row: first,
                 rows: Some(rows),
@@ -71,7 +72,7 @@ pub fn file_units(
 /// One unit's count, or why the unit (or its whole file: `unit` None) could not be counted.
 pub struct Counted<C> {
     pub url: String,
-    pub unit: Option<TextUnit>,
+    pub unit: Option<Unit>,
     pub result: Result<C, Fault>,
 }
 
@@ -84,7 +85,7 @@ pub fn count_files<C, F>(
 ) -> Result<Vec<Counted<C>>, String>
 where
     C: Send,
-    F: Fn(&TextUnit, &Arc<SourceStats>) -> Result<C, Fault> + Sync,
+    F: Fn(&Unit, &Arc<SourceStats>) -> Result<C, Fault> + Sync,
 {
     let stats = Arc::new(SourceStats::default());
     let pool = rayon::ThreadPoolBuilder::new()
@@ -116,7 +117,7 @@ where
 /// A reader's share of a plan over unit weights: every unit, its weight (count order), the
 /// units' seeded order and this reader's ranges of it.
 pub struct UnitShare {
-    pub units: Arc<Vec<TextUnit>>,
+    pub units: Arc<Vec<Unit>>,
     pub weights: Arc<Vec<u64>>,
     pub order: UnitOrder,
     pub reader: PackedReader,
@@ -131,7 +132,7 @@ impl UnitShare {
     /// (one each, count order) and seeded by (`seed`, `epoch`) as the plan was. The plan may
     /// end before the units' total weight (`plan.total`), never after.
     pub fn new(
-        units: Vec<TextUnit>,
+        units: Vec<Unit>,
         weights: Vec<u64>,
         plan: &PackedPlan,
         (seed, epoch): (u64, u64),

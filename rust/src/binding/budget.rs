@@ -13,8 +13,8 @@ use super::convert::{
 };
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
-use crate::batch::budget::{
-    self, count_unit, BudgetBatchMeta, BudgetCount, BudgetInput, BudgetSpec,
+use crate::batch::naflex::{
+    self as naflex, count_unit, BudgetBatchMeta, BudgetCount, BudgetInput, BudgetSpec,
 };
 use crate::batch::units::count_files;
 use crate::plan::budget::BudgetShape;
@@ -142,6 +142,6 @@ pub fn budget_pipeline(
         tokenizer,
     });
     let threads = present(config, "threads")?.map_or(Ok(1), |v| v.extract())?;
-    let pipeline = budget::start(input, &share.order, share.reader, threads);
+    let pipeline = naflex::start(input, &share.order, share.reader, threads);
     Ok(Pipeline::new(pipeline))
 }

@@ -10,9 +10,9 @@ use pyo3::types::PyDict;
 
 use super::errors::UnknownSetting;
 
-use crate::batch::config::{OnError, PipelineConfig, SampleKind};
-use crate::batch::naflex::NaFlexSpec;
-use crate::batch::sample::{CaptionSource, SampleSpec};
+use crate::batch::kit::patches::NaFlexSpec;
+use crate::batch::kit::sample::{CaptionSource, SampleSpec};
+use crate::batch::square::config::{OnError, PipelineConfig, SampleKind};
 use crate::defaults;
 use crate::image::resize::CropMode;
 use crate::read::source::{Signed, Signer, SourceOptions};

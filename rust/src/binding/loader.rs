@@ -8,9 +8,9 @@ use pyo3::types::PyDict;
 use super::convert::pipeline_config;
 use super::pipeline::{MetaToPy, Pipeline};
 use super::plan::PlannedSpans;
-use crate::batch::sample_batches::{self, BatchMeta, MainSpans};
-use crate::batch::span::ShardSpan;
+use crate::batch::square::sample_batches::{self, BatchMeta, MainSpans};
 use crate::read::source::Expected;
+use crate::read::span::ShardSpan;
 
 /// (url, shard, start_offset, first_ordinal, skip_before, end_ordinal, stride)
 type SpanTuple = (String, u32, u64, u64, u64, Option<u64>, Option<(u64, u64)>);

@@ -9,10 +9,10 @@ use pyo3::types::{PyDict, PyList};
 use super::convert::{json_to_py, present, refuse_unknown, source_options, SOURCE_KEYS};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::units::{count_list, plan, share, EndTuple, ReaderTuple, ShapeTuple, UnitTuple};
-use crate::batch::packed::{
-    self, count_unit, PackedConfig, RowsMeta, StreamInput, TextSpec, UnitCount,
+use crate::batch::kit::sample::CaptionSource;
+use crate::batch::text::{
+    self as text, count_unit, PackedConfig, RowsMeta, StreamInput, TextSpec, UnitCount,
 };
-use crate::batch::sample::CaptionSource;
 use crate::batch::units::count_files;
 use crate::tokenize::DocumentEncoder;
 
@@ -199,6 +199,6 @@ pub fn packed_pipeline(
         source: source_options(Some(config))?,
     });
     let enc = encoder(&tokenizer, eos.as_deref(), bos.as_deref())?;
-    let pipeline = packed::start(input, &share.order, share.reader, enc, cfg);
+    let pipeline = text::start(input, &share.order, share.reader, enc, cfg);
     Ok(Pipeline::new(pipeline))
 }

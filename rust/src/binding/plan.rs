@@ -11,9 +11,9 @@ use pyo3::types::PyDict;
 use super::convert::source_options;
 use super::errors::plan_err;
 use super::index::DatasetIndex;
-use crate::batch::sample_batches::MainSpans;
-use crate::batch::span::ShardSpan;
+use crate::batch::square::sample_batches::MainSpans;
 use crate::plan::{self, EpochPlan, EpochState, PhaseConfig};
+use crate::read::span::ShardSpan;
 use crate::read::spans::PlannedShards;
 use crate::rng;
 

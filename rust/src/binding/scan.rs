@@ -9,7 +9,8 @@ use pyo3::types::{PyBytes, PyDict};
 
 use super::convert::{crop_mode, json_to_py, on_error, source_options};
 use super::errors::fault_to_py;
-use crate::batch::sample::{decode_standalone_image, CaptionSource, SampleSpec};
+use crate::batch::kit::sample::{CaptionSource, SampleSpec};
+use crate::batch::square::sample::decode_standalone_image;
 use crate::check::scan::{scan_shard as scan, ScanOptions};
 use crate::defaults;
 use crate::image::decode::Decoder;

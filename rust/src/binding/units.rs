@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::convert::json_to_py;
-use crate::batch::packed::TextUnit;
+use crate::batch::kit::unit::Unit;
 use crate::batch::units::{Counted, UnitShare};
 use crate::error::Fault;
 use crate::plan::packed::{PackPhase, PackShape, PackedPlan, Rest};
@@ -75,7 +75,7 @@ pub(super) fn share(
     let p = plan(end, seed, epoch, phases, current)?;
     let units = units
         .into_iter()
-        .map(|(url, first_row, rows, identity)| TextUnit {
+        .map(|(url, first_row, rows, identity)| Unit {
             url,
             first_row,
             rows,

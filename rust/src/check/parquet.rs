@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use crate::batch::columns::{resolve, FileColumns};
-use crate::batch::sample::CaptionSource;
+use crate::batch::kit::columns::{resolve, FileColumns};
+use crate::batch::kit::sample::CaptionSource;
 use crate::check::scan::{ScanOptions, ShardFatal, ShardReport};
 use crate::error::{Reason, SourceKind};
 use crate::read::parquet::{ColumnKind, FileSchema, ParquetFile};

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::sample::{caption, image_bytes, prepare, CaptionSource, SampleSpec, Worker};
+use crate::batch::kit::sample::{caption, image_bytes, CaptionSource, SampleSpec, Worker};
+use crate::batch::square::sample::prepare;
 use crate::check::parquet::{checked_columns, footer_scan};
 use crate::error::{Reason, SourceKind};
 use crate::index::{InvalidSample, ShardEntry};
@@ -256,7 +257,7 @@ impl ShardReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::sample::fixtures::{jpeg, scratch_dir, tar_of};
+    use crate::fixtures::{jpeg, scratch_dir, tar_of};
 
     fn options(decode: bool, require_caption: bool) -> ScanOptions {
         ScanOptions {

@@ -217,7 +217,7 @@ mod tests {
             (17, 33, Subsampling::Gray, Colorspace::Gray)
         );
         // The image crate's encoder writes what we read too.
-        let other = crate::batch::sample::fixtures::jpeg(21, 13);
+        let other = crate::fixtures::jpeg(21, 13);
         let header = handle.header(&other).unwrap();
         assert_eq!((header.width, header.height), (21, 13));
     }

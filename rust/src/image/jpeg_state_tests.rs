@@ -7,7 +7,8 @@
 //! planes (jpeg_raw.c) and packed RGB through a TurboJPEG handle (an EXIF-rotated image).
 
 use super::jpeg_entropy_tests::photos;
-use crate::batch::sample::{prepare_image, Rejection, SampleSpec, Worker};
+use crate::batch::kit::sample::{Rejection, SampleSpec, Worker};
+use crate::batch::square::sample::prepare_image;
 use crate::check::fuzzing::seeds::{encode_jpeg, JpegSettings};
 use turbojpeg_sys as tj;
 

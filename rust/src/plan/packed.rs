@@ -26,7 +26,8 @@
 //!    padding is at the end of its last reader's rows.
 //!
 //! Only positions are planned here; which documents and units a range covers is the reader's
-//! business (`batch::packed`). Nothing here knows about I/O or tokenizers.
+//! business (`batch::text`, `batch::naflex`, `batch::interleaved`). Nothing here knows about
+//! I/O or tokenizers.
 
 use serde::{Deserialize, Serialize};
 

@@ -370,7 +370,7 @@ mod tests {
         let shard = gzip(&tar);
         drop(tar);
         assert!(shard.len() < 1 << 20, "{} bytes", shard.len());
-        let dir = crate::batch::sample::fixtures::scratch_dir("gzip-bomb");
+        let dir = crate::fixtures::scratch_dir("gzip-bomb");
         let path = dir.join("bomb.tar.gz");
         std::fs::write(&path, &shard).unwrap();
         let stats = Arc::new(SourceStats::default());

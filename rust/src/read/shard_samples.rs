@@ -1,7 +1,7 @@
 //! Raw samples of a list of shards, shard after shard, with the skip-or-raise policy of
 //! `shardstream.read_samples`: what the Python `SampleIter` iterates.
 
-use crate::batch::config::OnError;
+use crate::error::OnError;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::read::group::{open_shard, RawSample, SampleReader};
 use crate::read::source::{Expected, SourceOptions, SourceStats};
@@ -119,7 +119,7 @@ impl ShardSamples {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::sample::fixtures::{scratch_dir, tar_of};
+    use crate::fixtures::{scratch_dir, tar_of};
 
     #[test]
     fn samples_come_shard_after_shard_and_a_missing_shard_is_skipped_or_raised() {

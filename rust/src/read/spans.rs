@@ -4,12 +4,12 @@
 //! Gzip shards cannot be entered in the middle: their offsets only say how much decompressed
 //! stream to skip, which the reader does from the start.
 
-use crate::batch::span::{ShardSpan, SpanSelection};
 use crate::index::units::Units;
 use crate::index::Index;
 use crate::plan::Run;
 use crate::read::seek::{keys_of_runs, DetailSource};
 use crate::read::source::{redact_url, Expected, SourceOptions};
+use crate::read::span::{ShardSpan, SpanSelection};
 use std::sync::Arc;
 
 /// What to open for each shard: the URL and the name users know it by. Empty: the index's own
@@ -209,7 +209,7 @@ pub fn planned_spans(
                 expected: Expected::from_identity(entry.identity.as_deref()),
                 keep_bytes: match (&keep, entry.offsets()) {
                     (Some(k), Some(offsets)) if !entry.compressed => {
-                        crate::batch::span::kept_byte_ranges(k, offsets)
+                        crate::read::span::kept_byte_ranges(k, offsets)
                     }
                     _ => None,
                 },

@@ -238,7 +238,7 @@ impl DocumentEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::sample::fixtures::scratch_dir;
+    use crate::fixtures::scratch_dir;
 
     const GPT2_STYLE: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),

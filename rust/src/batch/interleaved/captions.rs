@@ -2,8 +2,8 @@
 //! one-image documents: the image, then its caption, which the model learns. This is how a VLM
 //! mixture takes caption data beside interleaved documents.
 
-use super::documents::{Document, DocumentResult, Part};
-use crate::batch::sample::Rejection;
+use super::parts::{Document, DocumentResult, Part};
+use crate::batch::kit::sample::Rejection;
 use crate::error::Reason;
 use crate::read::group::RawSample;
 

@@ -12,8 +12,8 @@
 //! each assistant turn's value and its `turn_end`; everything else is context (`Part::Prompt`),
 //! its labels masked.
 
-use super::documents::{take_member, Document, DocumentResult, Part};
-use crate::batch::sample::Rejection;
+use super::parts::{take_member, Document, DocumentResult, Part};
+use crate::batch::kit::sample::Rejection;
 use crate::defaults::IMAGE_KEYS;
 use crate::error::Reason;
 use crate::read::group::RawSample;

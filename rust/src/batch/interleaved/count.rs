@@ -11,7 +11,7 @@ use super::documents::{DocumentResult, UnitDocuments};
 use super::measure::{Item, Measured};
 use super::pack::Packer;
 use super::InterleavedSpec;
-use crate::batch::packed::TextUnit;
+use crate::batch::kit::unit::Unit;
 use crate::batch::units::{self, Counted};
 use crate::error::Fault;
 use crate::image::decode::Decoder;
@@ -53,7 +53,7 @@ pub(super) fn measure_chunk(
     spec: &InterleavedSpec,
     encoder: &DocumentEncoder,
     keep_bytes: bool,
-) -> Vec<Result<Measured, (String, crate::batch::sample::Rejection)>> {
+) -> Vec<Result<Measured, (String, crate::batch::kit::sample::Rejection)>> {
     let measure = spec.measure(encoder, keep_bytes);
     docs.into_par_iter()
         .map(|doc| {
@@ -70,7 +70,7 @@ pub(super) fn measure_chunk(
 
 /// Counts `unit`'s batches.
 pub fn count_unit(
-    unit: &TextUnit,
+    unit: &Unit,
     spec: &InterleavedSpec,
     encoder: &DocumentEncoder,
     opts: &SourceOptions,
@@ -150,7 +150,7 @@ pub fn count_files(
     spec: &InterleavedSpec,
     encoder: &DocumentEncoder,
 ) -> Result<Vec<Counted<InterleavedCount>>, String> {
-    let whole = |u: &TextUnit| TextUnit {
+    let whole = |u: &Unit| Unit {
         rows: None,
         ..u.clone()
     };

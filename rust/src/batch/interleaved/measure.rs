@@ -2,10 +2,10 @@
 //! their headers (nothing decoded), each part's run of tokens known. The count pass and the
 //! loader measure the same bytes with the same rules, so both pack the same batches.
 
-use super::documents::{Document, Part};
+use super::parts::{Document, Part};
 use super::spec::Grid;
 use super::vision::VisionSpec;
-use crate::batch::sample::Rejection;
+use crate::batch::kit::sample::{probe_capped, Rejection};
 use crate::error::Reason;
 use crate::image::decode::Decoder;
 use crate::tokenize::DocumentEncoder;
@@ -83,18 +83,8 @@ impl Measure<'_> {
                 }
                 Part::Image(bytes) => {
                     self.flush(&mut text, &mut items)?;
-                    let probe = decoder
-                        .probe(&bytes)
-                        .map_err(|e| (e.reason, format!("image {i}: {}", e.detail)))?;
-                    if probe.width as u64 * probe.height as u64 > self.max_pixels {
-                        return Err((
-                            Reason::TooManyPixels,
-                            format!(
-                                "image {i}: {}x{} exceeds max_pixels={}",
-                                probe.width, probe.height, self.max_pixels
-                            ),
-                        ));
-                    }
+                    let probe = probe_capped(decoder, &bytes, self.max_pixels)
+                        .map_err(|(r, d)| (r, format!("image {i}: {d}")))?;
                     let (width, height) = probe.oriented_size();
                     let grid = self
                         .vision

@@ -2,8 +2,9 @@
 //! ordered sequence of text segments and images, tokenized and packed into rows of `seq_len`
 //! tokens with their images' patches, exact across ranks, workers and resume.
 //!
-//! One job a module: `documents` (a unit's documents from Parquet list columns or a tar's JSON
-//! member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `captions`
+//! One job a module: `parts` (a document's parts), `document_spec` (where a unit's documents
+//! are, and the caps and aligned lists every document passes), `documents` (a unit's documents
+//! from Parquet list columns or a tar's JSON member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `captions`
 //! (a tar's image-caption pair as a one-image document), `spec` (Qwen2-VL's image rule: grid,
 //! token run, `pixel_values` layout), `vision` (the spec a corpus is read under: Qwen2-VL or
 //! NaFlex), `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
@@ -18,10 +19,12 @@
 mod captions;
 mod conversation;
 mod count;
+mod document_spec;
 mod documents;
 mod measure;
 mod pack;
 mod parquet_documents;
+mod parts;
 mod pipeline;
 mod positions;
 mod spec;
@@ -30,11 +33,13 @@ mod vision;
 pub use captions::CaptionKeys;
 pub use conversation::ChatFormat;
 pub use count::{count_files, count_unit, InterleavedCount};
-pub use documents::{DocumentSpec, Layout};
+pub use document_spec::{DocumentSpec, Layout};
 /// A unit's documents, for the fuzz targets' checks (`check::fuzzing::readers`).
 #[cfg(any(test, feature = "fuzzing"))]
-pub(crate) use documents::{Part, UnitDocuments};
+pub(crate) use documents::UnitDocuments;
 pub use pack::PackShape;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use parts::Part;
 pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
 pub use spec::QwenVlSpec;
 pub use vision::{NaFlexVlSpec, VisionSpec};
@@ -59,7 +64,7 @@ impl InterleavedSpec {
     /// What a pipeline cannot run with under `encoder`.
     pub fn validate(&self, encoder: &DocumentEncoder) -> Result<(), String> {
         self.vision.validate()?;
-        if let documents::Layout::Conversations(format) = &self.documents.layout {
+        if let Layout::Conversations(format) = &self.documents.layout {
             format.validate(encoder)?;
         }
         let s = &self.shape;

@@ -20,8 +20,9 @@ use std::collections::VecDeque;
 
 use super::captions::caption_document;
 use super::conversation::{render, ChatFormat, Conversation, Turn};
-use super::documents::{aligned, check_caps, Document, DocumentResult, DocumentSpec, Layout};
-use crate::batch::sample::Rejection;
+use super::document_spec::{aligned, check_caps, DocumentSpec, Layout};
+use super::parts::{Document, DocumentResult};
+use crate::batch::kit::sample::Rejection;
 use crate::error::{Reason, SourceKind};
 use crate::read::group::{RawSample, ShardFault};
 use crate::read::parquet::lists::{List, ListPiece};
@@ -368,7 +369,7 @@ fn lists_document(
     columns: &mut [Column],
     i: usize,
     spec: &DocumentSpec,
-) -> Result<Vec<super::documents::Part>, Rejection> {
+) -> Result<Vec<super::parts::Part>, Rejection> {
     let (images, images_over) = columns[0].list(i);
     let (texts, texts_over) = columns[1].list(i);
     let paths = columns.get_mut(2).map(|c| c.list(i).0).unwrap_or(None);
@@ -386,7 +387,7 @@ fn conversation_parts(
     (cauldron, images): (bool, Option<bool>),
     format: &ChatFormat,
     spec: &DocumentSpec,
-) -> Result<Vec<super::documents::Part>, Rejection> {
+) -> Result<Vec<super::parts::Part>, Rejection> {
     let (firsts, firsts_over) = columns[0].list(i);
     let (seconds, seconds_over) = columns[1].list(i);
     let (images, images_over) = match images {
@@ -464,7 +465,7 @@ fn caption_parts(
     names: &[String],
     key: &str,
     spec: &DocumentSpec,
-) -> Result<Vec<super::documents::Part>, Rejection> {
+) -> Result<Vec<super::parts::Part>, Rejection> {
     let Layout::Captions(keys) = &spec.layout else {
         unreachable!("the shape follows the layout")
     };

@@ -41,10 +41,11 @@ use super::positions::{write_run, PositionRows};
 use super::spec::Grid;
 use super::vision::VisionSpec;
 use super::InterleavedSpec;
-use crate::batch::packed::stream::{visits, Visit};
-use crate::batch::packed::TextUnit;
+use crate::batch::kit::sample::{Rejection, Worker};
+// The kit's `Unit` under its old name, so that this file's body is unchanged by the move.
+use crate::batch::kit::unit::Unit;
+use crate::batch::kit::visits::{visits, Visit};
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
-use crate::batch::sample::{Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::resize::CropBox;
 use crate::plan::packed::{ranges_len, slice, PackedReader, Span, UnitOrder};
@@ -74,7 +75,7 @@ thread_local! {
 
 /// What the reader is given: every unit, its batches as counted, and how they are made.
 pub struct InterleavedInput {
-    pub units: Arc<Vec<TextUnit>>,
+    pub units: Arc<Vec<Unit>>,
     pub unit_batches: Arc<Vec<u64>>,
     pub spec: InterleavedSpec,
     pub encoder: Arc<DocumentEncoder>,
@@ -438,7 +439,7 @@ impl InterleavedBatches {
         }
     }
 
-    fn unit(&self) -> &TextUnit {
+    fn unit(&self) -> &Unit {
         &self.input.units[self.visits[self.visit].unit as usize]
     }
 

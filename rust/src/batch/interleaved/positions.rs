@@ -18,7 +18,7 @@
 
 use super::measure::Item;
 use super::pack::Run;
-use super::spec::Grid;
+use super::spec::{Grid, Rope};
 
 /// The four position rows of one batch (each `rows * seq_len`, row-major).
 pub struct PositionRows<'a> {
@@ -45,13 +45,6 @@ impl PositionRows<'_> {
     pub fn padding(&mut self, at: usize, end: usize) {
         self.count(at, end - at, 0);
     }
-}
-
-/// How image runs are positioned: M-RoPE with this merge size, or 1-D (NaFlex).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rope {
-    MRope { merge: u32 },
-    Flat,
 }
 
 /// Writes the positions of `run`, whose first token is at `start`; `kept(i)` tells whether its

@@ -10,7 +10,7 @@
 //! block), each row `[channel, temporal, y, x]` with the image repeated over the
 //! `temporal_patch_size` frames, as `Qwen2VLImageProcessor` lays them out.
 
-use crate::batch::sample::Rejection;
+use crate::batch::kit::sample::Rejection;
 use crate::error::Reason;
 
 /// The widest aspect `smart_resize` takes (its processors refuse a wider one).
@@ -168,6 +168,13 @@ impl QwenVlSpec {
             }
         }
     }
+}
+
+/// How image runs are positioned: M-RoPE with this merge size, or 1-D (NaFlex).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rope {
+    MRope { merge: u32 },
+    Flat,
 }
 
 #[cfg(test)]

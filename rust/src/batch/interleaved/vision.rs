@@ -9,10 +9,9 @@
 //! each row `(y, x, channel)` as `Siglip2ImageProcessor` lays them out; in the text, a start
 //! token, one pad token per patch and an end token.
 
-use super::positions::Rope;
-use super::spec::{Grid, QwenVlSpec};
-use crate::batch::naflex::MAX_NUM_PATCHES;
-use crate::batch::sample::Rejection;
+use super::spec::{Grid, QwenVlSpec, Rope};
+use crate::batch::kit::patches::MAX_NUM_PATCHES;
+use crate::batch::kit::sample::Rejection;
 use crate::image::convolve::Kernel;
 use crate::image::patches::grid_for_max_patches;
 

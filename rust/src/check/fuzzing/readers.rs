@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::batch::interleaved::{CaptionKeys, ChatFormat, DocumentSpec, Layout, Part};
-use crate::batch::packed::{TextSpec, TextUnit};
-use crate::batch::sample::CaptionSource;
+use crate::batch::kit::sample::CaptionSource;
+use crate::batch::kit::unit::Unit;
+use crate::batch::text::TextSpec;
 use crate::error::Fault;
 use crate::read::parquet::ParquetFile;
 use crate::read::source::{Expected, SourceOptions, SourceStats};
@@ -44,8 +45,8 @@ impl ScratchFile {
         self.path.to_str().expect("a UTF-8 temp path").to_string()
     }
 
-    fn unit(&self) -> TextUnit {
-        TextUnit {
+    fn unit(&self) -> Unit {
+        Unit {
             url: self.url(),
             first_row: 0,
             rows: None,
@@ -137,7 +138,7 @@ fn parquet_samples(file: &ScratchFile, cap: u64) -> bool {
 /// The packed text kind's documents of `file` (a Parquet or JSONL unit: its name says which)
 /// from `field`; true when it read to its end with no fault.
 fn text_documents(file: &ScratchFile, field: &str, cap: u64) -> bool {
-    use crate::batch::packed::documents::UnitDocuments;
+    use crate::batch::text::documents::UnitDocuments;
     let (opts, stats) = source();
     let spec = TextSpec {
         source: CaptionSource::Member(field.into()),

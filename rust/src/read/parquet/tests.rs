@@ -10,7 +10,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 
 use super::*;
-use crate::batch::sample::fixtures::scratch_dir;
+use crate::fixtures::scratch_dir;
 
 /// img2dataset's layout (key, caption, binary jpg), with row groups of these sizes; row r holds
 /// key `k{r:03}`, image bytes `image {r}` and caption `caption {r}`.

@@ -4,8 +4,8 @@
 //! The crate's row API (`parquet::record`) converts a UTF-8 column's values to `String` and fails
 //! the whole row group at the first invalid one: every good sample or document in it was lost
 //! with it, and its error carried the value's bytes as a list of numbers. Here no value is
-//! converted: whoever uses a member checks its UTF-8 (`batch::sample::caption`,
-//! `batch::packed::documents`) and skips that one sample or document as `bad_utf8`.
+//! converted: whoever uses a member checks its UTF-8 (`batch::kit::sample::caption`,
+//! `batch::text::documents`) and skips that one sample or document as `bad_utf8`.
 
 use parquet::basic::ConvertedType;
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};

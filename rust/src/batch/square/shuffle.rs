@@ -2,9 +2,9 @@
 //! emitted in the plan's seeded permutation (`plan::block_order`), so a reader's order is the
 //! plan's order, from any block on (`first_block`, when a reader resumes).
 
-use crate::batch::config::PipelineConfig;
-use crate::batch::mix::MixedReader;
-use crate::batch::reader::{Item, MergedReader, StreamError};
+use crate::batch::square::config::PipelineConfig;
+use crate::batch::square::mix::MixedReader;
+use crate::batch::square::reader::{Item, MergedReader, StreamError};
 use crate::plan;
 
 /// Where the block shuffle takes its items from.

@@ -15,20 +15,37 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::batch::config::{OnError, PipelineConfig, SampleKind};
+use crate::batch::kit::sample::{caption, image_bytes, Rejection, SampleSpec, Worker};
 use crate::batch::panics::{panic_fault, panic_message};
 use crate::batch::pipeline::{Kind, Lent};
-use crate::batch::reader::{Item, StreamError};
-use crate::batch::reserve::ReserveReader;
-use crate::batch::sample::{caption, image_bytes, prepare, Rejection, SampleSpec, Worker};
-use crate::batch::sample_batches::BatchMeta;
-use crate::batch::shuffle::{ItemSource, ShuffledItems};
-use crate::batch::stats::Stats;
+use crate::batch::square::config::{OnError, PipelineConfig, SampleKind};
+use crate::batch::square::reader::{Item, StreamError};
+use crate::batch::square::reserve::ReserveReader;
+use crate::batch::square::sample::prepare;
+use crate::batch::square::shuffle::{ItemSource, ShuffledItems};
+use crate::batch::square::stats::Stats;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::read::group::RawSample;
 
 thread_local! {
     static WORKER: std::cell::RefCell<Worker> = std::cell::RefCell::new(Worker::default());
+}
+
+/// What a sample batch says of itself (its pixels and tokens are in the lent buffer).
+#[derive(Debug)]
+pub struct BatchMeta {
+    pub len: usize,
+    pub keys: Vec<String>,
+    pub texts: Vec<String>,
+    pub shards: Vec<u32>,
+    /// What users know each sample's shard by, in batch order.
+    pub urls: Vec<String>,
+    /// The NaFlex kind: each sample's patch grid (rows, columns), in batch order; empty for
+    /// the square kind.
+    pub grids: Vec<(u32, u32)>,
+    /// Reserve positions this reader had consumed when the batch was complete (planned mode):
+    /// what a resume state records, so that a resumed reader never refills from them again.
+    pub reserve_used: u64,
 }
 
 /// A sample's caption and, for kinds that have one, its patch grid (rows, columns).
@@ -50,7 +67,7 @@ fn prepare_into(
                     SampleKind::Square => {
                         prepare(raw, spec, cfg.crop_seed, worker, slot).map(|text| (text, None))
                     }
-                    SampleKind::NaFlex(naflex) => crate::batch::naflex::prepare(
+                    SampleKind::NaFlex(naflex) => crate::batch::kit::patches::prepare(
                         raw,
                         spec,
                         naflex,
@@ -600,10 +617,10 @@ impl Kind for Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::fixtures::{config, shard, span, SLOT};
-    use crate::batch::reader::MergedReader;
-    use crate::batch::sample::fixtures::{jpeg, raw, scratch_dir};
-    use crate::batch::span::ShardSpan;
+    use crate::batch::square::fixtures::{config, shard, span, SLOT};
+    use crate::batch::square::reader::MergedReader;
+    use crate::fixtures::{jpeg, raw, scratch_dir};
+    use crate::read::span::ShardSpan;
     use std::collections::HashMap;
 
     /// A batcher on its own (no reader threads), for its phases.

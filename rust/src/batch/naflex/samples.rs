@@ -4,17 +4,16 @@
 
 use std::sync::Arc;
 
-use crate::batch::columns::resolve;
-use crate::batch::naflex::NaFlexSpec;
-use crate::batch::packed::TextUnit;
-use crate::batch::sample::{caption, image_bytes, Rejection, SampleSpec};
+use crate::batch::kit::columns::resolve;
+use crate::batch::kit::patches::NaFlexSpec;
+use crate::batch::kit::sample::{caption, image_bytes, probe_capped, Rejection, SampleSpec};
+use crate::batch::kit::unit::{unit_fault, Opened, Unit};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::decode::Decoder;
 use crate::image::patches::grid_for_max_patches;
 use crate::plan::budget::BudgetShape;
-use crate::read::group::{open_shard, RawSample, ShardFault};
-use crate::read::parquet::{is_parquet_name, ParquetFile};
-use crate::read::source::{Expected, SourceOptions, SourceStats};
+use crate::read::group::{RawSample, ShardFault};
+use crate::read::source::{SourceOptions, SourceStats};
 
 /// What makes the batches: the samples' members, the NaFlex grid rule and the budget.
 #[derive(Clone, Debug)]
@@ -30,43 +29,24 @@ pub(super) type Samples = Box<dyn Iterator<Item = Result<RawSample, ShardFault>>
 
 /// Opens `unit` for reading its samples.
 pub(super) fn open_samples(
-    unit: &TextUnit,
+    unit: &Unit,
     spec: &BudgetSpec,
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<Samples, Fault> {
     let display = unit.display();
-    let expected = Expected::from_identity(unit.identity.as_deref());
-    let fault = |reason: Reason, detail: String, kind: SourceKind| Fault {
-        reason,
-        url: display.clone(),
-        key: String::new(),
-        detail,
-        kind,
+    let file = match unit.open(&display, spec.max_member_bytes, opts, stats)? {
+        Opened::Parquet(file) => *file,
+        Opened::Tar(reader) => return Ok(reader),
     };
-    if is_parquet_name(&unit.url) {
-        let file = ParquetFile::open(&unit.url, &expected, opts, stats)
-            .map_err(|f| fault(f.reason, f.detail, f.kind))?;
-        let columns = resolve(&spec.sample, &file.schema)
-            .map_err(|(reason, detail)| fault(reason, detail, SourceKind::Other))?;
-        let rows = file
-            .samples(unit.first_row, Some(&columns.wanted))
-            .with_max_member_bytes(spec.max_member_bytes)
-            .with_renamed(columns.renamed);
-        let take = unit.rows.unwrap_or(u64::MAX) as usize;
-        return Ok(Box::new(rows.take(take)));
-    }
-    let reader = open_shard(
-        &unit.url,
-        0,
-        0,
-        spec.max_member_bytes,
-        &expected,
-        opts,
-        stats,
-    )
-    .map_err(|f| fault(f.reason, f.detail, f.kind))?;
-    Ok(Box::new(reader))
+    let columns = resolve(&spec.sample, &file.schema)
+        .map_err(|(reason, detail)| unit_fault(&display, reason, detail, SourceKind::Other))?;
+    let rows = file
+        .samples(unit.first_row, Some(&columns.wanted))
+        .with_max_member_bytes(spec.max_member_bytes)
+        .with_renamed(columns.renamed);
+    let take = unit.rows.unwrap_or(u64::MAX) as usize;
+    Ok(Box::new(rows.take(take)))
 }
 
 /// The patches the sample's image gets (its grid under the budget, from its header alone), or
@@ -82,16 +62,7 @@ pub(super) fn patches_of(
     }
     let bytes = image_bytes(raw, &spec.sample.image_keys)?;
     caption(raw, &spec.sample.caption)?;
-    let probe = decoder.probe(bytes).map_err(|e| (e.reason, e.detail))?;
-    if probe.width as u64 * probe.height as u64 > spec.sample.max_pixels {
-        return Err((
-            Reason::TooManyPixels,
-            format!(
-                "{}x{} exceeds max_pixels={}",
-                probe.width, probe.height, spec.sample.max_pixels
-            ),
-        ));
-    }
+    let probe = probe_capped(decoder, bytes, spec.sample.max_pixels)?;
     let (width, height) = probe.oriented_size();
     let n = &spec.naflex;
     let (rows, cols) = grid_for_max_patches(height, width, n.patch_size, n.max_num_patches);

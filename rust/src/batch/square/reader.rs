@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::batch::config::{OnError, PipelineConfig};
 use crate::batch::panics::panic_message;
-use crate::batch::span::ShardSpan;
-use crate::batch::stats::Stats;
+use crate::batch::square::config::{OnError, PipelineConfig};
+use crate::batch::square::stats::Stats;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::read::group::{RawSample, ShardFault};
+use crate::read::span::ShardSpan;
 
 /// A sample position in the shuffled stream: the sample, or a hole where a planned sample
 /// could not be read (kept so that positions never shift).

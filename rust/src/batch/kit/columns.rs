@@ -14,8 +14,7 @@
 //! One function, used by the scan (`validate`, `index`) and by the loader's reader alike, per
 //! file, from the footer already read: the two choose the same columns for every file.
 
-use crate::batch::sample::{CaptionSource, Rejection, SampleSpec};
-use crate::batch::span::wanted_columns;
+use crate::batch::kit::sample::{CaptionSource, Rejection, SampleSpec};
 use crate::defaults;
 use crate::error::Reason;
 use crate::read::parquet::{ColumnKind, Feature, FileSchema};
@@ -91,6 +90,18 @@ pub fn resolve(spec: &SampleSpec, schema: &FileSchema) -> Result<FileColumns, Re
     Ok(out)
 }
 
+/// The Parquet columns a sample spec reads: its image keys and its caption's member.
+pub fn wanted_columns(spec: &SampleSpec) -> Vec<String> {
+    let mut out = spec.image_keys.clone();
+    match &spec.caption {
+        CaptionSource::Member(m) | CaptionSource::JsonField { member: m, .. } => {
+            out.push(m.clone())
+        }
+        CaptionSource::None => {}
+    }
+    out
+}
+
 impl FileColumns {
     fn choose(&mut self, column: &str, member: &str) {
         self.wanted.push(column.to_string());
@@ -121,7 +132,7 @@ mod tests {
     use parquet::schema::parser::parse_message_type;
 
     use super::*;
-    use crate::batch::sample::fixtures::scratch_dir;
+    use crate::fixtures::scratch_dir;
 
     /// The schema of an empty file with these columns and, when given, this `huggingface`
     /// metadata.

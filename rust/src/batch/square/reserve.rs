@@ -2,10 +2,10 @@
 //! count of reserve positions used so far (what a resume state records, so that a resumed
 //! reader never refills from them again).
 
-use crate::batch::config::PipelineConfig;
-use crate::batch::span::ShardSpan;
-use crate::batch::stats::Stats;
+use crate::batch::square::config::PipelineConfig;
+use crate::batch::square::stats::Stats;
 use crate::read::group::{RawSample, SampleReader};
+use crate::read::span::ShardSpan;
 
 /// Reads the reserve spans lazily, only when a planned slot needs a replacement, and counts
 /// the reserve positions it has consumed (read, or lost with an unreadable span).

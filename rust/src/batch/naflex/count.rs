@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::samples::{open_samples, patches_of, BudgetSpec};
-use crate::batch::packed::TextUnit;
+use crate::batch::kit::unit::{unit_fault, Unit};
 use crate::error::Fault;
 use crate::image::decode::Decoder;
 use crate::plan::budget::Bucketer;
@@ -33,7 +33,7 @@ const EXAMPLES: usize = 5;
 
 /// Reads `unit` and counts its batches (only headers are decoded).
 pub fn count_unit(
-    unit: &TextUnit,
+    unit: &Unit,
     spec: &BudgetSpec,
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
@@ -48,13 +48,7 @@ pub fn count_unit(
         out.slots += images as u64 * spec.shape.length(bucket as usize) as u64;
     };
     for (position, item) in samples.enumerate() {
-        let raw = item.map_err(|f| Fault {
-            reason: f.reason,
-            url: display.clone(),
-            key: String::new(),
-            detail: f.detail,
-            kind: f.kind,
-        })?;
+        let raw = item.map_err(|f| unit_fault(&display, f.reason, f.detail, f.kind))?;
         out.samples += 1;
         match patches_of(&raw, spec, &mut decoder) {
             Ok(n) => {

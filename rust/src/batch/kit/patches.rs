@@ -1,5 +1,8 @@
-//! The NaFlex image-text kind (SigLIP 2's native resolution): one sample to its caption and
-//! its slot of `[B, N, 3 * p * p]` patches, N = `max_num_patches`.
+//! The NaFlex patch slot (SigLIP 2's native resolution): one sample to its caption and its slot
+//! of `[B, N, 3 * p * p]` patches, N = `max_num_patches`. In the kit because three kinds use
+//! it: the square kind's sample pipeline lays samples out this way at a fixed count
+//! (`square::config::SampleKind::NaFlex`), the NaFlex kind in token-budget batches
+//! (`batch::naflex`), and the interleaved kind's NaFlex spec is bounded by its patch budget.
 //!
 //! The image keeps its aspect ratio: its patch grid is the one `Siglip2ImageProcessor` gives
 //! (`image::patches::grid_for_max_patches`), it is decoded at the smallest DCT scale that
@@ -9,7 +12,9 @@
 //! `spatial_shapes` and `pixel_attention_mask` are made from it. uint8, as the square kind:
 //! rescaling and normalisation belong on the device.
 
-use crate::batch::sample::{caption, image_bytes, Rejection, SampleSpec, Worker};
+use crate::batch::kit::sample::{
+    caption, image_bytes, probe_capped, Rejection, SampleSpec, Worker,
+};
 use crate::error::Reason;
 use crate::image::convolve::Kernel;
 use crate::image::patches::{grid_for_max_patches, jittered_crop};
@@ -132,16 +137,7 @@ pub fn prepare_image(
         transformer,
         whole_images,
     } = worker;
-    let probe = decoder.probe(bytes).map_err(|e| (e.reason, e.detail))?;
-    if probe.width as u64 * probe.height as u64 > spec.max_pixels {
-        return Err((
-            Reason::TooManyPixels,
-            format!(
-                "{}x{} exceeds max_pixels={}",
-                probe.width, probe.height, spec.max_pixels
-            ),
-        ));
-    }
+    let probe = probe_capped(decoder, bytes, spec.max_pixels)?;
     let (width, height) = probe.oriented_size();
     let region = match naflex.random_crop {
         None => CropBox {
@@ -210,7 +206,7 @@ pub fn prepare_image(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::sample::fixtures::{jpeg, raw};
+    use crate::fixtures::{jpeg, raw};
 
     fn spec(patch_size: u32, max_num_patches: u32) -> NaFlexSpec {
         NaFlexSpec {

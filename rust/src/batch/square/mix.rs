@@ -1,7 +1,7 @@
 //! Mixing of sources: a mixture's reader reads one merged stream per source and takes each
 //! block's share of each, in source order, as the plan counted them (`plan::MixedStreams`).
 
-use crate::batch::reader::{Item, MergedReader, StreamError};
+use crate::batch::square::reader::{Item, MergedReader, StreamError};
 
 /// A mixture reader's items: block after block, each source's share of the block in source
 /// order, each source read as its own sequential stream.

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use super::rows::{segment_lengths, write_ids, write_positions, Block, IdsOut};
 use super::stats::PackedStats;
-use super::stream::{visits, StreamInput, TokenStream};
+use super::stream::{StreamInput, TokenStream};
+use crate::batch::kit::visits::visits;
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::error::Fault;
 use crate::plan::block_order;

@@ -22,11 +22,11 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 
 use super::samples::{open_samples, patches_of, BudgetSpec};
-use crate::batch::naflex::prepare_image;
-use crate::batch::packed::stream::{visits, Visit};
-use crate::batch::packed::TextUnit;
+use crate::batch::kit::patches::prepare_image;
+use crate::batch::kit::sample::{caption, image_bytes, Rejection, Worker};
+use crate::batch::kit::unit::{unit_fault, Unit};
+use crate::batch::kit::visits::{visits, Visit};
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
-use crate::batch::sample::{caption, image_bytes, Rejection, Worker};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::decode::Decoder;
 use crate::plan::budget::{Bucketer, PlannedBatch};
@@ -44,7 +44,7 @@ const BATCHES_AHEAD: usize = 2;
 
 /// What the reader is given: every unit, its batches as counted, and how they are made.
 pub struct BudgetInput {
-    pub units: Arc<Vec<TextUnit>>,
+    pub units: Arc<Vec<Unit>>,
     pub unit_batches: Arc<Vec<u64>>,
     pub spec: BudgetSpec,
     pub source: SourceOptions,
@@ -232,7 +232,7 @@ fn read_visits(
 /// Sends the planned batches of one visit; Err ends the pass.
 fn read_visit(
     visit: &Visit,
-    unit: &TextUnit,
+    unit: &Unit,
     counted: u64,
     input: &BudgetInput,
     stats: &BudgetStats,
@@ -240,13 +240,7 @@ fn read_visit(
     out: &Sender<Result<ReadBatch, Fault>>,
 ) -> Result<(), Fault> {
     let display: Arc<str> = unit.display().into();
-    let fault = |reason: Reason, detail: String, kind: SourceKind| Fault {
-        reason,
-        url: display.to_string(),
-        key: String::new(),
-        detail,
-        kind,
-    };
+    let fault = |reason, detail, kind| unit_fault(&display, reason, detail, kind);
     let last = visit.spans.last().map_or(0, |s| s.1);
     let wanted = |j: u64| visit.spans.iter().any(|&(a, b)| a <= j && j < b);
     let samples = open_samples(unit, &input.spec, &input.source, &stats.source)?;

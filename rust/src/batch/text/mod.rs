@@ -1,4 +1,4 @@
-//! The packed text kind: documents tokenized and packed into rows of `seq_len` tokens.
+//! The packed text kind (`batch::text`, planned by `plan::packed`): documents tokenized and packed into rows of `seq_len` tokens.
 //!
 //! A kind owns what turns raw samples into its slot of a batch, and its batch layout; reading,
 //! sources, fault handling and the plan's arithmetic are shared. This kind's parts, one job
@@ -21,6 +21,6 @@ pub mod stats;
 pub mod stream;
 
 pub use count::{count_unit, UnitCount};
-pub use documents::{TextSpec, TextUnit};
+pub use documents::TextSpec;
 pub use pipeline::{start, PackedConfig, PackedPipeline, RowBatcher, RowsMeta};
 pub use stream::StreamInput;

@@ -13,10 +13,11 @@ use std::time::Instant;
 use crossbeam_channel::{bounded, Receiver};
 use rayon::prelude::*;
 
-use super::documents::{Document, TextSpec, TextUnit, UnitDocuments};
+use super::documents::{Document, TextSpec, UnitDocuments};
 use super::stats::PackedStats;
+use crate::batch::kit::unit::Unit;
+use crate::batch::kit::visits::Visit;
 use crate::error::{Fault, Reason, SourceKind};
-use crate::plan::packed::{Span, UnitOrder};
 use crate::read::source::SourceOptions;
 use crate::tokenize::DocumentEncoder;
 
@@ -25,44 +26,6 @@ const CHUNK_DOCS: usize = 256;
 const CHUNK_BYTES: usize = 1 << 20;
 /// Chunks the document thread reads ahead.
 const CHUNKS_AHEAD: usize = 4;
-
-/// One unit's part of a reader: unit-local ranges of positions (tokens, or the budget kind's
-/// batches), ascending.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Visit {
-    pub unit: u32,
-    pub spans: Vec<(u64, u64)>,
-}
-
-/// The visits that read `ranges` of the stream `order` lays out.
-pub(crate) fn visits(order: &UnitOrder, ranges: &[Span]) -> Vec<Visit> {
-    let mut out: Vec<Visit> = Vec::new();
-    let mut last_pos = usize::MAX;
-    for r in ranges {
-        let mut at = r.start;
-        while at < r.end {
-            let pos = order.locate(at);
-            let (lo, hi) = (order.starts[pos], order.starts[pos + 1]);
-            let end = r.end.min(hi);
-            let span = (at - lo, end - lo);
-            if pos == last_pos {
-                let visit = out.last_mut().expect("a visit");
-                match visit.spans.last_mut() {
-                    Some(last) if last.1 == span.0 => last.1 = span.1,
-                    _ => visit.spans.push(span),
-                }
-            } else {
-                out.push(Visit {
-                    unit: order.order[pos],
-                    spans: vec![span],
-                });
-                last_pos = pos;
-            }
-            at = end;
-        }
-    }
-    out
-}
 
 enum Chunk {
     Docs(Vec<Document>),
@@ -73,7 +36,7 @@ enum Chunk {
 
 /// What the reader is given: every unit and its count, and where it reads.
 pub struct StreamInput {
-    pub units: Arc<Vec<TextUnit>>,
+    pub units: Arc<Vec<Unit>>,
     pub unit_tokens: Arc<Vec<u64>>,
     pub spec: TextSpec,
     pub source: SourceOptions,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::batch::config::PipelineConfig;
+use crate::batch::square::config::PipelineConfig;
 use crate::error::{Fault, Reason};
 use crate::read::source::SourceStats;
 

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use flate2::bufread::MultiGzDecoder;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::documents::Document;
 use crate::error::{Fault, Reason, SourceKind};
 use crate::read::source::{self, Expected, SourceError, SourceOptions, SourceStats};
 
@@ -260,7 +259,7 @@ impl JsonlDocuments {
     }
 
     /// The next document (or why its line is skipped), or the fault that ends the file.
-    pub fn next_document(&mut self) -> Option<Result<Document, Fault>> {
+    pub fn next_document(&mut self) -> Option<Result<Result<String, Fault>, Fault>> {
         let cap = self.lines.cap;
         let line = match self.lines.next_line() {
             Ok(None) => return None,
@@ -687,7 +686,7 @@ mod tests {
     #[test]
     fn a_compressed_bomb_of_one_long_line_is_skipped_without_being_held() {
         use std::io::Write;
-        let dir = crate::batch::sample::fixtures::scratch_dir("jsonl-bomb");
+        let dir = crate::fixtures::scratch_dir("jsonl-bomb");
         let text = crate::check::fuzzing::reader_seeds::real_captions(40).join(" ");
         let cap = 64 << 10;
         let long = 64 << 20;

@@ -5,19 +5,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::batch::naflex::NaFlexSpec;
-use crate::batch::sample::{CaptionSource, Rejection, SampleSpec};
-use crate::batch::span::ShardSpan;
+use crate::batch::kit::patches::NaFlexSpec;
+use crate::batch::kit::sample::{CaptionSource, Rejection, SampleSpec};
 use crate::defaults;
 use crate::error::{Fault, SourceKind};
 use crate::read::group::ShardFault;
 use crate::read::source::{redact_url, SourceOptions};
+use crate::read::span::ShardSpan;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnError {
-    Skip,
-    Raise,
-}
+/// The error policy (`on_error`), the read stage's as well: re-exported where the loader's
+/// configuration has always named it.
+pub use crate::error::OnError;
 
 /// What one sample becomes in its batch slot. Reading, the plan, shuffling, refills and padding
 /// are the same for every kind; only the per-sample function and the slot's layout differ.
@@ -27,7 +25,7 @@ pub enum SampleKind {
     #[default]
     Square,
     /// `max_num_patches` flattened patches of the image at its own aspect ratio, and its patch
-    /// grid (see `batch::naflex`).
+    /// grid (see `batch::kit::patches`).
     NaFlex(NaFlexSpec),
     /// The square kind's slot left as it is: each sample's caption and image member are taken
     /// (a sample without them is skipped as usual) but the image is not decoded. For

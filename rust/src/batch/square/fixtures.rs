@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use crate::batch::config::PipelineConfig;
-use crate::batch::sample::fixtures::{jpeg, tar_of};
-use crate::batch::sample::SampleSpec;
-use crate::batch::span::ShardSpan;
+use crate::batch::kit::sample::SampleSpec;
+use crate::batch::square::config::PipelineConfig;
+use crate::fixtures::{jpeg, tar_of};
 use crate::read::source::Expected;
+use crate::read::span::ShardSpan;
 
 /// 8 x 8 output images: 192 bytes a slot.
 pub(super) const SIZE: u32 = 8;

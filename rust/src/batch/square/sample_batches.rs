@@ -25,33 +25,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use crate::batch::assemble::Batcher;
-use crate::batch::config::PipelineConfig;
-use crate::batch::mix::MixedReader;
 use crate::batch::pipeline::{KindStats, Need, Pipeline, Setup};
-use crate::batch::reader::spawn_readers;
-use crate::batch::reserve::ReserveReader;
-use crate::batch::shuffle::ItemSource;
-use crate::batch::span::ShardSpan;
-use crate::batch::stats::Stats;
+pub use crate::batch::square::assemble::{BatchMeta, Batcher};
+use crate::batch::square::config::PipelineConfig;
+use crate::batch::square::mix::MixedReader;
+use crate::batch::square::reader::spawn_readers;
+use crate::batch::square::reserve::ReserveReader;
+use crate::batch::square::shuffle::ItemSource;
+use crate::batch::square::stats::Stats;
 use crate::read::source::redact_url;
-
-/// What a sample batch says of itself (its pixels and tokens are in the lent buffer).
-#[derive(Debug)]
-pub struct BatchMeta {
-    pub len: usize,
-    pub keys: Vec<String>,
-    pub texts: Vec<String>,
-    pub shards: Vec<u32>,
-    /// What users know each sample's shard by, in batch order.
-    pub urls: Vec<String>,
-    /// The NaFlex kind: each sample's patch grid (rows, columns), in batch order; empty for
-    /// the square kind.
-    pub grids: Vec<(u32, u32)>,
-    /// Reserve positions this reader had consumed when the batch was complete (planned mode):
-    /// what a resume state records, so that a resumed reader never refills from them again.
-    pub reserve_used: u64,
-}
+use crate::read::span::ShardSpan;
 
 /// What a reader reads: spans in order, or a mixture's spans per source.
 pub enum MainSpans {
@@ -141,10 +124,10 @@ pub fn display_table<'a>(spans: impl Iterator<Item = &'a ShardSpan>) -> HashMap<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::fixtures::{config, shard, span, SLOT};
     use crate::batch::pipeline::{Lent, Region};
-    use crate::batch::sample::fixtures::scratch_dir;
+    use crate::batch::square::fixtures::{config, shard, span, SLOT};
     use crate::error::Fault;
+    use crate::fixtures::scratch_dir;
     use crate::plan;
 
     /// A batch and a copy of its buffer, or the pass's fault.
