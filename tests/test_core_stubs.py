@@ -111,7 +111,14 @@ def test_a_drifted_stub_fails(old, new):
 
 def test_every_settings_kind_is_a_struct_of_the_binding():
     """Each kind named above (and the nested specs') answers with its keys."""
-    kinds = {*CONFIG_KINDS.values(), "source", "sample", "QwenVL vision spec", "NaFlexVL vision spec"}
+    kinds = {
+        *CONFIG_KINDS.values(),
+        "source",
+        "sample",
+        "QwenVL vision spec",
+        "NaFlexVL vision spec",
+        "NaFlex spec",
+    }
     kinds |= {"interleaved captions layout", "interleaved conversations layout"}
     for kind in kinds:
         assert _core.settings_keys(kind), kind

@@ -157,11 +157,12 @@ def sample_pipeline(
     ``num_batches``, ``on_error``, ``planned``, ``read_ahead``, ``shuffle_seed``,
     ``skip_emitted``, ``sources``, ``span_queue``, ``threads``, ``tokenizer``, ``undecoded``;
     and the source options and the sample options.
-    ``crop`` is ``"center"``/``"random"``; ``naflex`` is (patch_size, max_num_patches,
-    min_num_patches, (scale, ratio) or None): the NaFlex kind, ``[B, max_num_patches, 3 *
-    patch_size ** 2]`` buffers. A key that is absent or None keeps the core's default
-    (rust/src/defaults.rs); ``shardstream.config.LoaderConfig.core_config`` is the typed
-    definition of most of them. ``UnknownSetting`` for a key it does not read."""
+    ``crop`` is ``"center"``/``"random"``; ``naflex`` is a dict of kind "NaFlex spec"
+    (patch_size, max_num_patches, min_num_patches, random_crop: (scale, ratio) or None): the
+    NaFlex kind, ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers. A key that is absent
+    or None keeps the core's default (rust/src/defaults.rs);
+    ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
+    ``UnknownSetting`` for a key it does not read."""
 
 @final
 class MixturePlan:
@@ -510,5 +511,5 @@ def settings_keys(kind: str) -> list[str]:
     """The keys the core's settings of ``kind`` take, sorted (one list with the binding's
     structs, rust/src/binding/settings.rs): "loader", "token count", "packed text",
     "token-budget NaFlex", "interleaved", "interleaved captions layout", "interleaved
-    conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "source", "sample".
-    ValueError for another kind."""
+    conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "NaFlex spec",
+    "source", "sample". ValueError for another kind."""

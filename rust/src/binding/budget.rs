@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{json_to_py, naflex_spec, NaFlexTuple, SampleSettings, SourceSettings};
+use super::convert::{json_to_py, naflex_spec, NaFlexSettings, SampleSettings, SourceSettings};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::settings::{settings, Settings};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
@@ -22,8 +22,8 @@ settings! {
     /// The token-budget NaFlex kind's config (`count_patches`' and `NaFlexBudgetLoader`'s):
     /// the count's keys, then the pipeline's (`threads`, `crop_seed`, `tokenizer`).
     pub(super) struct BudgetSettings ("token-budget NaFlex") {
-        /// The NaFlex kind's spec tuple (see `convert::naflex_spec`).
-        naflex: NaFlexTuple,
+        /// The NaFlex kind's spec: a dict of `NaFlexSettings`.
+        naflex: NaFlexSettings,
         max_patches_per_batch: u32,
         /// Ascending patch bounds, the last `max_num_patches`.
         buckets: Vec<u32>,
@@ -44,7 +44,7 @@ settings! {
 impl BudgetSettings {
     /// The core's spec of these settings, validated.
     fn spec(&self) -> PyResult<BudgetSpec> {
-        let naflex = naflex_spec(self.naflex)?;
+        let naflex = naflex_spec(&self.naflex)?;
         let shape = BudgetShape {
             max_patches_per_batch: self.max_patches_per_batch,
             buckets: self.buckets.clone(),

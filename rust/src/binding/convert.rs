@@ -211,8 +211,8 @@ settings! {
         on_error: Option<String> = None,
         /// A mixture's sources: (first shard, caption key or None).
         sources: Option<Vec<(u32, Option<String>)>> = None,
-        /// The NaFlex kind's spec tuple (see [`naflex_spec`]).
-        naflex: Option<NaFlexTuple> = None,
+        /// The NaFlex kind's spec: a dict of [`NaFlexSettings`].
+        naflex: Option<NaFlexSettings> = None,
         undecoded: bool = false,
         /// (kind, tokenizer file, context length).
         tokenizer: Option<(String, String, usize)> = None,
@@ -262,7 +262,7 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
         cfg.sources = cfg.source_specs(v);
     }
     if let Some(v) = &s.naflex {
-        cfg.kind = SampleKind::NaFlex(naflex_spec(*v)?);
+        cfg.kind = SampleKind::NaFlex(naflex_spec(v)?);
     }
     if s.undecoded {
         cfg.kind = SampleKind::Undecoded;
@@ -275,18 +275,25 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
     Ok(cfg)
 }
 
-/// The NaFlex kind's spec tuple (`kinds.naflex.NaFlex.core_config`): (patch_size,
-/// max_num_patches, min_num_patches, random crop (scale, ratio) or None).
-pub(super) type NaFlexTuple = (u32, u32, u32, Option<((f64, f64), (f64, f64))>);
+settings! {
+    /// The NaFlex kind's spec (`kinds.naflex.NaFlex.core_config()["naflex"]`).
+    pub(super) struct NaFlexSettings ("NaFlex spec") {
+        patch_size: u32,
+        max_num_patches: u32,
+        /// 0: no floor.
+        min_num_patches: u32 = 0,
+        /// The random crop's (scale, ratio); None: no random crop.
+        random_crop: Option<((f64, f64), (f64, f64))> = None,
+    }
+}
 
-/// The NaFlex kind's spec of its tuple, validated.
-pub(super) fn naflex_spec(value: NaFlexTuple) -> PyResult<NaFlexSpec> {
-    let (patch_size, max_num_patches, min_num_patches, random_crop) = value;
+/// The NaFlex kind's spec of its settings, validated.
+pub(super) fn naflex_spec(s: &NaFlexSettings) -> PyResult<NaFlexSpec> {
     let spec = NaFlexSpec {
-        patch_size,
-        max_num_patches,
-        min_num_patches,
-        random_crop,
+        patch_size: s.patch_size,
+        max_num_patches: s.max_num_patches,
+        min_num_patches: s.min_num_patches,
+        random_crop: s.random_crop,
     };
     spec.validate().map_err(PyValueError::new_err)?;
     Ok(spec)

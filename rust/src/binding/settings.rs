@@ -153,18 +153,18 @@ pub(super) use settings;
 
 /// The keys the core's settings of `kind` take, sorted: "loader", "token count", "packed text",
 /// "token-budget NaFlex", "interleaved", "interleaved captions layout", "interleaved
-/// conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "source", "sample".
-/// An unknown kind is a `ValueError` naming the kinds.
+/// conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "NaFlex spec", "source",
+/// "sample". An unknown kind is a `ValueError` naming the kinds.
 #[pyfunction]
 pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
     use super::budget::BudgetSettings;
-    use super::convert::{LoaderSettings, SampleSettings, SourceSettings};
+    use super::convert::{LoaderSettings, NaFlexSettings, SampleSettings, SourceSettings};
     use super::interleaved::{
         CaptionsLayout, ConversationsLayout, InterleavedSettings, NaFlexVision, QwenVision,
     };
     use super::packed::{CountSettings, PackedSettings};
     type Keys = fn() -> Vec<&'static str>;
-    let kinds: [(&str, Keys); 11] = [
+    let kinds: [(&str, Keys); 12] = [
         (LoaderSettings::KIND, LoaderSettings::keys),
         (CountSettings::KIND, CountSettings::keys),
         (PackedSettings::KIND, PackedSettings::keys),
@@ -176,6 +176,7 @@ pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
         (NaFlexVision::KIND, NaFlexVision::keys),
         (SourceSettings::KIND, SourceSettings::keys),
         (SampleSettings::KIND, SampleSettings::keys),
+        (NaFlexSettings::KIND, NaFlexSettings::keys),
     ];
     let Some((_, keys)) = kinds.iter().find(|(k, _)| *k == kind) else {
         let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
