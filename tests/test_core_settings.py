@@ -87,3 +87,47 @@ def test_the_interleaved_loader_and_its_layouts_refuse_a_misspelt_setting(tmp_pa
         ValueError, match="layout kind must be 'conversations' or 'captions', not \"conversation\""
     ):
         first_batch(loader)
+
+
+def test_a_missing_required_setting_is_refused_by_name(tmp_path):
+    """A required key that is absent is ``_core.MissingSetting(key, kind, message)``, never a
+    default taken in silence; the interleaved vision spec is one dict tagged by ``family``."""
+    tokenizer = write_tokenizer_json(str(tmp_path / "tokenizer.json"))
+    files = [write_obelics_parquet(str(tmp_path / "docs.parquet"), real_documents(8, seed=2), 4)]
+    spec = QwenVL(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    counts = count_interleaved(
+        files, tokenizer=tokenizer, spec=spec, seq_len=512, batch_size=1, eos_token=EOS
+    )
+    loader = InterleavedLoader(counts)
+    del loader._config["seq_len"]
+    with pytest.raises(_core.MissingSetting) as e:
+        first_batch(loader)
+    assert e.value.args[:2] == ("seq_len", "interleaved")
+    # The vision spec: its keys are checked as a kind's, and its tag is required.
+    loader = InterleavedLoader(counts)
+    vision = loader._config["vision"]
+    assert vision["family"] == "qwen" and "vision_kind" not in loader._config
+    loader._config["vision"] = {**vision, "merge": 2}
+    with pytest.raises(_core.UnknownSetting) as u:
+        first_batch(loader)
+    assert u.value.args[:2] == ("merge", "QwenVL vision spec")
+    loader._config["vision"] = {k: v for k, v in vision.items() if k != "family"}
+    with pytest.raises(_core.MissingSetting) as e:
+        first_batch(loader)
+    assert e.value.args[:2] == ("family", "interleaved vision spec")
+    # A layout's required key.
+    loader._config["vision"] = vision
+    loader._config["layout"] = {"kind": "captions", "image_keys": ["jpg"]}
+    with pytest.raises(_core.MissingSetting) as e:
+        first_batch(loader)
+    assert e.value.args[:2] == ("caption_key", "interleaved captions layout")
+
+
+def test_the_keys_a_kind_takes_are_the_binding_s(tmp_path):
+    """``_core.settings_keys(kind)`` is the list the binding refuses others against."""
+    loader = ShardLoader(good_shard(str(tmp_path / "a.tar"), 4), batch_size=2)
+    first_batch(loader)
+    assert set(loader._config) <= set(_core.settings_keys("loader"))
+    assert set(_core.settings_keys("source")) <= set(_core.settings_keys("packed text"))
+    with pytest.raises(ValueError, match="no settings of kind"):
+        _core.settings_keys("loaders")

@@ -28,6 +28,9 @@ class UnknownSetting(ValueError):
     """A config key the core does not read: ``args = (key, kind, message)``. A setting misspelt or
     meant for another kind is refused by name, never ignored with its default taken."""
 
+class MissingSetting(ValueError):
+    """A config key the core needs that is absent or None: ``args = (key, kind, message)``."""
+
 class CoreFault(Exception):
     """A shard or sample fault: ``args = (reason, url, key, detail, kind)``.
 
@@ -149,17 +152,17 @@ def sample_pipeline(
     count). ``spans_list``: a planned reader's spans (``EpochPlanView.reader(...)["spans"]``), or
     streaming span tuples whose shard numbers index ``display_urls``.
 
-    ``config`` keys: ``batch_size``, ``image_size``, ``threads``, ``read_ahead``,
-    ``span_queue``, ``block_size``, ``shuffle_seed``, ``first_block``, ``crop_seed``,
-    ``skip_emitted``, ``planned``, ``cycle``, ``drop_last``, ``max_member_bytes``,
-    ``num_batches``, ``last_batch_size``, ``on_error``, ``caption_key``, ``image_keys``,
-    ``max_pixels``, ``crop`` (``"center"``/``"random"``), ``random_crop_scale``,
-    ``random_crop_ratio``, ``connect_timeout``, ``read_timeout``, ``backoff_initial``, ``backoff_max``,
-    ``retry_after_max``, ``max_retries``, ``signer``, ``sources``,
-    ``tokenizer``, ``naflex`` ((patch_size, max_num_patches, min_num_patches, (scale, ratio) or
-    None): the NaFlex kind; ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers). A key that
-    is absent or None keeps the core's default (rust/src/defaults.rs);
-    ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them."""
+    Config keys (kind "loader"): ``batch_size``, ``block_size``, ``crop_seed``, ``cycle``,
+    ``drop_last``, ``first_block``, ``last_batch_size``, ``max_member_bytes``, ``naflex``,
+    ``num_batches``, ``on_error``, ``planned``, ``read_ahead``, ``shuffle_seed``,
+    ``skip_emitted``, ``sources``, ``span_queue``, ``threads``, ``tokenizer``, ``undecoded``;
+    and the source options and the sample options.
+    ``crop`` is ``"center"``/``"random"``; ``naflex`` is a dict of kind "NaFlex spec"
+    (patch_size, max_num_patches, min_num_patches, random_crop: (scale, ratio) or None): the
+    NaFlex kind, ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers. A key that is absent
+    or None keeps the core's default (rust/src/defaults.rs);
+    ``shardstream.config.LoaderConfig.core_config`` is the typed definition of most of them.
+    ``UnknownSetting`` for a key it does not read."""
 
 @final
 class MixturePlan:
@@ -306,7 +309,9 @@ def scan_shard(
 ) -> ScanReport:
     """Validates one shard (structure, grouping, and with ``decode`` the loader's decode path);
     ``config`` holds reader options and the ``signer`` of an ``s3://`` shard; ``capture`` (a
-    member extension such as ``json``) returns that member of every sample as text."""
+    member extension such as ``json``) returns that member of every sample as text.
+
+    Config keys (kind "source"): the source options (other keys are left to the caller)."""
 
 def probe_image(data: bytes) -> tuple[str, int, int]:
     """(format, width, height) from an image's header, without decoding pixels.
@@ -407,7 +412,9 @@ def count_tokens(
 ) -> list[dict[str, Any]]:
     """Per unit (Parquet row group, JSONL file or tar shard), in file order: url, first_row, rows,
     identity, documents, tokens, skipped (by reason), examples (skipped documents), error (None,
-    or the fault that made the unit unreadable)."""
+    or the fault that made the unit unreadable).
+
+    Config keys (kind "token count"): the source options."""
 
 def packed_plan_counts(
     end: PlanEnd, seed: int, epoch: int, phases: Sequence[tuple[PackShape, int]], current: PackShape
@@ -421,30 +428,49 @@ def packed_pipeline(
     reader: PlanReader,
     config: dict[str, Any],
 ) -> Pipeline:
-    """Starts the packed text pipeline of one ``reader``. ``config`` keys: tokenizer,
-    text_key, eos_token, bos_token, max_document_bytes, threads, int32, boundaries, and the
-    source options. Its batches fail with ``CoreFault`` naming the unit when it cannot be read or
-    its tokens differ from the counts."""
+    """Starts the packed text pipeline of one ``reader``. Its batches fail with ``CoreFault``
+    naming the unit when it cannot be read or its tokens differ from the counts.
+
+    Config keys (kind "packed text"): ``bos_token``, ``boundaries``, ``eos_token``, ``int32``,
+    ``max_document_bytes``, ``text_key``, ``threads``, ``tokenizer``; and the source options.
+    ``tokenizer`` is required (``MissingSetting`` without it)."""
 
 def count_patches(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
     """Per unit (tar shard or Parquet row group), in file order, under the NaFlex grid rule and a
-    patch budget (``config``: naflex, max_patches_per_batch, buckets, image_keys, caption_key,
-    max_pixels, max_member_bytes and the source options): url, first_row, rows, identity,
-    samples, batches, patches, slots, fixed_slots, skipped (by reason), examples, error."""
+    patch budget: url, first_row, rows, identity, samples, batches, patches, slots, fixed_slots,
+    skipped (by reason), examples, error.
+
+    Config keys (kind "token-budget NaFlex"): ``buckets``, ``crop_seed``,
+    ``max_images_per_batch``, ``max_member_bytes``, ``max_patches_per_batch``, ``naflex``,
+    ``threads``, ``tokenizer``; and the source options and the sample options.
+    ``naflex``, ``max_patches_per_batch`` and ``buckets`` are required; the pipeline's
+    ``threads``, ``crop_seed`` and ``tokenizer`` are read by :func:`budget_pipeline` only."""
 
 def interleaved_tokens(config: dict[str, Any]) -> tuple[str, int, tuple[int, int, int]]:
     """(the tokenizer file's fingerprint, its EOS id, the (vision start, end, pad) ids) under an
-    interleaved ``config`` (tokenizer, eos_token, vision, vision_tokens, texts, images,
-    max_images_per_document, max_document_bytes, seq_len, batch_size, max_patches_per_batch,
-    max_pixels, vision_kind, layout: None or ``Conversations.settings()`` /
-    ``Captions.settings()``); ValueError when the tokenizer lacks a token or a setting is out
-    of range, ``UnknownSetting`` for a key it does not read."""
+    interleaved ``config``; ValueError when the tokenizer lacks a token or a setting is out of
+    range, ``UnknownSetting`` for a key it does not read, ``MissingSetting`` for a required one
+    absent.
+
+    Config keys (kind "interleaved"): ``batch_size``, ``eos_token``, ``images``, ``layout``,
+    ``max_document_bytes``, ``max_images_per_document``, ``max_patches_per_batch``,
+    ``max_pixels``, ``pad_id``, ``seq_len``, ``texts``, ``threads``, ``tokenizer``, ``vision``;
+    and the source options.
+    ``vision`` is one dict tagged by ``family``: ``{"family": "qwen", **QwenVL.settings()}`` or
+    ``NaFlexVL.settings()`` (kinds "QwenVL vision spec", "NaFlexVL vision spec");
+    ``layout`` is None or ``Conversations.settings()`` / ``Captions.settings()``;
+    ``eos_token``, ``layout``, ``threads`` and ``pad_id`` may be absent."""
 
 def count_interleaved(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
     """Per unit (Parquet row group or tar shard), in file order, under an interleaved ``config``
-    (as ``interleaved_tokens``'s, with the source options): url, first_row, rows, identity,
+    (as ``interleaved_tokens``'s): url, first_row, rows, identity,
     documents, batches, text_tokens, image_tokens, images, patches, slots, padded_slots,
-    skipped (by reason), examples, error."""
+    skipped (by reason), examples, error.
+
+    Config keys (kind "interleaved"): ``batch_size``, ``eos_token``, ``images``, ``layout``,
+    ``max_document_bytes``, ``max_images_per_document``, ``max_patches_per_batch``,
+    ``max_pixels``, ``pad_id``, ``seq_len``, ``texts``, ``threads``, ``tokenizer``, ``vision``;
+    and the source options."""
 
 def interleaved_pipeline(
     units: Sequence[tuple[str, int, int | None, str | None]],
@@ -453,13 +479,18 @@ def interleaved_pipeline(
     config: dict[str, Any],
 ) -> Pipeline:
     """Starts the interleaved pipeline of one ``reader``: a packed plan over batches per unit
-    (batch_size, seq_len and block_rows 1). ``config``: the count's keys, threads, pad_id and the
-    source options. A lent buffer is the pixel region (max_patches_per_batch rows) and the int64
+    (batch_size, seq_len and block_rows 1). A lent buffer is the pixel region
+    (max_patches_per_batch rows) and the int64
     ``[6, batch_size, seq_len]`` ids, labels, positions (restarting at every document's run and
     each row's padding) and M-RoPE's (t, h, w) positions of each run as if alone (1-D under the
     NaFlex spec); each batch's result is (patches,
     grids, cu_seqlens, max_seqlen, documents, keys, tokens). Its batches fail with ``CoreFault``
-    naming the unit when it cannot be read or no longer makes its counted batches."""
+    naming the unit when it cannot be read or no longer makes its counted batches.
+
+    Config keys (kind "interleaved"): ``batch_size``, ``eos_token``, ``images``, ``layout``,
+    ``max_document_bytes``, ``max_images_per_document``, ``max_patches_per_batch``,
+    ``max_pixels``, ``pad_id``, ``seq_len``, ``texts``, ``threads``, ``tokenizer``, ``vision``;
+    and the source options."""
 
 def budget_pipeline(
     units: Sequence[tuple[str, int, int | None, str | None]],
@@ -468,7 +499,17 @@ def budget_pipeline(
     config: dict[str, Any],
 ) -> Pipeline:
     """Starts the token-budget pipeline of one ``reader``: a packed plan over batches
-    per unit (batch_size, seq_len and block_rows 1). ``config``: the count's keys, threads,
-    crop_seed, tokenizer (kind, path, context_length) or None, and the source options. Its
-    batches fail with ``CoreFault`` naming the unit when it cannot be read or no longer makes
-    its counted batches."""
+    per unit (batch_size, seq_len and block_rows 1). Its batches fail with ``CoreFault`` naming
+    the unit when it cannot be read or no longer makes its counted batches.
+
+    Config keys (kind "token-budget NaFlex"): ``buckets``, ``crop_seed``,
+    ``max_images_per_batch``, ``max_member_bytes``, ``max_patches_per_batch``, ``naflex``,
+    ``threads``, ``tokenizer``; and the source options and the sample options.
+    ``tokenizer`` is (kind, path, context_length) or None."""
+
+def settings_keys(kind: str) -> list[str]:
+    """The keys the core's settings of ``kind`` take, sorted (one list with the binding's
+    structs, rust/src/binding/settings.rs): "loader", "token count", "packed text",
+    "token-budget NaFlex", "interleaved", "interleaved captions layout", "interleaved
+    conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "NaFlex spec",
+    "source", "sample". ValueError for another kind."""

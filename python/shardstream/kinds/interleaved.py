@@ -94,10 +94,8 @@ class QwenVL:
         return self.max_pixels // self.patch_size**2
 
     def core_config(self) -> dict[str, Any]:
-        """The settings as the Rust core takes them."""
-        patches = (self.patch_size, self.merge_size, self.temporal_patch_size)
-        vision = (*patches, self.min_pixels, self.max_pixels)
-        return {"vision": vision, "vision_tokens": tuple(self.vision_tokens)}
+        """The settings as the Rust core takes them: ``vision``, :func:`_vision_dict`'s."""
+        return {"vision": _vision_dict(self)}
 
     def settings(self) -> dict[str, Any]:
         """Its fields as the counts record them."""
@@ -136,13 +134,18 @@ class NaFlexVL:
         return self.max_num_patches
 
     def core_config(self) -> dict[str, Any]:
-        """The settings as the Rust core takes them."""
-        vision = (self.patch_size, self.max_num_patches)
-        return {"vision_kind": "naflex", "vision": vision, "vision_tokens": tuple(self.vision_tokens)}
+        """The settings as the Rust core takes them: ``vision``, :func:`_vision_dict`'s."""
+        return {"vision": _vision_dict(self)}
 
     def settings(self) -> dict[str, Any]:
         """Its fields as the counts record them (``family`` tells it from :class:`QwenVL`)."""
         return {**asdict(self), "vision_tokens": list(self.vision_tokens), "family": "naflex"}
+
+
+def _vision_dict(spec: QwenVL | NaFlexVL) -> dict[str, Any]:
+    """The one form the core takes a vision spec in: its ``settings()`` with ``family`` always
+    stated ("qwen" or "naflex"; counts record a :class:`QwenVL` without it)."""
+    return {"family": "qwen", **spec.settings()}
 
 
 def _spec_of(settings: dict[str, Any]) -> QwenVL | NaFlexVL:

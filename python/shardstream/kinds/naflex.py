@@ -139,11 +139,10 @@ class NaFlex:
         """What the Rust pipeline reads of this kind (``_core.sample_pipeline``'s ``naflex`` key).
 
         Returns:
-            ``{"naflex": (patch_size, max_num_patches, min_num_patches or 0, crop)}``, crop being
-            ``(scale, ratio)`` or None.
+            ``{"naflex": spec}``, spec the dict of :func:`_core_spec`.
         """
         crop = (self.random_crop_scale, self.random_crop_ratio) if self.random_crop else None
-        return {"naflex": (self.patch_size, self.max_num_patches, self.min_num_patches or 0, crop)}
+        return {"naflex": _core_spec(self.patch_size, self.max_num_patches, self.min_num_patches, crop)}
 
     def make_batch(
         self,
@@ -181,3 +180,19 @@ class NaFlex:
 
             shapes, mask = torch.from_numpy(shapes), torch.from_numpy(mask)
         return NaFlexBatch(pixels, mask, shapes, texts, keys, urls, tokens)
+
+
+def _core_spec(
+    patch_size: int,
+    max_num_patches: int,
+    min_num_patches: int | None,
+    random_crop: tuple[tuple[float, float], tuple[float, float]] | None = None,
+) -> dict[str, Any]:
+    """The one form the core takes a NaFlex spec in (``_core.settings_keys("NaFlex spec")``):
+    ``min_num_patches`` None is 0 (no floor); ``random_crop`` is (scale, ratio) or None."""
+    return {
+        "patch_size": patch_size,
+        "max_num_patches": max_num_patches,
+        "min_num_patches": min_num_patches or 0,
+        "random_crop": random_crop,
+    }

@@ -38,7 +38,7 @@ from shardstream.config import OnError, SourceOptions
 from shardstream.errors import OptionError
 from shardstream.kinds import counts_file
 from shardstream.kinds.counting import CountingKind, count_units
-from shardstream.kinds.naflex import NaFlex, NaFlexBatch
+from shardstream.kinds.naflex import NaFlex, NaFlexBatch, _core_spec
 from shardstream.kinds.unit_plan import UnitPlanLoader
 
 COUNTS_FORMAT = "shardstream-patch-counts"
@@ -143,7 +143,7 @@ def _core_config(counts: PatchCounts) -> dict[str, Any]:
     patch_size, max_num_patches, min_num_patches = counts.naflex
     return {
         **counts.sample,
-        "naflex": (patch_size, max_num_patches, min_num_patches, None),
+        "naflex": _core_spec(patch_size, max_num_patches, min_num_patches),
         "max_patches_per_batch": counts.max_patches_per_batch,
         "buckets": counts.buckets,
         "max_images_per_batch": counts.max_images_per_batch,

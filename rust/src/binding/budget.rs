@@ -7,11 +7,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{
-    json_to_py, naflex_spec, present, refuse_unknown, sample_spec, source_options, SAMPLE_KEYS,
-    SOURCE_KEYS,
-};
+use super::convert::{json_to_py, naflex_spec, NaFlexSettings, SampleSettings, SourceSettings};
 use super::pipeline::{MetaToPy, Pipeline};
+use super::settings::{settings, Settings};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::naflex::{
     self as naflex, count_unit, BudgetBatchMeta, BudgetCount, BudgetInput, BudgetSpec,
@@ -20,58 +18,53 @@ use crate::batch::units::count_files;
 use crate::plan::budget::BudgetShape;
 use crate::tokenize::shared;
 
-/// The spec of `config`: its sample keys, `naflex` tuple, `max_patches_per_batch`, `buckets`
-/// (ascending patch bounds), `max_images_per_batch` (0: no cap) and `max_member_bytes`.
-/// The keys of the budget kind's config besides the sample's and the source's: the count's,
-/// then the pipeline's.
-const BUDGET_KEYS: &[&str] = &[
-    "naflex",
-    "max_patches_per_batch",
-    "buckets",
-    "max_images_per_batch",
-    "max_member_bytes",
-    "threads",
-    "crop_seed",
-    "tokenizer",
-];
-
-fn budget_spec(config: &Bound<'_, PyDict>) -> PyResult<BudgetSpec> {
-    refuse_unknown(
-        config,
-        "token-budget NaFlex",
-        &[BUDGET_KEYS, SAMPLE_KEYS, SOURCE_KEYS],
-    )?;
-    let naflex = naflex_spec(
-        &present(config, "naflex")?.ok_or_else(|| PyValueError::new_err("config needs naflex"))?,
-    )?;
-    let max_patches_per_batch: u32 = present(config, "max_patches_per_batch")?
-        .ok_or_else(|| PyValueError::new_err("config needs max_patches_per_batch"))?
-        .extract()?;
-    let buckets: Vec<u32> = present(config, "buckets")?
-        .ok_or_else(|| PyValueError::new_err("config needs buckets"))?
-        .extract()?;
-    let max_images_per_batch: u32 =
-        present(config, "max_images_per_batch")?.map_or(Ok(0), |v| v.extract())?;
-    let shape = BudgetShape {
-        max_patches_per_batch,
-        buckets,
-        max_images_per_batch,
-    };
-    shape.validate().map_err(PyValueError::new_err)?;
-    if shape.buckets.last() != Some(&naflex.max_num_patches) {
-        return Err(PyValueError::new_err(format!(
-            "the last length bucket must be max_num_patches={}, not {:?}",
-            naflex.max_num_patches,
-            shape.buckets.last()
-        )));
+settings! {
+    /// The token-budget NaFlex kind's config (`count_patches`' and `NaFlexBudgetLoader`'s):
+    /// the count's keys, then the pipeline's (`threads`, `crop_seed`, `tokenizer`).
+    pub(super) struct BudgetSettings ("token-budget NaFlex") {
+        /// The NaFlex kind's spec: a dict of `NaFlexSettings`.
+        naflex: NaFlexSettings,
+        max_patches_per_batch: u32,
+        /// Ascending patch bounds, the last `max_num_patches`.
+        buckets: Vec<u32>,
+        /// 0: no cap.
+        max_images_per_batch: u32 = 0,
+        max_member_bytes: u64 = crate::defaults::MAX_MEMBER_BYTES,
+        threads: usize = 1,
+        crop_seed: u64 = 0,
+        /// (kind, tokenizer file, context length) of the captions' tokenizer.
+        tokenizer: Option<(String, String, usize)> = None,
     }
-    Ok(BudgetSpec {
-        sample: sample_spec(config)?,
-        naflex,
-        shape,
-        max_member_bytes: present(config, "max_member_bytes")?
-            .map_or(Ok(crate::defaults::MAX_MEMBER_BYTES), |v| v.extract())?,
-    })
+    groups {
+        sample: SampleSettings,
+        source: SourceSettings,
+    }
+}
+
+impl BudgetSettings {
+    /// The core's spec of these settings, validated.
+    fn spec(&self) -> PyResult<BudgetSpec> {
+        let naflex = naflex_spec(&self.naflex)?;
+        let shape = BudgetShape {
+            max_patches_per_batch: self.max_patches_per_batch,
+            buckets: self.buckets.clone(),
+            max_images_per_batch: self.max_images_per_batch,
+        };
+        shape.validate().map_err(PyValueError::new_err)?;
+        if shape.buckets.last() != Some(&naflex.max_num_patches) {
+            return Err(PyValueError::new_err(format!(
+                "the last length bucket must be max_num_patches={}, not {:?}",
+                naflex.max_num_patches,
+                shape.buckets.last()
+            )));
+        }
+        Ok(BudgetSpec {
+            sample: self.sample.spec()?,
+            naflex,
+            shape,
+            max_member_bytes: self.max_member_bytes,
+        })
+    }
 }
 
 /// Counts the token-budget batches of every unit of `urls` (tar shards, Parquet row groups) on
@@ -86,8 +79,9 @@ pub fn count_patches<'py>(
     config: &Bound<'py, PyDict>,
     threads: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    let spec = budget_spec(config)?;
-    let opts = source_options(Some(config))?;
+    let s = BudgetSettings::from_config(config)?;
+    let spec = s.spec()?;
+    let opts = s.source.options(py)?;
     let counted = py
         .detach(|| count_files(&urls, threads, &opts, |u, s| count_unit(u, &spec, &opts, s)))
         .map_err(PyValueError::new_err)?;
@@ -125,23 +119,22 @@ pub fn budget_pipeline(
     let current = reader.3;
     BudgetShape::one_batch_a_position((current.2, current.3, current.4))
         .map_err(PyValueError::new_err)?;
+    let s = BudgetSettings::from_config(config)?;
     let share = share(units, counts, reader)?;
-    let tokenizer = match present(config, "tokenizer")? {
-        Some(v) => {
-            let (kind, path, ctx): (String, String, usize) = v.extract()?;
-            Some(shared(&kind, &path, ctx).map_err(|e| PyValueError::new_err(e.to_string()))?)
+    let tokenizer = match &s.tokenizer {
+        Some((kind, path, ctx)) => {
+            Some(shared(kind, path, *ctx).map_err(|e| PyValueError::new_err(e.to_string()))?)
         }
         None => None,
     };
     let input = Arc::new(BudgetInput {
         units: share.units,
         unit_batches: share.weights,
-        spec: budget_spec(config)?,
-        source: source_options(Some(config))?,
-        crop_seed: present(config, "crop_seed")?.map_or(Ok(0), |v| v.extract())?,
+        spec: s.spec()?,
+        source: s.source.options(config.py())?,
+        crop_seed: s.crop_seed,
         tokenizer,
     });
-    let threads = present(config, "threads")?.map_or(Ok(1), |v| v.extract())?;
-    let pipeline = naflex::start(input, &share.order, share.reader, threads);
+    let pipeline = naflex::start(input, &share.order, share.reader, s.threads);
     Ok(Pipeline::new(pipeline))
 }

@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::errors::UnknownSetting;
+use super::settings::{settings, Settings};
 
 use crate::batch::kit::patches::NaFlexSpec;
 use crate::batch::kit::sample::{CaptionSource, SampleSpec};
@@ -77,40 +77,35 @@ pub(super) fn crop_mode(crop: &str, scale: (f64, f64), ratio: (f64, f64)) -> PyR
     }
 }
 
-pub(super) fn sample_spec(config: &Bound<'_, PyDict>) -> PyResult<SampleSpec> {
-    let mut spec = SampleSpec::default();
-    if let Some(v) = config.get_item("image_size")? {
-        spec.image_size = v.extract()?;
+settings! {
+    /// A sample's settings (the image-text kinds'); absent: the core's defaults.
+    pub(super) struct SampleSettings ("sample") {
+        image_size: u32 = defaults::IMAGE_SIZE,
+        caption_key: String = defaults::CAPTION_KEY.into(),
+        image_keys: Vec<String> = defaults::image_keys(),
+        max_pixels: u64 = defaults::MAX_PIXELS,
+        random_crop_scale: (f64, f64) = defaults::RANDOM_CROP_SCALE,
+        random_crop_ratio: (f64, f64) = defaults::RANDOM_CROP_RATIO,
+        crop: String = defaults::CROP.into(),
     }
-    if let Some(v) = config.get_item("caption_key")? {
-        spec.caption = CaptionSource::parse(&v.extract::<String>()?);
+}
+
+impl SampleSettings {
+    /// The core's `SampleSpec` of these settings.
+    pub(super) fn spec(&self) -> PyResult<SampleSpec> {
+        Ok(SampleSpec {
+            image_size: self.image_size,
+            caption: CaptionSource::parse(&self.caption_key),
+            image_keys: self.image_keys.clone(),
+            max_pixels: self.max_pixels,
+            crop: crop_mode(&self.crop, self.random_crop_scale, self.random_crop_ratio)?,
+        })
     }
-    if let Some(v) = config.get_item("image_keys")? {
-        if !v.is_none() {
-            spec.image_keys = v.extract()?;
-        }
-    }
-    if let Some(v) = config.get_item("max_pixels")? {
-        spec.max_pixels = v.extract()?;
-    }
-    let scale: (f64, f64) = match config.get_item("random_crop_scale")? {
-        Some(v) => v.extract()?,
-        None => defaults::RANDOM_CROP_SCALE,
-    };
-    let ratio: (f64, f64) = match config.get_item("random_crop_ratio")? {
-        Some(v) => v.extract()?,
-        None => defaults::RANDOM_CROP_RATIO,
-    };
-    if let Some(v) = config.get_item("crop")? {
-        spec.crop = crop_mode(&v.extract::<String>()?, scale, ratio)?;
-    }
-    Ok(spec)
 }
 
 /// A duration option in seconds; a negative, infinite or NaN one is a `ValueError` naming it
 /// (`Duration::from_secs_f64` would panic).
-fn seconds(value: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::Duration> {
-    let secs: f64 = value.extract()?;
+fn seconds(secs: f64, name: &str) -> PyResult<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(secs).map_err(|_| {
         PyValueError::new_err(format!(
             "{name} must be a finite number of seconds >= 0, got {secs}"
@@ -118,96 +113,55 @@ fn seconds(value: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::Duration
     })
 }
 
-/// The keys [`source_options`] reads.
-pub(super) const SOURCE_KEYS: &[&str] = &[
-    "connect_timeout",
-    "read_timeout",
-    "max_retries",
-    "backoff_initial",
-    "backoff_max",
-    "retry_after_max",
-    "cache_dir",
-    "cache_max_bytes",
-    "ca_bundle",
-    "signer",
-];
-
-/// The keys [`sample_spec`] reads.
-pub(super) const SAMPLE_KEYS: &[&str] = &[
-    "image_size",
-    "caption_key",
-    "image_keys",
-    "max_pixels",
-    "random_crop_scale",
-    "random_crop_ratio",
-    "crop",
-];
-
-/// Refuses a key of `config` that none of the lists in `known` holds: a setting the binding of
-/// `kind` does not read (misspelt, or meant for another kind) would otherwise be ignored, its
-/// default taken in silence. The error names the key, the kind and the keys it takes.
-pub(super) fn refuse_unknown(
-    config: &Bound<'_, PyDict>,
-    kind: &str,
-    known: &[&[&str]],
-) -> PyResult<()> {
-    for key in config.keys() {
-        let key: String = key.extract()?;
-        if !known.iter().any(|k| k.contains(&key.as_str())) {
-            let mut takes: Vec<&str> = known.concat();
-            takes.sort_unstable();
-            return Err(UnknownSetting::new_err((
-                key.clone(),
-                kind.to_string(),
-                format!(
-                    "the {kind} core takes no setting {key:?} (it takes: {})",
-                    takes.join(", ")
-                ),
-            )));
-        }
+settings! {
+    /// The reader's settings (every reading function's); absent: the core's defaults.
+    pub(super) struct SourceSettings ("source") {
+        connect_timeout: f64 = defaults::CONNECT_TIMEOUT.as_secs_f64(),
+        read_timeout: f64 = defaults::READ_TIMEOUT.as_secs_f64(),
+        max_retries: u32 = defaults::MAX_RETRIES,
+        backoff_initial: f64 = defaults::BACKOFF_INITIAL.as_secs_f64(),
+        backoff_max: f64 = defaults::BACKOFF_MAX.as_secs_f64(),
+        retry_after_max: f64 = defaults::RETRY_AFTER_MAX.as_secs_f64(),
+        /// None: no local cache.
+        cache_dir: Option<std::path::PathBuf> = None,
+        cache_max_bytes: u64 = defaults::CACHE_MAX_BYTES,
+        ca_bundle: Option<std::path::PathBuf> = None,
+        /// A callable `url -> presigned url` or `(url, headers)`.
+        signer: Option<Py<PyAny>> = None,
     }
-    Ok(())
 }
 
-/// Reader options from a config dict (any of its keys may be absent); none: the defaults.
+impl SourceSettings {
+    /// The core's `SourceOptions` of these settings.
+    pub(super) fn options(&self, py: Python<'_>) -> PyResult<SourceOptions> {
+        Ok(SourceOptions {
+            connect_timeout: seconds(self.connect_timeout, "connect_timeout")?,
+            read_timeout: seconds(self.read_timeout, "read_timeout")?,
+            max_retries: self.max_retries,
+            backoff_initial: seconds(self.backoff_initial, "backoff_initial")?,
+            backoff_max: seconds(self.backoff_max, "backoff_max")?,
+            retry_after_max: seconds(self.retry_after_max, "retry_after_max")?,
+            cache: self
+                .cache_dir
+                .clone()
+                .map(|dir| crate::read::source::CacheOptions {
+                    dir,
+                    max_bytes: self.cache_max_bytes,
+                }),
+            ca_bundle: self.ca_bundle.clone(),
+            signer: self.signer.as_ref().map(|s| python_signer(s.clone_ref(py))),
+            ..SourceOptions::default()
+        })
+    }
+}
+
+/// Reader options from a config dict that may hold other settings too (an index's, a plan's,
+/// a scan's: the keys of the source are read, others are the caller's); none: the defaults.
 pub(super) fn source_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<SourceOptions> {
-    let mut opts = SourceOptions::default();
-    let Some(config) = config else {
-        return Ok(opts);
-    };
-    if let Some(v) = config.get_item("connect_timeout")? {
-        opts.connect_timeout = seconds(&v, "connect_timeout")?;
+    match config {
+        Some(c) => SourceSettings::fields(c, SourceSettings::KIND)?.options(c.py()),
+        None => Ok(SourceOptions::default()),
     }
-    if let Some(v) = config.get_item("read_timeout")? {
-        opts.read_timeout = seconds(&v, "read_timeout")?;
-    }
-    if let Some(v) = config.get_item("max_retries")? {
-        opts.max_retries = v.extract()?;
-    }
-    if let Some(v) = config.get_item("backoff_initial")? {
-        opts.backoff_initial = seconds(&v, "backoff_initial")?;
-    }
-    if let Some(v) = config.get_item("backoff_max")? {
-        opts.backoff_max = seconds(&v, "backoff_max")?;
-    }
-    if let Some(v) = config.get_item("retry_after_max")? {
-        opts.retry_after_max = seconds(&v, "retry_after_max")?;
-    }
-    if let Some(dir) = config.get_item("cache_dir")?.filter(|v| !v.is_none()) {
-        let max_bytes = present(config, "cache_max_bytes")?
-            .map_or(Ok(defaults::CACHE_MAX_BYTES), |v| v.extract())?;
-        opts.cache = Some(crate::read::source::CacheOptions {
-            dir: dir.extract::<std::path::PathBuf>()?,
-            max_bytes,
-        });
-    }
-    if let Some(v) = config.get_item("ca_bundle")?.filter(|v| !v.is_none()) {
-        opts.ca_bundle = Some(v.extract::<std::path::PathBuf>()?);
-    }
-    if let Some(signer) = config.get_item("signer")?.filter(|v| !v.is_none()) {
-        opts.signer = Some(python_signer(signer.unbind()));
-    }
-    Ok(opts)
 }
 
 /// A [`Signer`] that calls a Python callable (`url -> presigned url`, or `(url, headers)`) from
@@ -234,91 +188,53 @@ fn python_signer(callable: Py<PyAny>) -> Signer {
     }))
 }
 
-/// A `Loader`'s config dict as a `PipelineConfig`: keys that are absent or None keep the core's
-/// defaults.
-/// The keys [`pipeline_config`] reads besides the sample's and the source's.
-const PIPELINE_KEYS: &[&str] = &[
-    "batch_size",
-    "threads",
-    "read_ahead",
-    "span_queue",
-    "block_size",
-    "shuffle_seed",
-    "first_block",
-    "crop_seed",
-    "skip_emitted",
-    "planned",
-    "cycle",
-    "drop_last",
-    "max_member_bytes",
-    "num_batches",
-    "last_batch_size",
-    "on_error",
-    "sources",
-    "naflex",
-    "undecoded",
-    "tokenizer",
-];
+settings! {
+    /// A `Loader`'s config (`LoaderConfig.core_config` and the sample kind's): a `None` field
+    /// keeps `PipelineConfig::default()`'s value.
+    pub(super) struct LoaderSettings ("loader") {
+        batch_size: Option<usize> = None,
+        threads: Option<usize> = None,
+        read_ahead: Option<usize> = None,
+        span_queue: Option<usize> = None,
+        block_size: Option<usize> = None,
+        shuffle_seed: Option<u64> = None,
+        first_block: Option<u64> = None,
+        crop_seed: Option<u64> = None,
+        skip_emitted: Option<u64> = None,
+        planned: Option<bool> = None,
+        cycle: Option<bool> = None,
+        drop_last: Option<bool> = None,
+        max_member_bytes: Option<u64> = None,
+        num_batches: Option<u64> = None,
+        last_batch_size: Option<usize> = None,
+        /// "skip" or "raise".
+        on_error: Option<String> = None,
+        /// A mixture's sources: (first shard, caption key or None).
+        sources: Option<Vec<(u32, Option<String>)>> = None,
+        /// The NaFlex kind's spec: a dict of [`NaFlexSettings`].
+        naflex: Option<NaFlexSettings> = None,
+        undecoded: bool = false,
+        /// (kind, tokenizer file, context length).
+        tokenizer: Option<(String, String, usize)> = None,
+    }
+    groups {
+        sample: SampleSettings,
+        source: SourceSettings,
+    }
+}
 
 pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineConfig> {
-    refuse_unknown(config, "loader", &[PIPELINE_KEYS, SAMPLE_KEYS, SOURCE_KEYS])?;
+    let s = LoaderSettings::from_config(config)?;
+    let py = config.py();
     let mut cfg = PipelineConfig {
-        spec: sample_spec(config)?,
-        source: source_options(Some(config))?,
+        spec: s.sample.spec()?,
+        source: s.source.options(py)?,
         ..PipelineConfig::default()
     };
-    take_plain_fields(&mut cfg, config)?;
-    if let Some(v) = present(config, "on_error")? {
-        cfg.on_error = on_error(&v.extract::<String>()?)?;
-    }
-    if let Some(v) = present(config, "sources")? {
-        cfg.sources = cfg.source_specs(v.extract()?);
-    }
-    if let Some(v) = present(config, "naflex")? {
-        cfg.kind = SampleKind::NaFlex(naflex_spec(&v)?);
-    }
-    if present(config, "undecoded")?.map_or(Ok(false), |v| v.extract())? {
-        cfg.kind = SampleKind::Undecoded;
-    }
-    if let Some(v) = present(config, "tokenizer")? {
-        let (kind, path, ctx): (String, String, usize) = v.extract()?;
-        let tok = crate::tokenize::shared(&kind, &path, ctx)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        cfg.tokenizer = Some(tok);
-    }
-    Ok(cfg)
-}
-
-/// The NaFlex kind's spec from its tuple (`kinds.naflex.NaFlex.core_config`): (patch_size,
-/// max_num_patches, min_num_patches, random crop (scale, ratio) or None).
-pub(super) fn naflex_spec(value: &Bound<'_, PyAny>) -> PyResult<NaFlexSpec> {
-    type NaFlexTuple = (u32, u32, u32, Option<((f64, f64), (f64, f64))>);
-    let (patch_size, max_num_patches, min_num_patches, random_crop): NaFlexTuple =
-        value.extract()?;
-    let spec = NaFlexSpec {
-        patch_size,
-        max_num_patches,
-        min_num_patches,
-        random_crop,
-    };
-    spec.validate().map_err(PyValueError::new_err)?;
-    Ok(spec)
-}
-
-/// `config[key]`, or `None` when the key is absent or its value is None.
-pub(super) fn present<'py>(
-    config: &Bound<'py, PyDict>,
-    key: &str,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    Ok(config.get_item(key)?.filter(|v| !v.is_none()))
-}
-
-/// The config's values for the `PipelineConfig` fields that Python passes as they are.
-fn take_plain_fields(cfg: &mut PipelineConfig, config: &Bound<'_, PyDict>) -> PyResult<()> {
     macro_rules! take {
         ($($field:ident),*) => {$(
-            if let Some(v) = present(config, stringify!($field))? {
-                cfg.$field = v.extract()?;
+            if let Some(v) = s.$field {
+                cfg.$field = v.into();
             }
         )*};
     }
@@ -339,5 +255,46 @@ fn take_plain_fields(cfg: &mut PipelineConfig, config: &Bound<'_, PyDict>) -> Py
         num_batches,
         last_batch_size
     );
-    Ok(())
+    if let Some(v) = &s.on_error {
+        cfg.on_error = on_error(v)?;
+    }
+    if let Some(v) = s.sources {
+        cfg.sources = cfg.source_specs(v);
+    }
+    if let Some(v) = &s.naflex {
+        cfg.kind = SampleKind::NaFlex(naflex_spec(v)?);
+    }
+    if s.undecoded {
+        cfg.kind = SampleKind::Undecoded;
+    }
+    if let Some((kind, path, ctx)) = &s.tokenizer {
+        let tok = crate::tokenize::shared(kind, path, *ctx)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        cfg.tokenizer = Some(tok);
+    }
+    Ok(cfg)
+}
+
+settings! {
+    /// The NaFlex kind's spec (`kinds.naflex.NaFlex.core_config()["naflex"]`).
+    pub(super) struct NaFlexSettings ("NaFlex spec") {
+        patch_size: u32,
+        max_num_patches: u32,
+        /// 0: no floor.
+        min_num_patches: u32 = 0,
+        /// The random crop's (scale, ratio); None: no random crop.
+        random_crop: Option<((f64, f64), (f64, f64))> = None,
+    }
+}
+
+/// The NaFlex kind's spec of its settings, validated.
+pub(super) fn naflex_spec(s: &NaFlexSettings) -> PyResult<NaFlexSpec> {
+    let spec = NaFlexSpec {
+        patch_size: s.patch_size,
+        max_num_patches: s.max_num_patches,
+        min_num_patches: s.min_num_patches,
+        random_crop: s.random_crop,
+    };
+    spec.validate().map_err(PyValueError::new_err)?;
+    Ok(spec)
 }

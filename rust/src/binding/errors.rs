@@ -23,6 +23,13 @@ create_exception!(
     "A config key the core does not read: args = (key, kind, message)."
 );
 
+create_exception!(
+    _core,
+    MissingSetting,
+    PyValueError,
+    "A config key the core needs that is absent or None: args = (key, kind, message)."
+);
+
 pub(super) fn fault_to_py(f: Fault) -> PyErr {
     CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail, f.kind.as_str()))
 }

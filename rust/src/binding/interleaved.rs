@@ -7,8 +7,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{json_to_py, present, refuse_unknown, source_options, SOURCE_KEYS};
+use super::convert::{json_to_py, SourceSettings};
 use super::pipeline::{MetaToPy, Pipeline};
+use super::settings::{settings, tagged, Settings};
 use super::units::{count_list, share, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
     self, count_files, CaptionKeys, ChatFormat, DocumentSpec, InterleavedCount, InterleavedInput,
@@ -17,164 +18,227 @@ use crate::batch::interleaved::{
 use crate::plan::budget::BudgetShape;
 use crate::tokenize::DocumentEncoder;
 
-fn need<'py, T: FromPyObjectOwned<'py>>(config: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
-    present(config, key)?
-        .ok_or_else(|| PyValueError::new_err(format!("config needs {key}")))?
-        .extract()
-        .map_err(Into::into)
-}
-
-/// The vision spec of `config`: `vision_kind` "naflex" (`vision`: patch_size,
-/// max_num_patches) or else Qwen2-VL (`vision`: patch_size, merge_size, temporal_patch_size,
-/// min_pixels, max_pixels); `vision_tokens`: the start, end and pad tokens, looked up in
-/// `encoder`'s vocabulary.
-fn vision_spec(
-    config: &Bound<'_, PyDict>,
-    encoder: &DocumentEncoder,
-    tokenizer: &str,
-) -> PyResult<VisionSpec> {
-    let names: (String, String, String) = need(config, "vision_tokens")?;
-    let id = |name: &str| {
-        encoder.token_id(name).ok_or_else(|| {
-            PyValueError::new_err(format!("the tokenizer {tokenizer} has no token {name:?}"))
-        })
-    };
-    let (start, end, pad) = (id(&names.0)?, id(&names.1)?, id(&names.2)?);
-    let kind: Option<String> = present(config, "vision_kind")?
-        .map(|v| v.extract())
-        .transpose()?;
-    if kind.as_deref() == Some("naflex") {
-        let (patch_size, max_num_patches) = need(config, "vision")?;
-        return Ok(VisionSpec::NaFlex(NaFlexVlSpec {
-            patch_size,
-            max_num_patches,
-            image_start: start,
-            image_end: end,
-            image_pad: pad,
-        }));
+settings! {
+    /// The Qwen2-VL family's vision spec (`QwenVL.settings()` with `family` "qwen").
+    pub(super) struct QwenVision ("QwenVL vision spec") {
+        /// The tag: "qwen" (matched by `VisionSettings`, kept as a key it takes).
+        #[allow(dead_code)]
+        family: String,
+        patch_size: u32,
+        merge_size: u32,
+        temporal_patch_size: u32,
+        min_pixels: u64,
+        max_pixels: u64,
+        /// The (start, end, pad) tokens' names.
+        vision_tokens: [String; 3],
     }
-    let (patch_size, merge_size, temporal_patch_size, min_pixels, max_pixels) =
-        need(config, "vision")?;
-    Ok(VisionSpec::Qwen(QwenVlSpec {
-        patch_size,
-        merge_size,
-        temporal_patch_size,
-        min_pixels,
-        max_pixels,
-        vision_start: start,
-        vision_end: end,
-        image_pad: pad,
-    }))
 }
 
-/// The layout of `config["layout"]`: None (lists), or a dict with `kind` "conversations" (and
-/// `ChatFormat`'s fields, `roles` a dict) or "captions" (`image_keys`, `caption_key`).
-fn layout(config: &Bound<'_, PyDict>) -> PyResult<Layout> {
-    let Some(c) = present(config, "layout")? else {
-        return Ok(Layout::Lists);
-    };
-    let c = c.cast::<PyDict>()?;
-    let kind: String = need(c, "kind")?;
-    let keys: &[&str] = match kind.as_str() {
-        "captions" => &["kind", "image_keys", "caption_key"],
-        "conversations" => &[
-            "kind",
-            "field",
-            "placeholder",
-            "system",
-            "turn_start",
-            "turn_end",
-            "turn_separator",
-            "roles",
-            "assistant_only",
-        ],
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "layout kind must be 'conversations' or 'captions', not {other:?}"
-            )))
+settings! {
+    /// SigLIP 2's NaFlex vision spec (`NaFlexVL.settings()`, `family` "naflex").
+    pub(super) struct NaFlexVision ("NaFlexVL vision spec") {
+        /// The tag: "naflex" (matched by `VisionSettings`, kept as a key it takes).
+        #[allow(dead_code)]
+        family: String,
+        patch_size: u32,
+        max_num_patches: u32,
+        /// The (start, end, pad) tokens' names.
+        vision_tokens: [String; 3],
+    }
+}
+
+/// The interleaved kind's vision spec: a dict tagged by `family`, "qwen" or "naflex" (the
+/// Python specs' `core_config()["vision"]`).
+pub(super) enum VisionSettings {
+    /// `QwenVL`.
+    Qwen(QwenVision),
+    /// `NaFlexVL`.
+    NaFlex(NaFlexVision),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for VisionSettings {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let (family, dict) = tagged(obj, "family", "interleaved vision spec")?;
+        match family.as_str() {
+            "qwen" => Ok(Self::Qwen(QwenVision::from_config(&dict)?)),
+            "naflex" => Ok(Self::NaFlex(NaFlexVision::from_config(&dict)?)),
+            other => Err(PyValueError::new_err(format!(
+                "vision family must be 'qwen' or 'naflex', not {other:?}"
+            ))),
         }
-    };
-    refuse_unknown(c, &format!("interleaved {kind} layout"), &[keys])?;
-    if kind == "captions" {
-        return Ok(Layout::Captions(CaptionKeys {
-            image_keys: need(c, "image_keys")?,
-            caption_key: need(c, "caption_key")?,
-        }));
     }
-    let roles: std::collections::BTreeMap<String, String> = need(c, "roles")?;
-    Ok(Layout::Conversations(ChatFormat {
-        field: need(c, "field")?,
-        placeholder: need(c, "placeholder")?,
-        system: present(c, "system")?.map(|v| v.extract()).transpose()?,
-        turn_start: need(c, "turn_start")?,
-        turn_end: need(c, "turn_end")?,
-        turn_separator: need(c, "turn_separator")?,
-        roles: roles.into_iter().collect(),
-        assistant_only: need(c, "assistant_only")?,
-    }))
 }
 
-/// The encoder and spec of `config`: `tokenizer`, `eos_token`, `vision` (patch_size,
-/// merge_size, temporal_patch_size, min_pixels, max_pixels), `vision_tokens` (start, end, pad
-/// names), `texts`, `images`, `max_images_per_document`, `max_document_bytes`, `seq_len`,
-/// `batch_size`, `max_patches_per_batch`, `max_pixels`, `layout` (None or a dict).
-/// The keys of the interleaved kind's config besides the source's: the count's, then the
-/// pipeline's.
-const INTERLEAVED_KEYS: &[&str] = &[
-    "tokenizer",
-    "eos_token",
-    "vision_kind",
-    "vision",
-    "vision_tokens",
-    "texts",
-    "images",
-    "max_images_per_document",
-    "max_document_bytes",
-    "seq_len",
-    "batch_size",
-    "max_patches_per_batch",
-    "max_pixels",
-    "layout",
-    "threads",
-    "pad_id",
-];
+impl VisionSettings {
+    /// The core's spec, the tokens looked up in `encoder`'s vocabulary.
+    fn spec(&self, encoder: &DocumentEncoder, tokenizer: &str) -> PyResult<VisionSpec> {
+        let names = match self {
+            Self::Qwen(q) => &q.vision_tokens,
+            Self::NaFlex(n) => &n.vision_tokens,
+        };
+        let id = |name: &str| {
+            encoder.token_id(name).ok_or_else(|| {
+                PyValueError::new_err(format!("the tokenizer {tokenizer} has no token {name:?}"))
+            })
+        };
+        let (start, end, pad) = (id(&names[0])?, id(&names[1])?, id(&names[2])?);
+        Ok(match self {
+            Self::Qwen(q) => VisionSpec::Qwen(QwenVlSpec {
+                patch_size: q.patch_size,
+                merge_size: q.merge_size,
+                temporal_patch_size: q.temporal_patch_size,
+                min_pixels: q.min_pixels,
+                max_pixels: q.max_pixels,
+                vision_start: start,
+                vision_end: end,
+                image_pad: pad,
+            }),
+            Self::NaFlex(n) => VisionSpec::NaFlex(NaFlexVlSpec {
+                patch_size: n.patch_size,
+                max_num_patches: n.max_num_patches,
+                image_start: start,
+                image_end: end,
+                image_pad: pad,
+            }),
+        })
+    }
+}
 
+settings! {
+    /// The captions layout (`Captions.settings()`): image-text samples as one-image documents.
+    pub(super) struct CaptionsLayout ("interleaved captions layout") {
+        /// The tag: "captions" (matched by `LayoutSettings`, kept as a key it takes).
+        #[allow(dead_code)]
+        kind: String,
+        image_keys: Vec<String>,
+        caption_key: String,
+    }
+}
+
+settings! {
+    /// The conversations layout (`Conversations.settings()`): `ChatFormat`'s fields.
+    pub(super) struct ConversationsLayout ("interleaved conversations layout") {
+        /// The tag: "conversations" (matched by `LayoutSettings`, kept as a key it takes).
+        #[allow(dead_code)]
+        kind: String,
+        field: String,
+        placeholder: String,
+        system: Option<String> = None,
+        turn_start: String,
+        turn_end: String,
+        turn_separator: String,
+        roles: std::collections::BTreeMap<String, String>,
+        assistant_only: bool,
+    }
+}
+
+/// The interleaved kind's layout: a dict tagged by `kind` (None: the lists).
+pub(super) enum LayoutSettings {
+    /// Image-text samples.
+    Captions(CaptionsLayout),
+    /// Conversations.
+    Conversations(ConversationsLayout),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for LayoutSettings {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let (kind, dict) = tagged(obj, "kind", "interleaved layout")?;
+        match kind.as_str() {
+            "captions" => Ok(Self::Captions(CaptionsLayout::from_config(&dict)?)),
+            "conversations" => Ok(Self::Conversations(ConversationsLayout::from_config(
+                &dict,
+            )?)),
+            other => Err(PyValueError::new_err(format!(
+                "layout kind must be 'conversations' or 'captions', not {other:?}"
+            ))),
+        }
+    }
+}
+
+/// The core's layout of `layout` (None: the lists).
+fn layout(layout: Option<&LayoutSettings>) -> Layout {
+    match layout {
+        None => Layout::Lists,
+        Some(LayoutSettings::Captions(c)) => Layout::Captions(CaptionKeys {
+            image_keys: c.image_keys.clone(),
+            caption_key: c.caption_key.clone(),
+        }),
+        Some(LayoutSettings::Conversations(c)) => Layout::Conversations(ChatFormat {
+            field: c.field.clone(),
+            placeholder: c.placeholder.clone(),
+            system: c.system.clone(),
+            turn_start: c.turn_start.clone(),
+            turn_end: c.turn_end.clone(),
+            turn_separator: c.turn_separator.clone(),
+            roles: c.roles.clone().into_iter().collect(),
+            assistant_only: c.assistant_only,
+        }),
+    }
+}
+
+settings! {
+    /// The interleaved kind's config (`count_interleaved`'s and `InterleavedLoader`'s): the
+    /// count's keys, then the pipeline's (`threads`, `pad_id`).
+    pub(super) struct InterleavedSettings ("interleaved") {
+        /// Path of a `tokenizer.json`.
+        tokenizer: String,
+        eos_token: Option<String> = None,
+        vision: VisionSettings,
+        texts: String,
+        images: String,
+        max_images_per_document: u32,
+        max_document_bytes: u64,
+        seq_len: usize,
+        batch_size: usize,
+        max_patches_per_batch: u64,
+        max_pixels: u64,
+        /// None: the lists.
+        layout: Option<LayoutSettings> = None,
+        threads: usize = 1,
+        /// None: the EOS id.
+        pad_id: Option<u32> = None,
+    }
+    groups {
+        source: SourceSettings,
+    }
+}
+
+/// The settings, encoder and spec of `config`.
 fn interleaved_spec(
     config: &Bound<'_, PyDict>,
-) -> PyResult<(Arc<DocumentEncoder>, InterleavedSpec)> {
-    refuse_unknown(config, "interleaved", &[INTERLEAVED_KEYS, SOURCE_KEYS])?;
+) -> PyResult<(InterleavedSettings, Arc<DocumentEncoder>, InterleavedSpec)> {
+    let s = InterleavedSettings::from_config(config)?;
     let bad = |e: String| PyValueError::new_err(e);
-    let tokenizer: String = need(config, "tokenizer")?;
-    let eos: Option<String> = present(config, "eos_token")?
-        .map(|v| v.extract())
-        .transpose()?;
-    let encoder = DocumentEncoder::shared(&tokenizer, eos.as_deref(), None)
+    let encoder = DocumentEncoder::shared(&s.tokenizer, s.eos_token.as_deref(), None)
         .map_err(|e| bad(e.to_string()))?;
-    let vision = vision_spec(config, &encoder, &tokenizer)?;
     let spec = InterleavedSpec {
         documents: DocumentSpec {
-            texts: need(config, "texts")?,
-            images: need(config, "images")?,
-            max_images: need(config, "max_images_per_document")?,
-            max_document_bytes: need(config, "max_document_bytes")?,
-            layout: layout(config)?,
+            texts: s.texts.clone(),
+            images: s.images.clone(),
+            max_images: s.max_images_per_document,
+            max_document_bytes: s.max_document_bytes,
+            layout: layout(s.layout.as_ref()),
         },
-        vision,
+        vision: s.vision.spec(&encoder, &s.tokenizer)?,
         shape: PackShape {
-            seq_len: need(config, "seq_len")?,
-            rows: need(config, "batch_size")?,
-            max_patches: need(config, "max_patches_per_batch")?,
+            seq_len: s.seq_len,
+            rows: s.batch_size,
+            max_patches: s.max_patches_per_batch,
         },
-        max_pixels: need(config, "max_pixels")?,
+        max_pixels: s.max_pixels,
     };
     spec.validate(&encoder).map_err(bad)?;
-    Ok((encoder, spec))
+    Ok((s, encoder, spec))
 }
 
 /// (the tokenizer's fingerprint, eos id, (vision start, end, pad) ids) under `config`.
 #[pyfunction]
 pub fn interleaved_tokens(config: &Bound<'_, PyDict>) -> PyResult<(String, u32, (u32, u32, u32))> {
-    let (e, s) = interleaved_spec(config)?;
+    let (_, e, s) = interleaved_spec(config)?;
     Ok((e.fingerprint.clone(), e.eos, s.vision.token_ids()))
 }
 
@@ -190,8 +254,8 @@ pub fn count_interleaved<'py>(
     config: &Bound<'py, PyDict>,
     threads: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    let (encoder, spec) = interleaved_spec(config)?;
-    let opts = source_options(Some(config))?;
+    let (s, encoder, spec) = interleaved_spec(config)?;
+    let opts = s.source.options(py)?;
     let counted = py
         .detach(|| count_files(&urls, threads, &opts, &spec, &encoder))
         .map_err(PyValueError::new_err)?;
@@ -240,16 +304,16 @@ pub fn interleaved_pipeline(
     BudgetShape::one_batch_a_position((current.2, current.3, current.4))
         .map_err(PyValueError::new_err)?;
     let share = share(units, counts, reader)?;
-    let (encoder, spec) = interleaved_spec(config)?;
+    let (s, encoder, spec) = interleaved_spec(config)?;
     let input = Arc::new(InterleavedInput {
         units: share.units,
         unit_batches: share.weights,
-        pad_id: present(config, "pad_id")?.map_or(Ok(encoder.eos), |v| v.extract())?,
+        pad_id: s.pad_id.unwrap_or(encoder.eos),
         encoder,
         spec,
-        source: source_options(Some(config))?,
+        source: s.source.options(config.py())?,
     });
-    let threads = present(config, "threads")?.map_or(Ok(1), |v| v.extract())?;
+    let threads = s.threads;
     Ok(Pipeline::new(interleaved::start(
         input,
         &share.order,

@@ -4,7 +4,8 @@
 //! `plan` (plans, mixtures, the spans a reader reads),
 //! `index` (indexes and their subsets), `scan` (raw samples, shard validation, one image on its
 //! own), `text` (the tokenizer), `packed` (the packed text kind), `budget` (the NaFlex kind's token-budget batches),
-//! `units` (what the kinds planned over unit weights share), `errors` (the exception and the errors it carries) and
+//! `units` (what the kinds planned over unit weights share), `settings` (the typed config
+//! structs every config dict is read into), `errors` (the exception and the errors it carries) and
 //! `convert` (config dicts and JSON to and from Rust types).
 
 use pyo3::prelude::*;
@@ -19,11 +20,12 @@ mod packed;
 mod pipeline;
 mod plan;
 mod scan;
+mod settings;
 mod text;
 mod units;
 
 use convert::defaults_dict;
-use errors::{CoreFault, UnknownSetting};
+use errors::{CoreFault, MissingSetting, UnknownSetting};
 use index::DatasetIndex;
 use pipeline::Pipeline;
 use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
@@ -35,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
     m.add("UnknownSetting", m.py().get_type::<UnknownSetting>())?;
+    m.add("MissingSetting", m.py().get_type::<MissingSetting>())?;
     m.add("DEFAULTS", defaults_dict(m.py())?)?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Pipeline>()?;
@@ -62,5 +65,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::py_redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(plan::derive_seed, m)?)?;
     m.add_function(wrap_pyfunction!(plan::assign_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::settings_keys, m)?)?;
     Ok(())
 }

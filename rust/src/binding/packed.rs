@@ -6,8 +6,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{json_to_py, present, refuse_unknown, source_options, SOURCE_KEYS};
+use super::convert::{json_to_py, SourceSettings};
 use super::pipeline::{MetaToPy, Pipeline};
+use super::settings::{settings, Settings};
 use super::units::{count_list, plan, share, EndTuple, ReaderTuple, ShapeTuple, UnitTuple};
 use crate::batch::kit::sample::CaptionSource;
 use crate::batch::text::{
@@ -101,12 +102,12 @@ pub fn count_tokens<'py>(
     threads: usize,
     config: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    if let Some(config) = config {
-        refuse_unknown(config, "token count", &[SOURCE_KEYS])?;
-    }
+    let opts = match config {
+        Some(c) => CountSettings::from_config(c)?.source.options(py)?,
+        None => Default::default(),
+    };
     let enc = encoder(tokenizer, eos_token, bos_token)?;
     let spec = text_spec(text_key, max_document_bytes)?;
-    let opts = source_options(config)?;
     let counted = py
         .detach(|| {
             count_files(&urls, threads, &opts, |u, s| {
@@ -149,17 +150,31 @@ impl MetaToPy for RowsMeta {
     }
 }
 
-/// The keys of the packed text kind's config besides the source's.
-const PACKED_KEYS: &[&str] = &[
-    "text_key",
-    "tokenizer",
-    "eos_token",
-    "bos_token",
-    "max_document_bytes",
-    "threads",
-    "int32",
-    "boundaries",
-];
+settings! {
+    /// `count_tokens`'s `config`: the source's settings only (the rest are arguments).
+    pub(super) struct CountSettings ("token count") {}
+    groups {
+        source: SourceSettings,
+    }
+}
+
+settings! {
+    /// The packed text kind's config (`TextLoader`'s).
+    pub(super) struct PackedSettings ("packed text") {
+        text_key: String = "text".into(),
+        /// Path of a `tokenizer.json`.
+        tokenizer: String,
+        eos_token: Option<String> = None,
+        bos_token: Option<String> = None,
+        max_document_bytes: u64 = 64 << 20,
+        threads: usize = 1,
+        int32: bool = false,
+        boundaries: bool = false,
+    }
+    groups {
+        source: SourceSettings,
+    }
+}
 
 /// Starts the packed pipeline of one `reader` of the plan over `units` and their token
 /// `counts` (count order); `config`: text_key, tokenizer, eos_token, bos_token,
@@ -171,34 +186,22 @@ pub fn packed_pipeline(
     reader: ReaderTuple,
     config: &Bound<'_, PyDict>,
 ) -> PyResult<Pipeline> {
-    refuse_unknown(config, "packed text", &[PACKED_KEYS, SOURCE_KEYS])?;
+    let s = PackedSettings::from_config(config)?;
     let batch_size = reader.3 .2 as usize;
     let share = share(units, counts, reader)?;
-    let text_key: String =
-        present(config, "text_key")?.map_or(Ok("text".into()), |v| v.extract())?;
-    let tokenizer: String = present(config, "tokenizer")?
-        .ok_or_else(|| PyValueError::new_err("config needs tokenizer"))?
-        .extract()?;
-    let eos: Option<String> = present(config, "eos_token")?
-        .map(|v| v.extract())
-        .transpose()?;
-    let bos: Option<String> = present(config, "bos_token")?
-        .map(|v| v.extract())
-        .transpose()?;
-    let max_bytes = present(config, "max_document_bytes")?.map_or(Ok(64 << 20), |v| v.extract())?;
     let cfg = PackedConfig {
         batch_size,
-        threads: present(config, "threads")?.map_or(Ok(1), |v| v.extract())?,
-        int32: present(config, "int32")?.map_or(Ok(false), |v| v.extract())?,
-        boundaries: present(config, "boundaries")?.map_or(Ok(false), |v| v.extract())?,
+        threads: s.threads,
+        int32: s.int32,
+        boundaries: s.boundaries,
     };
     let input = Arc::new(StreamInput {
         units: share.units,
         unit_tokens: share.weights,
-        spec: text_spec(&text_key, max_bytes)?,
-        source: source_options(Some(config))?,
+        spec: text_spec(&s.text_key, s.max_document_bytes)?,
+        source: s.source.options(config.py())?,
     });
-    let enc = encoder(&tokenizer, eos.as_deref(), bos.as_deref())?;
+    let enc = encoder(&s.tokenizer, s.eos_token.as_deref(), s.bos_token.as_deref())?;
     let pipeline = text::start(input, &share.order, share.reader, enc, cfg);
     Ok(Pipeline::new(pipeline))
 }
