@@ -35,6 +35,17 @@ class CountsFile:
     WEIGHT: ClassVar[str]
     units: list[dict[str, Any]]
 
+    @property
+    def skipped(self) -> dict[str, int]:
+        """What the count skipped, by reason (documents or samples: ``bad_utf8``,
+        ``missing_text``, ``image_url_only``, ``corrupt_image``, ``too_few_patches``, ...)."""
+        return self._skipped()
+
+    def _padding(self, used: int, slots_key: str) -> float:
+        """The fraction of the units' ``slots_key`` slots (summed) that ``used`` leaves padding."""
+        slots = self._sum(slots_key)
+        return 1 - used / slots if slots else 0.0
+
     def _sum(self, key: str) -> int:
         """The units' ``key`` (tokens, documents, batches...), summed."""
         return sum(int(u[key]) for u in self.units)
@@ -100,6 +111,28 @@ class CountsFile:
                 reads.
         """
         return cls(**load(path, cls.FORMAT, cls.VERSION, cls.WHAT))
+
+
+class DocumentCounts(CountsFile):
+    """Counts of a kind that reads documents (:class:`~shardstream.TokenCounts`,
+    :class:`~shardstream.InterleavedCounts`): how many it counted."""
+
+    @property
+    def documents(self) -> int:
+        """Documents counted (skipped ones not)."""
+        return self._sum("documents")
+
+
+class BatchCounts(CountsFile):
+    """Counts of a kind whose units' weight is batches (:class:`~shardstream.InterleavedCounts`,
+    :class:`~shardstream.PatchCounts`)."""
+
+    WEIGHT: ClassVar[str] = "batches"
+
+    @property
+    def total_batches(self) -> int:
+        """Batches of the whole corpus (under the counts' batch shape or patch budget)."""
+        return self._sum("batches")
 
 
 def save(path: str | os.PathLike[str], fmt: str, version: int, fields: dict[str, Any]) -> None:

@@ -157,7 +157,7 @@ def _spec_of(settings: dict[str, Any]) -> QwenVL | NaFlexVL:
 
 
 @dataclass(frozen=True)
-class InterleavedCounts(counts_file.CountsFile):
+class InterleavedCounts(counts_file.DocumentCounts, counts_file.BatchCounts):
     """How many batches every unit of an interleaved corpus packs into: what
     :class:`InterleavedLoader` plans an epoch with. Made by :func:`count_interleaved`; saved and
     loaded as JSON (gzip when the path ends in ``.gz``).
@@ -186,7 +186,6 @@ class InterleavedCounts(counts_file.CountsFile):
     FORMAT: ClassVar[str] = COUNTS_FORMAT
     VERSION: ClassVar[int] = COUNTS_VERSION
     WHAT: ClassVar[str] = "interleaved counts"
-    WEIGHT: ClassVar[str] = "batches"
 
     @property
     def spec(self) -> QwenVL | NaFlexVL:
@@ -194,37 +193,20 @@ class InterleavedCounts(counts_file.CountsFile):
         return _spec_of(self.settings)
 
     @property
-    def total_batches(self) -> int:
-        """Batches of the whole corpus."""
-        return self._sum("batches")
-
-    @property
-    def documents(self) -> int:
-        """Documents packed (skipped ones not counted)."""
-        return self._sum("documents")
-
-    @property
     def tokens(self) -> int:
         """Tokens of the packed documents: text (with each EOS) and image runs."""
         return self._sum("text_tokens") + self._sum("image_tokens")
 
     @property
-    def skipped(self) -> dict[str, int]:
-        """Documents skipped, by reason (``misaligned_document``, ``image_url_only``, ...)."""
-        return self._skipped()
-
-    @property
     def padding(self) -> float:
         """The fraction of the batches' token slots that are padding."""
-        slots = self._sum("slots")
-        return 1 - self.tokens / slots if slots else 0.0
+        return self._padding(self.tokens, "slots")
 
     @property
     def padding_to_longest(self) -> float:
         """The same fraction without packing: ``batch_size`` documents at a time in file order,
         each batch padded to its longest document (what a padding collator gives)."""
-        slots = self._sum("padded_slots")
-        return 1 - self.tokens / slots if slots else 0.0
+        return self._padding(self.tokens, "padded_slots")
 
     def _identity_head(self) -> bytes:
         return json.dumps([self.fingerprint, self.settings], sort_keys=True).encode()
@@ -581,14 +563,12 @@ class InterleavedLoader(UnitPlanLoader):
         pin_memory: bool | None = None,
         source: SourceOptions | None = None,
     ) -> None:
-        self.counts = counts if isinstance(counts, InterleavedCounts) else InterleavedCounts.load(counts)
-        c = self.counts
+        c = self._load_counts(counts)
         self.spec = c.spec
         self.seq_len = int(c.settings["seq_len"])
         self.batch_size = int(c.settings["batch_size"])
-        self.seed = seed
-        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
-        self._config = {**self._read_units(source), **_core_config(c.tokenizer, c.settings)}
+        source_config = self._start_plan(seed, rank, world_size, threads, prefetch, pin_memory, source)
+        self._config = {**source_config, **_core_config(c.tokenizer, c.settings)}
         fingerprint, eos, vision = _core.interleaved_tokens(self._config)
         #: The (vision start, vision end, image pad) token ids.
         self.vision_token_ids: tuple[int, int, int] = tuple(vision)
@@ -606,6 +586,7 @@ class InterleavedLoader(UnitPlanLoader):
             f"fewer than the {self.world_size} ranks"
         )
 
+    _counts_type = InterleavedCounts
     # A document spans batches: as a mixture's source, a resume reads every batch left.
     _pads_later_phases = True
 

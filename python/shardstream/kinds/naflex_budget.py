@@ -65,7 +65,7 @@ def default_buckets(max_num_patches: int, bucket_patches: int | None) -> list[in
 
 
 @dataclass
-class PatchCounts(counts_file.CountsFile):
+class PatchCounts(counts_file.BatchCounts):
     """How many token-budget batches every unit of an image dataset makes: what
     :class:`NaFlexBudgetLoader` plans an epoch with. Made by :func:`count_patches`; saved and
     loaded as JSON (gzip when the path ends in ``.gz``).
@@ -96,15 +96,9 @@ class PatchCounts(counts_file.CountsFile):
     FORMAT: ClassVar[str] = COUNTS_FORMAT
     VERSION: ClassVar[int] = COUNTS_VERSION
     WHAT: ClassVar[str] = "patch counts"
-    WEIGHT: ClassVar[str] = "batches"
 
     def __post_init__(self) -> None:
         self.naflex = tuple(self.naflex)  # type: ignore[assignment]  # a list, read from JSON
-
-    @property
-    def total_batches(self) -> int:
-        """Batches of the whole dataset under the budget."""
-        return self._sum("batches")
 
     @property
     def images(self) -> int:
@@ -117,22 +111,15 @@ class PatchCounts(counts_file.CountsFile):
         return self._sum("samples")
 
     @property
-    def skipped(self) -> dict[str, int]:
-        """Samples that cannot be used, by reason (``corrupt_image``, ``too_few_patches``, ...)."""
-        return self._skipped()
-
-    @property
     def padding(self) -> float:
         """The fraction of patch slots that are padding in these batches."""
-        slots = sum(int(u["slots"]) for u in self.units)
-        return 1 - sum(int(u["patches"]) for u in self.units) / slots if slots else 0.0
+        return self._padding(self._sum("patches"), "slots")
 
     @property
     def fixed_count_padding(self) -> float:
         """The same fraction for fixed-count batches padded to ``max_num_patches`` (what
         ``ShardLoader(sample=NaFlex(...))`` yields)."""
-        slots = sum(int(u["fixed_slots"]) for u in self.units)
-        return 1 - sum(int(u["patches"]) for u in self.units) / slots if slots else 0.0
+        return self._padding(self._sum("patches"), "fixed_slots")
 
     def _identity_head(self) -> bytes:
         shape = [self.naflex, self.max_patches_per_batch, self.buckets, self.max_images_per_batch]
@@ -310,6 +297,8 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         ValueError: the dataset holds fewer batches than ranks.
     """
 
+    _counts_type = PatchCounts
+
     def __init__(
         self,
         counts: PatchCounts | str | os.PathLike[str],
@@ -329,8 +318,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
     ) -> None:
         from shardstream.text import resolve_tokenizer
 
-        self.counts = counts if isinstance(counts, PatchCounts) else PatchCounts.load(counts)
-        c = self.counts
+        c = self._load_counts(counts)
         patch_size, max_num_patches, min_num_patches = c.naflex
         # Validates the crop settings as the fixed-count kind does.
         self.naflex = NaFlex(
@@ -341,10 +329,8 @@ class NaFlexBudgetLoader(UnitPlanLoader):
             random_crop_scale=random_crop_scale,
             random_crop_ratio=random_crop_ratio,
         )
-        self.seed = seed
-        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
         self._config = {
-            **self._read_units(source),
+            **self._start_plan(seed, rank, world_size, threads, prefetch, pin_memory, source),
             **_core_config(c),
             "naflex": self.naflex.core_config()["naflex"],
         }

@@ -50,7 +50,7 @@ DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
-class TokenCounts(counts_file.CountsFile):
+class TokenCounts(counts_file.DocumentCounts):
     """How many tokens every unit of a corpus encodes to under one tokenizer: what
     :class:`TextLoader` plans an epoch with. Made by :func:`count_tokens`; saved and loaded as
     JSON (gzip when the path ends in ``.gz``).
@@ -92,16 +92,6 @@ class TokenCounts(counts_file.CountsFile):
     def total_tokens(self) -> int:
         """Tokens of the whole corpus (every document, with its EOS/BOS)."""
         return self._sum("tokens")
-
-    @property
-    def documents(self) -> int:
-        """Documents that encode to tokens (skipped ones not counted)."""
-        return self._sum("documents")
-
-    @property
-    def skipped(self) -> dict[str, int]:
-        """Documents skipped while counting, by reason (``bad_utf8``, ``missing_text``, ...)."""
-        return self._skipped()
 
     def _identity_head(self) -> bytes:
         return self.fingerprint.encode()
@@ -324,6 +314,8 @@ class TextLoader(UnitPlanLoader):
         epoch: The epoch the next pass reads (see :meth:`set_epoch`).
     """
 
+    _counts_type = TokenCounts
+
     def __init__(
         self,
         counts: TokenCounts | str | os.PathLike[str],
@@ -346,8 +338,7 @@ class TextLoader(UnitPlanLoader):
                 raise OptionError(name, f"must be a positive integer, not {value!r}")
         if dtype not in ("int64", "int32"):
             raise OptionError("dtype", f"must be 'int64' or 'int32', not {dtype!r}")
-        self.counts = counts if isinstance(counts, TokenCounts) else TokenCounts.load(counts)
-        c = self.counts
+        c = self._load_counts(counts)
         if not os.path.isfile(c.tokenizer):
             raise ValueError(f"the token counts' tokenizer file {c.tokenizer!r} does not exist")
         fingerprint, _, _ = _core.packed_encoder(c.tokenizer, c.eos_token, c.bos_token)
@@ -359,10 +350,10 @@ class TextLoader(UnitPlanLoader):
         #: True when documents are encoded by the fast byte-level BPE path (same ids as the
         #: tokenizers library); False: by the library, for the reason in ``fast_path_reason``.
         self.fast_path, self.fast_path_reason = _core.packed_fast_path(c.tokenizer, c.eos_token, c.bos_token)
-        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
+        self.batch_size, self.seq_len = batch_size, seq_len
         self.block_rows, self.boundaries, self.dtype = block_rows, boundaries, dtype
-        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
-        self._config = self._core_config(self._read_units(source))
+        source_config = self._start_plan(seed, rank, world_size, threads, prefetch, pin_memory, source)
+        self._config = self._core_config(source_config)
         need = self.world_size * batch_size * seq_len
         self._require_a_batch_per_rank(
             f"the corpus holds {c.total_tokens} tokens, less than one global batch "

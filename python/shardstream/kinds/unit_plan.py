@@ -5,10 +5,13 @@ per rank and DataLoader worker; this class holds the Python side of that plan on
 :class:`~shardstream._loader_base.LoaderBase` (rank and world, epochs, workers, buffers): ``len()``
 and the resume state (phases of batches done, re-planned onto another shape by arithmetic).
 
-A subclass sets ``counts`` (a :class:`~shardstream.kinds.counts_file.CountsFile`), calls
-:meth:`UnitPlanLoader._read_units` (the units, their weights and how their files are opened) and
-:meth:`UnitPlanLoader._require_a_batch_per_rank`, and gives ``_shape()``, ``_layout()``,
-``_iterate()`` (its reader's batches, in order) and ``stats``.
+A subclass names its counts class (``_counts_type``, a
+:class:`~shardstream.kinds.counts_file.CountsFile`); its constructor calls
+:meth:`UnitPlanLoader._load_counts` (the counts given, or loaded from a path), checks what it
+needs of them, calls :meth:`UnitPlanLoader._start_plan` (the seed, the loader's rank, threads and
+buffers, then the units, their weights and how their files are opened) and, once it knows its
+shape, :meth:`UnitPlanLoader._require_a_batch_per_rank`; and it gives ``_shape()``,
+``_layout()``, ``_iterate()`` (its reader's batches, in order) and ``stats``.
 
 A mixture (:class:`~shardstream.kinds.row_mixture.RowMixture`) may end its sources' epochs
 early: it sets ``_epoch_batches``, which gives the batches per rank its epoch has on the world
@@ -22,11 +25,12 @@ position left, the ranks short of a batch getting one of padding (the core's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from shardstream import _core
 from shardstream._loader_base import LoaderBase
 from shardstream.config import SourceOptions
+from shardstream.kinds.counts_file import CountsFile
 
 STATE_FORMAT = "shardstream-packed-state"
 STATE_VERSION = 1
@@ -41,6 +45,8 @@ class UnitPlanLoader(LoaderBase):
     _min_workers = 1
     _persistent_workers = False
 
+    #: The kind's counts class: what ``counts`` is, or is loaded as from a path.
+    _counts_type: ClassVar[type[CountsFile]]
     counts: Any
     seed: int
     #: The units as the core takes them: (url, first row, rows or None, identity or None).
@@ -57,6 +63,31 @@ class UnitPlanLoader(LoaderBase):
 
     def _shape(self) -> Shape:
         raise NotImplementedError
+
+    def _load_counts(self, counts: Any) -> Any:
+        """Sets ``counts``: ``counts`` itself when it is of the kind's counts class, else the
+        counts loaded from that path; returns them."""
+        kind = self._counts_type
+        self.counts = counts if isinstance(counts, kind) else kind.load(counts)
+        return self.counts
+
+    def _start_plan(
+        self,
+        seed: int,
+        rank: int | None,
+        world_size: int | None,
+        threads: int | None,
+        prefetch: int,
+        pin_memory: bool | None,
+        source: SourceOptions | None,
+    ) -> dict[str, Any]:
+        """The constructor's part every such loader shares, after its counts are loaded and
+        checked: sets ``seed``, starts the loader (rank, world, threads, buffers) and reads the
+        counts' units (:meth:`_read_units`); returns the source configuration the core opens the
+        units with."""
+        self.seed = seed
+        self._init_loader(rank, world_size, threads, prefetch, pin_memory)
+        return self._read_units(source)
 
     def _read_units(self, source: SourceOptions | None) -> dict[str, Any]:
         """Takes the counts' units and weights (``_units``, ``_weights``, ``_total``, summed once:

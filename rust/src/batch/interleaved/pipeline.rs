@@ -43,6 +43,7 @@ use super::vision::VisionSpec;
 use super::InterleavedSpec;
 use crate::batch::kit::sample::{Rejection, Worker};
 // The kit's `Unit` under its old name, so that this file's body is unchanged by the move.
+use crate::batch::kit::read_thread::{self, ChunkBounds};
 use crate::batch::kit::unit::Unit;
 use crate::batch::kit::visits::{visits, Visit};
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
@@ -166,11 +167,8 @@ enum Fate {
     Cut { counted_here: bool },
 }
 
-enum Chunk {
-    Docs(Vec<DocumentResult>),
-    End,
-    Failed(Fault),
-}
+/// What the read thread sends: a unit's documents, in chunks.
+type Chunk = read_thread::Chunk<DocumentResult>;
 
 /// The running interleaved pipeline of one reader.
 pub type InterleavedPipeline = Pipeline<InterleavedBatches, InterleavedStats>;
@@ -248,7 +246,8 @@ pub fn start(
     })
 }
 
-/// Sends every visited unit's documents, in chunks, until the batcher is done with it.
+/// Sends every visited unit's documents, in chunks, until the batcher is done with it (the
+/// kit's walk; a visit the batcher finished before it is opened is skipped).
 fn read_visits(
     visits: &[Visit],
     input: &InterleavedInput,
@@ -257,57 +256,18 @@ fn read_visits(
     stop: &AtomicBool,
     out: &Sender<(usize, Chunk)>,
 ) {
-    for (i, visit) in visits.iter().enumerate() {
-        let done = || finished.load(Ordering::Relaxed) > i || stop.load(Ordering::Relaxed);
-        if done() {
-            continue;
-        }
+    let open = |visit: &Visit| {
         let unit = &input.units[visit.unit as usize];
-        let mut docs = match UnitDocuments::open(unit, &input.spec.documents, &input.source, source)
-        {
-            Ok(d) => d,
-            Err(fault) => {
-                let _ = out.send((i, Chunk::Failed(fault)));
-                return;
-            }
-        };
-        let (mut chunk, mut bytes) = (Vec::with_capacity(CHUNK), 0usize);
-        loop {
-            if done() {
-                break;
-            }
-            match docs.next_document() {
-                Some(Ok(doc)) => {
-                    bytes += doc.as_ref().map_or(0, |d| d.bytes());
-                    chunk.push(doc);
-                    if chunk.len() >= CHUNK || bytes >= CHUNK_BYTES {
-                        bytes = 0;
-                        if out
-                            .send((i, Chunk::Docs(std::mem::take(&mut chunk))))
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                }
-                Some(Err(fault)) => {
-                    let _ = out.send((i, Chunk::Failed(fault)));
-                    return;
-                }
-                None => {
-                    let last = (!chunk.is_empty()).then_some((i, Chunk::Docs(chunk)));
-                    if last
-                        .into_iter()
-                        .chain([(i, Chunk::End)])
-                        .any(|c| out.send(c).is_err())
-                    {
-                        return;
-                    }
-                    break;
-                }
-            }
-        }
-    }
+        let mut docs = UnitDocuments::open(unit, &input.spec.documents, &input.source, source)?;
+        Ok(move || docs.next_document())
+    };
+    let bounds = ChunkBounds {
+        items: CHUNK,
+        bytes: CHUNK_BYTES,
+    };
+    let size = |doc: &DocumentResult| doc.as_ref().map_or(0, |d| d.bytes());
+    let finished = |i: usize| finished.load(Ordering::Relaxed) > i;
+    read_thread::read_visits(visits, bounds, open, size, finished, stop, out);
 }
 
 /// The interleaved kind on the pipeline.
@@ -391,7 +351,7 @@ impl InterleavedBatches {
             }
             match chunk {
                 Chunk::Failed(fault) => return Err(fault),
-                Chunk::Docs(docs) => {
+                Chunk::Items(docs) => {
                     let started = Instant::now();
                     let measured = measure_chunk(docs, &self.input.spec, &self.input.encoder, true);
                     self.stats

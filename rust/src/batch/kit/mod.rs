@@ -5,6 +5,9 @@
 //!   content identity it was counted with) that every planned kind reads;
 //! - `visits`: a reader's visits (`visits`, `Visit`), the ranges of the planned stream it reads,
 //!   per unit touched, that a kind's read thread walks;
+//! - `read_thread`: that walk (`read_visits`): each visited unit opened and its items sent in
+//!   chunks (`Chunk`, `ChunkBounds`) until the consumer is done with it, the kind giving how a
+//!   unit is opened and what its next item is;
 //! - `sample`: how an image-text sample is taken (`CaptionSource`, `SampleSpec`, `caption`,
 //!   `image_bytes`), a refusal (`Rejection`), the per-thread decoder (`Worker`) and an image's
 //!   header read under the pixel cap before anything is decoded (`probe_capped`);
@@ -17,6 +20,7 @@
 
 pub mod columns;
 pub mod patches;
+pub mod read_thread;
 pub mod sample;
 pub mod unit;
 pub mod visits;

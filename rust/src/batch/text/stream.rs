@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use super::documents::{Document, TextSpec, UnitDocuments};
 use super::stats::PackedStats;
+use crate::batch::kit::read_thread::{self, read_visits, ChunkBounds};
 use crate::batch::kit::unit::Unit;
 use crate::batch::kit::visits::Visit;
 use crate::error::{Fault, Reason, SourceKind};
@@ -27,12 +28,8 @@ const CHUNK_BYTES: usize = 1 << 20;
 /// Chunks the document thread reads ahead.
 const CHUNKS_AHEAD: usize = 4;
 
-enum Chunk {
-    Docs(Vec<Document>),
-    /// The unit's documents ended (all read).
-    End,
-    Failed(Fault),
-}
+/// What the document thread sends: a unit's documents, in chunks.
+type Chunk = read_thread::Chunk<Document>;
 
 /// What the reader is given: every unit and its count, and where it reads.
 pub struct StreamInput {
@@ -79,62 +76,19 @@ impl TokenStream {
             std::thread::Builder::new()
                 .name("shardstream-text-read".into())
                 .spawn(move || {
-                    for (i, visit) in visits.iter().enumerate() {
+                    let open = |visit: &Visit| {
                         let unit = &input.units[visit.unit as usize];
-                        let mut docs = match UnitDocuments::open(
-                            unit,
-                            &input.spec,
-                            &input.source,
-                            &stats.source,
-                        ) {
-                            Ok(d) => d,
-                            Err(f) => {
-                                let _ = tx.send((i, Chunk::Failed(f)));
-                                return;
-                            }
-                        };
-                        let mut chunk = Vec::with_capacity(CHUNK_DOCS);
-                        let mut bytes = 0usize;
-                        loop {
-                            if stop.load(Ordering::Relaxed) {
-                                return;
-                            }
-                            if done_with.load(Ordering::Relaxed) == i {
-                                break;
-                            }
-                            match docs.next_document() {
-                                None => {
-                                    if !chunk.is_empty()
-                                        && tx.send((i, Chunk::Docs(chunk))).is_err()
-                                    {
-                                        return;
-                                    }
-                                    if tx.send((i, Chunk::End)).is_err() {
-                                        return;
-                                    }
-                                    break;
-                                }
-                                Some(Err(f)) => {
-                                    let _ = tx.send((i, Chunk::Failed(f)));
-                                    return;
-                                }
-                                Some(Ok(doc)) => {
-                                    bytes += doc.as_ref().map_or(0, String::len);
-                                    chunk.push(doc);
-                                    if chunk.len() >= CHUNK_DOCS || bytes >= CHUNK_BYTES {
-                                        let full = std::mem::replace(
-                                            &mut chunk,
-                                            Vec::with_capacity(CHUNK_DOCS),
-                                        );
-                                        bytes = 0;
-                                        if tx.send((i, Chunk::Docs(full))).is_err() {
-                                            return;
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
+                        let mut docs =
+                            UnitDocuments::open(unit, &input.spec, &input.source, &stats.source)?;
+                        Ok(move || docs.next_document())
+                    };
+                    let bounds = ChunkBounds {
+                        items: CHUNK_DOCS,
+                        bytes: CHUNK_BYTES,
+                    };
+                    let size = |doc: &Document| doc.as_ref().map_or(0, String::len);
+                    let finished = |i: usize| done_with.load(Ordering::Relaxed) == i;
+                    read_visits(&visits, bounds, open, size, finished, &stop, &tx);
                 })
                 .expect("spawning the text reader thread");
         }
@@ -202,7 +156,7 @@ impl TokenStream {
                 }
                 Err(internal("a unit ended inside its planned ranges"))
             }
-            Chunk::Docs(docs) => {
+            Chunk::Items(docs) => {
                 let started = Instant::now();
                 let encoder = &self.encoder;
                 let encoded: Vec<Result<Vec<u32>, Fault>> = docs
