@@ -281,23 +281,25 @@ impl PackedPlan {
 
     /// Tokens of the current phase that no rank reads: the epoch's remainder.
     pub fn remainder_tokens(&self) -> u64 {
-        let (i, phase) = self.current();
-        let len = ranges_len(&self.stream());
-        let assigned = self.batches_per_rank(i, len)
-            * phase.shape.world_size as u64
-            * phase.shape.batch_tokens();
+        let (len, assigned) = self.stream_and_shares();
         len.saturating_sub(assigned)
     }
 
     /// Positions of the current phase's shares past the stream's end: padding (only in a
     /// padded later phase).
     pub fn padding_tokens(&self) -> u64 {
+        let (len, assigned) = self.stream_and_shares();
+        assigned.saturating_sub(len)
+    }
+
+    /// The current phase's stream length and the positions its ranks' shares cover.
+    fn stream_and_shares(&self) -> (u64, u64) {
         let (i, phase) = self.current();
         let len = ranges_len(&self.stream());
-        let assigned = self.batches_per_rank(i, len)
-            * phase.shape.world_size as u64
-            * phase.shape.batch_tokens();
-        assigned.saturating_sub(len)
+        let shape = phase.shape;
+        let assigned =
+            self.batches_per_rank(i, len) * shape.world_size as u64 * shape.batch_tokens();
+        (len, assigned)
     }
 
     /// The remainder's ranges (stream positions).
