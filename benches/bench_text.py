@@ -80,7 +80,7 @@ def part1_tokenizer(args: argparse.Namespace) -> None:
 
     import numpy as np
     import open_clip
-    from shardstream.text import rust_tokenizer
+    from shardstream.tokenizer import rust_tokenizer
 
     captions = real_captions()
     rust = rust_tokenizer("ViT-B-32")

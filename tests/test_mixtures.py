@@ -48,7 +48,7 @@ def source_of(key: str) -> str:
 
 
 def quotas_of(sources) -> dict[str, int]:
-    from shardstream.mixture import MixturePlanner
+    from shardstream.planned_mixture import MixturePlanner
 
     return MixturePlanner([Source(**s) for s in sources], None).quotas
 
@@ -89,7 +89,7 @@ def test_bad_shares_and_sources_get_clear_errors(mixture, tmp_path):
 
 def test_fixed_counts_and_epoch_length(mixture):
     _, sources, _ = mixture
-    from shardstream.mixture import MixturePlanner
+    from shardstream.planned_mixture import MixturePlanner
 
     planner = MixturePlanner(
         [Source(index=sources[0]["index"], samples_per_epoch=50, name="a"),

@@ -14,7 +14,7 @@ import shardstream
 from epoch_runs import run
 from parquet_corpus import row_groups, write_pairs
 from shardstream.index import build_index, load_index, write_index
-from shardstream.mixture import Source
+from shardstream.planned_mixture import Source
 
 COUNTS = [10, 7, 12]  # row groups of 4: 3, 2 and 3 per file, the last ones short
 HF = {"caption_key": "text", "image_keys": ["image"]}

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from corpus import good_samples, sample_members, tar_bytes, write_file  # noqa: E402
 from servers import CAPTIONS_PARQUET, real_captions  # noqa: E402
 from shardstream import ShardLoader  # noqa: E402
-from shardstream.text import resolve_tokenizer, rust_tokenizer  # noqa: E402
+from shardstream.tokenizer import resolve_tokenizer, rust_tokenizer  # noqa: E402
 
 TORTURE = [
     "",

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 from corpus import good_samples, good_shard, sample_members, tar_bytes, write_file  # noqa: E402
 from servers import CAPTIONS_PARQUET  # noqa: E402
 from shardstream import ShardLoader  # noqa: E402
-from shardstream.text import resolve_tokenizer  # noqa: E402
+from shardstream.tokenizer import resolve_tokenizer  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tokenizers")
 NAMES = ("captions-bpe.json", "captions-wordpiece.json")

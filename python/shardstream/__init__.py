@@ -60,7 +60,7 @@ from shardstream.errors import (
 )
 from shardstream.index import build_index, write_index
 from shardstream.kinds import NaFlex, NaFlexBatch
-from shardstream.mixture import Source
+from shardstream.planned_mixture import Source
 from shardstream.samples import read_samples
 from shardstream.writer import ShardWriter
 

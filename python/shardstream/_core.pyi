@@ -374,14 +374,14 @@ class ClipTokenizer:
 # -- the packed text kind (rust/src/binding/packed.rs) ---------------------------------------------
 
 #: (world_size, workers, batch_size, seq_len, block_rows) of a packed plan's phase.
-PackShape = tuple[int, int, int, int, int]
+StreamShape = tuple[int, int, int, int, int]
 #: (the stream's planned end, whether phases after the first are padded): the end is the units'
 #: total weight, or less where a mixture's epoch ends first; a padded phase reads every position
 #: left, the ranks short of a batch getting padding.
 PlanEnd = tuple[int, bool]
 #: (seed, epoch, earlier phases with their batches done, current shape, rank, worker, end): one
 #: reader of one epoch's plan over unit weights.
-PlanReader = tuple[int, int, Sequence[tuple[PackShape, int]], PackShape, int, int, PlanEnd]
+PlanReader = tuple[int, int, Sequence[tuple[StreamShape, int]], StreamShape, int, int, PlanEnd]
 
 def packed_encoder(
     tokenizer: str, eos_token: str | None = None, bos_token: str | None = None
@@ -417,7 +417,7 @@ def count_tokens(
     Config keys (kind "token count"): the source options."""
 
 def packed_plan_counts(
-    end: PlanEnd, seed: int, epoch: int, phases: Sequence[tuple[PackShape, int]], current: PackShape
+    end: PlanEnd, seed: int, epoch: int, phases: Sequence[tuple[StreamShape, int]], current: StreamShape
 ) -> tuple[int, int, int, int]:
     """(batches per rank left from the recorded position, the current phase's batches per rank,
     positions of the remainder, positions of padding) of an epoch's packed plan up to ``end``."""

@@ -245,7 +245,7 @@ class ShardLoader(LoaderBase):
         self.sample = sample
         if sample is not None:
             self._config.update(sample.core_config())
-        from shardstream.text import resolve_tokenizer
+        from shardstream.tokenizer import resolve_tokenizer
 
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
         self._tokenizer = resolve_tokenizer(tokenizer, context_length) if tokenizer is not None else None
@@ -257,7 +257,7 @@ class ShardLoader(LoaderBase):
         self._plan = None
         self._source_names: list[str] | None = None
         if sources is not None:
-            from shardstream.mixture import MixturePlanner
+            from shardstream.planned_mixture import MixturePlanner
 
             mixture = MixturePlanner(list(sources), samples_per_epoch, **source_options)
             self._plan = mixture

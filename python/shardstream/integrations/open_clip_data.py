@@ -182,7 +182,7 @@ def loader_tokenizer(args: Any) -> str | None:
     """The model name for the loader's Rust tokenizer, or None when it cannot reproduce the
     model's tokenizer (not open_clip's CLIP BPE, or --force-context-length): open_clip's own
     tokenizer then runs on the captions, in Python."""
-    from shardstream.text import resolve_tokenizer
+    from shardstream.tokenizer import resolve_tokenizer
 
     if args.force_context_length is not None:
         return None

@@ -9,7 +9,7 @@ Two steps, as for text corpora (a count, then a loader):
    row group at a time; a tar shard) packs into: a small JSON file (:class:`InterleavedCounts`),
    O(units).
 2. :class:`InterleavedLoader` cuts the epoch's stream of batches (units in a seeded order) into
-   equal shares per rank and worker (``plan::packed`` in the Rust core, a batch a position):
+   equal shares per rank and worker (``plan::unit_stream`` in the Rust core, a batch a position):
    every rank yields the same number of batches, every usable document is in exactly one batch
    per epoch (except the remainder, fewer batches than the world size, reported in ``stats``),
    and ``state_dict`` / ``load_state_dict`` continue at the exact next batch, also onto another

@@ -8,7 +8,7 @@ Two steps, as for text corpora (a count, then a loader):
    image headers, and records how many batches its images make under the budget: a small JSON
    file (:class:`PatchCounts`), O(units).
 2. :class:`NaFlexBudgetLoader` cuts the epoch's stream of batches (units in a seeded order) into
-   equal shares per rank and DataLoader worker (``plan::packed`` in the Rust core, a batch a
+   equal shares per rank and DataLoader worker (``plan::unit_stream`` in the Rust core, a batch a
    position): every rank yields the same number of batches, every usable image is in exactly
    one batch per epoch (except the batches of the remainder, fewer than the world size, reported
    in ``stats``), and ``state_dict`` / ``load_state_dict`` continue at the exact next batch, also
@@ -316,7 +316,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         pin_memory: bool | None = None,
         source: SourceOptions | None = None,
     ) -> None:
-        from shardstream.text import resolve_tokenizer
+        from shardstream.tokenizer import resolve_tokenizer
 
         c = self._load_counts(counts)
         patch_size, max_num_patches, min_num_patches = c.naflex

@@ -9,7 +9,7 @@ Two steps, as for images (an index, then a loader):
    Parquet row group, a JSONL file, a tar shard) encodes to under the tokenizer: a small JSON file
    (:class:`TokenCounts`), O(units), never O(documents).
 2. :class:`TextLoader` cuts the epoch's token stream into equal shares per rank from those
-   counts (``plan::packed`` in the Rust core): every rank yields the same number of full rows,
+   counts (``plan::unit_stream`` in the Rust core): every rank yields the same number of full rows,
    every token of every document is in exactly one row per epoch (except the remainder,
    shorter than one global batch, reported in ``stats``), and ``state_dict`` /
    ``load_state_dict`` continue at the exact next token, also onto another world size.

@@ -1,7 +1,7 @@
 """Mixtures of text corpora by token weight: e.g. FineWeb-Edu 0.7 and The Stack 0.3, every batch
 holding each corpus's share of rows (stratified per batch, exactly), resumable.
 
-Each corpus is read by its own :class:`~shardstream.TextLoader` (``plan::packed``); how shares,
+Each corpus is read by its own :class:`~shardstream.TextLoader` (``plan::unit_stream``); how shares,
 epochs and states work is :mod:`shardstream.kinds.row_mixture`'s, written once for every mixture.
 """
 

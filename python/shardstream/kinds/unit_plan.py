@@ -1,5 +1,5 @@
 """What the kinds planned over units by weight share: the text kind (tokens per unit) and the
-NaFlex kind's token-budget batches (batches per unit). The Rust core's ``plan::packed`` cuts the
+NaFlex kind's token-budget batches (batches per unit). The Rust core's ``plan::unit_stream`` cuts the
 epoch's stream of positions (units in a seeded order, each its weight long) into equal shares
 per rank and DataLoader worker; this class holds the Python side of that plan on top of
 :class:`~shardstream._loader_base.LoaderBase` (rank and world, epochs, workers, buffers): ``len()``
@@ -20,7 +20,7 @@ every position it plans is read (its documents cut by that end are the pipeline'
 After a resume onto another world size, what is left of that stream seldom divides among the
 new ranks: a kind whose documents must be read whole (``_pads_later_phases``) then reads every
 position left, the ranks short of a batch getting one of padding (the core's
-``plan::packed::Rest::Padded``); the others leave those positions as the phase's remainder.
+``plan::unit_stream::Rest::Padded``); the others leave those positions as the phase's remainder.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def loader_tokenizer(cfg: Config, context_length: int | None) -> dict[str, objec
     tokenizer.json) at the model's context length, or the model's own name when the Rust pipeline
     reproduces its tokenizer (open_clip's CLIP BPE). Empty for any other: the step then tokenizes
     ``batch.texts`` itself with the model's tokenizer."""
-    from shardstream.text import resolve_tokenizer
+    from shardstream.tokenizer import resolve_tokenizer
 
     if cfg.model.tokenizer:
         from shardstream.train.model import tokenizer_json_path

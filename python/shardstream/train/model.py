@@ -70,7 +70,7 @@ def _json_tokenizer(path: str, context_length: int) -> Callable[[list[str]], tor
     prompts, or captions when the loader does not tokenize): the same tokens the loader makes."""
     import numpy as np
 
-    from shardstream.text import rust_tokenizer_of
+    from shardstream.tokenizer import rust_tokenizer_of
 
     try:
         rust = rust_tokenizer_of(("json", path, context_length))

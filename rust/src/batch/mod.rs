@@ -10,7 +10,7 @@
 //!   the Parquet columns a sample spec reads, and the NaFlex patch slot.
 //! - One folder a kind, side by side: `square` (image-text samples as `[3, S, S]` pixels, and the
 //!   sample pipeline that also lays out NaFlex slots at a fixed count), `naflex` (token-budget
-//!   NaFlex batches), `text` (documents packed into token rows, planned by `plan::packed`) and
+//!   NaFlex batches), `text` (documents packed into token rows, planned by `plan::unit_stream`) and
 //!   `interleaved` (documents of text and images packed into rows with their patches).
 //!
 //! A kind imports the kit, `pipeline`, `units` and the stages below (`read`, `image`,

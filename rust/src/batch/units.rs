@@ -12,7 +12,7 @@ use rayon::prelude::*;
 // The kit's `Unit` under its old name, so that this file's body is unchanged by the move.
 use crate::batch::kit::unit::Unit;
 use crate::error::{Fault, Reason, SourceKind};
-use crate::plan::packed::{PackedPlan, PackedReader, Span, UnitOrder};
+use crate::plan::unit_stream::{Span, StreamPlan, StreamReader, UnitOrder};
 use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::source::{object_version, redact_url, Expected, SourceOptions, SourceStats};
 
@@ -120,7 +120,7 @@ pub struct UnitShare {
     pub units: Arc<Vec<Unit>>,
     pub weights: Arc<Vec<u64>>,
     pub order: UnitOrder,
-    pub reader: PackedReader,
+    pub reader: StreamReader,
     /// The stream's positions no reader reads this epoch: the current phase's remainder, and
     /// what lies past the plan's end (a mixture plans a source's stream only up to where the
     /// mixture's epoch ends).
@@ -134,7 +134,7 @@ impl UnitShare {
     pub fn new(
         units: Vec<Unit>,
         weights: Vec<u64>,
-        plan: &PackedPlan,
+        plan: &StreamPlan,
         (seed, epoch): (u64, u64),
         (rank, worker): (u32, u32),
     ) -> Result<Self, String> {

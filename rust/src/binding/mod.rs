@@ -3,25 +3,25 @@
 //! `pipeline` (the running pipeline of any kind), `loader` (starting the sample kinds'),
 //! `plan` (plans, mixtures, the spans a reader reads),
 //! `index` (indexes and their subsets), `scan` (raw samples, shard validation, one image on its
-//! own), `text` (the tokenizer), `packed` (the packed text kind), `budget` (the NaFlex kind's token-budget batches),
-//! `units` (what the kinds planned over unit weights share), `settings` (the typed config
+//! own), `tokenizer` (the tokenizer on its own), `text` (the packed text kind), `naflex` (the NaFlex
+//! kind's token-budget batches), `interleaved` (the VLM documents kind), `units` (what the kinds planned over unit weights share), `settings` (the typed config
 //! structs every config dict is read into), `errors` (the exception and the errors it carries) and
 //! `convert` (config dicts and JSON to and from Rust types).
 
 use pyo3::prelude::*;
 
-mod budget;
 mod convert;
 mod errors;
 mod index;
 mod interleaved;
 mod loader;
-mod packed;
+mod naflex;
 mod pipeline;
 mod plan;
 mod scan;
 mod settings;
 mod text;
+mod tokenizer;
 mod units;
 
 use convert::defaults_dict;
@@ -30,7 +30,7 @@ use index::DatasetIndex;
 use pipeline::Pipeline;
 use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
 use scan::SampleIter;
-use text::PyClipTokenizer;
+use tokenizer::PyClipTokenizer;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -48,17 +48,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MixturePlan>()?;
     m.add_class::<PlannedSpans>()?;
     m.add_class::<PyClipTokenizer>()?;
-    m.add_function(wrap_pyfunction!(packed::packed_pipeline, m)?)?;
-    m.add_function(wrap_pyfunction!(budget::budget_pipeline, m)?)?;
-    m.add_function(wrap_pyfunction!(budget::count_patches, m)?)?;
+    m.add_function(wrap_pyfunction!(text::packed_pipeline, m)?)?;
+    m.add_function(wrap_pyfunction!(naflex::budget_pipeline, m)?)?;
+    m.add_function(wrap_pyfunction!(naflex::count_patches, m)?)?;
     m.add_function(wrap_pyfunction!(interleaved::interleaved_pipeline, m)?)?;
     m.add_function(wrap_pyfunction!(interleaved::count_interleaved, m)?)?;
     m.add_function(wrap_pyfunction!(interleaved::interleaved_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(packed::count_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(packed::packed_plan_counts, m)?)?;
-    m.add_function(wrap_pyfunction!(packed::packed_encoder, m)?)?;
-    m.add_function(wrap_pyfunction!(packed::packed_fast_path, m)?)?;
-    m.add_function(wrap_pyfunction!(packed::packed_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(text::count_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(text::packed_plan_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(text::packed_encoder, m)?)?;
+    m.add_function(wrap_pyfunction!(text::packed_fast_path, m)?)?;
+    m.add_function(wrap_pyfunction!(text::packed_encode, m)?)?;
     m.add_function(wrap_pyfunction!(scan::scan_shard, m)?)?;
     m.add_function(wrap_pyfunction!(scan::probe_image, m)?)?;
     m.add_function(wrap_pyfunction!(scan::decode_image, m)?)?;

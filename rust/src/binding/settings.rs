@@ -157,12 +157,12 @@ pub(super) use settings;
 /// "sample". An unknown kind is a `ValueError` naming the kinds.
 #[pyfunction]
 pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
-    use super::budget::BudgetSettings;
+    use super::naflex::BudgetSettings;
     use super::convert::{LoaderSettings, NaFlexSettings, SampleSettings, SourceSettings};
     use super::interleaved::{
         CaptionsLayout, ConversationsLayout, InterleavedSettings, NaFlexVision, QwenVision,
     };
-    use super::packed::{CountSettings, PackedSettings};
+    use super::text::{CountSettings, PackedSettings};
     type Keys = fn() -> Vec<&'static str>;
     let kinds: [(&str, Keys); 12] = [
         (LoaderSettings::KIND, LoaderSettings::keys),

@@ -9,7 +9,7 @@ use super::convert::json_to_py;
 use crate::batch::kit::unit::Unit;
 use crate::batch::units::{Counted, UnitShare};
 use crate::error::Fault;
-use crate::plan::packed::{PackPhase, PackShape, PackedPlan, Rest};
+use crate::plan::unit_stream::{Rest, StreamPhase, StreamPlan, StreamShape};
 
 /// (world_size, workers, batch_size, seq_len, block_rows)
 pub(super) type ShapeTuple = (u32, u32, u32, u32, u32);
@@ -28,11 +28,11 @@ pub(super) type ReaderTuple = (
 );
 /// (the stream's planned end, whether later phases are padded): the end is the units' total
 /// weight, or less where a mixture's epoch ends first; a mixture's source pads its later phases
-/// (`plan::packed::Rest::Padded`) so that it reads everything up to that end.
+/// (`plan::unit_stream::Rest::Padded`) so that it reads everything up to that end.
 pub(super) type EndTuple = (u64, bool);
 
-fn shape(t: ShapeTuple) -> PackShape {
-    PackShape {
+fn shape(t: ShapeTuple) -> StreamShape {
+    StreamShape {
         world_size: t.0,
         workers: t.1,
         batch_size: t.2,
@@ -48,10 +48,10 @@ pub(super) fn plan(
     epoch: u64,
     phases: Vec<(ShapeTuple, u64)>,
     current: ShapeTuple,
-) -> PyResult<PackedPlan> {
+) -> PyResult<StreamPlan> {
     let phases = phases
         .into_iter()
-        .map(|(s, batches_done)| PackPhase {
+        .map(|(s, batches_done)| StreamPhase {
             shape: shape(s),
             batches_done,
         })
@@ -61,7 +61,7 @@ pub(super) fn plan(
     } else {
         Rest::Remainder
     };
-    PackedPlan::with_rest(total, seed, epoch, phases, shape(current), rest)
+    StreamPlan::with_rest(total, seed, epoch, phases, shape(current), rest)
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 

@@ -10,7 +10,7 @@
 //!
 //! Because the batches of a unit depend on nothing but its samples' patch counts, the count
 //! pass and every reader that visits the unit (from any batch on) find the same batches; the
-//! plan (`plan::packed`, over batches per unit) then gives every rank the same number of them,
+//! plan (`plan::unit_stream`, over batches per unit) then gives every rank the same number of them,
 //! and resumes by arithmetic. A reader holds at most the open buckets' samples: memory bounded
 //! by the buckets and the budget, never by the unit.
 

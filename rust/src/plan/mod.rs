@@ -30,9 +30,10 @@
 //! as runs), `mixture` (several sources in one epoch), `phase` (one dataset's or a mixture's
 //! phase sequence), `layout` (cutting it into ranks, readers, batches and reserve), `shuffle` (the
 //! block shuffle), `epoch` (the plan of an epoch and its phases), `state` (the resume state
-//! and what a phase consumed), `reader` (one reader's plan), `streaming` (no index); `packed`
-//! plans a packed kind's token stream (text rows) the same way, by token positions; `budget`
-//! groups a unit's images into token-budget batches (planned by `packed`, a batch a position).
+//! and what a phase consumed), `reader` (one reader's plan), `streaming` (no index); `unit_stream`
+//! plans the kinds weighed by units (packed text, NaFlex budgets, interleaved documents) the
+//! same way, by positions in one stream of unit weights; `budget` groups a unit's images into
+//! token-budget batches (planned by `unit_stream`, a batch a position).
 
 use serde::{Deserialize, Serialize};
 
@@ -42,7 +43,6 @@ mod epoch;
 mod input;
 mod layout;
 mod mixture;
-pub mod packed;
 mod phase;
 mod reader;
 mod sequence;
@@ -51,6 +51,7 @@ mod state;
 mod streaming;
 #[cfg(test)]
 mod tests;
+pub mod unit_stream;
 
 pub use config::{rank_batch_order, reader_batches_done, PhaseConfig};
 pub use epoch::EpochPlan;

@@ -3,7 +3,7 @@
 //! loader measure the same bytes with the same rules, so both pack the same batches.
 
 use super::parts::{Document, Part};
-use super::spec::Grid;
+use super::qwen_vl::Grid;
 use super::vision::VisionSpec;
 use crate::batch::kit::sample::{probe_capped, Rejection};
 use crate::error::Reason;

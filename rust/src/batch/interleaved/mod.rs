@@ -5,14 +5,14 @@
 //! One job a module: `parts` (a document's parts), `document_spec` (where a unit's documents
 //! are, and the caps and aligned lists every document passes), `documents` (a unit's documents
 //! from Parquet list columns or a tar's JSON member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `captions`
-//! (a tar's image-caption pair as a one-image document), `spec` (Qwen2-VL's image rule: grid,
+//! (a tar's image-caption pair as a one-image document), `qwen_vl` (Qwen2-VL's image rule: grid,
 //! token run, `pixel_values` layout), `vision` (the spec a corpus is read under: Qwen2-VL or
 //! NaFlex), `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
 //! rows, deterministically per unit), `positions` (each run's positions as the model gives them to
 //! the run alone: text and M-RoPE), `count` (the count pass: batches per unit) and `pipeline`
 //! (one reader's planned batches, decoded into the lent buffers).
 //!
-//! Its plan is `plan::packed` over batches, one position per batch, as the token-budget NaFlex
+//! Its plan is `plan::unit_stream` over batches, one position per batch, as the token-budget NaFlex
 //! kind's: every rank yields the same number of batches, and a resume continues at the exact
 //! next batch, also onto another world size.
 
@@ -27,7 +27,7 @@ mod parquet_documents;
 mod parts;
 mod pipeline;
 mod positions;
-mod spec;
+mod qwen_vl;
 mod vision;
 
 pub use captions::CaptionKeys;
@@ -41,7 +41,7 @@ pub use pack::PackShape;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use parts::Part;
 pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
-pub use spec::QwenVlSpec;
+pub use qwen_vl::QwenVlSpec;
 pub use vision::{NaFlexVlSpec, VisionSpec};
 
 use measure::Measure;

@@ -318,7 +318,7 @@ impl Packer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::spec::Grid;
+    use super::super::qwen_vl::Grid;
     use super::*;
 
     fn doc(key: &str, items: &[(bool, usize)]) -> Arc<Measured> {

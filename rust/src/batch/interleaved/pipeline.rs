@@ -21,7 +21,7 @@
 //! (isolated, as every run is) with no label, and the document is counted once, in
 //! `cut_documents`, by the reader of its first batch that is read. A document is thus learned
 //! whole or not at all in an epoch. A mixture's source resumed onto another world size reads
-//! every batch left (a padded phase, `plan::packed::Rest::Padded`): its reader's positions past
+//! every batch left (a padded phase, `plan::unit_stream::Rest::Padded`): its reader's positions past
 //! the stream's end are batches of padding, counted in `padding_batches`, so that a document
 //! begun before the resume is never left with a batch no rank reads.
 
@@ -38,7 +38,7 @@ use super::documents::{DocumentResult, UnitDocuments};
 use super::measure::Item;
 use super::pack::{Cursor, PackedBatch, Packer};
 use super::positions::{write_run, PositionRows};
-use super::spec::Grid;
+use super::qwen_vl::Grid;
 use super::vision::VisionSpec;
 use super::InterleavedSpec;
 use crate::batch::kit::sample::{Rejection, Worker};
@@ -49,7 +49,7 @@ use crate::batch::kit::visits::{visits, Visit};
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::resize::CropBox;
-use crate::plan::packed::{ranges_len, slice, PackedReader, Span, UnitOrder};
+use crate::plan::unit_stream::{ranges_len, slice, Span, StreamReader, UnitOrder};
 use crate::read::source::SourceOptions;
 use crate::tokenize::DocumentEncoder;
 
@@ -180,7 +180,7 @@ pub type InterleavedPipeline = Pipeline<InterleavedBatches, InterleavedStats>;
 pub fn start(
     input: Arc<InterleavedInput>,
     order: &UnitOrder,
-    reader: PackedReader,
+    reader: StreamReader,
     unread: &[Span],
     threads: usize,
 ) -> InterleavedPipeline {

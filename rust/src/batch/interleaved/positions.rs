@@ -18,7 +18,7 @@
 
 use super::measure::Item;
 use super::pack::Run;
-use super::spec::{Grid, Rope};
+use super::qwen_vl::{Grid, Rope};
 
 /// The four position rows of one batch (each `rows * seq_len`, row-major).
 pub struct PositionRows<'a> {

@@ -1,5 +1,5 @@
 //! The vision spec a corpus is read under, one of the model families the kind knows: Qwen2-VL
-//! (`spec`) or NaFlex (SigLIP 2's native-resolution patches, below). Everything else in the
+//! (`qwen_vl`) or NaFlex (SigLIP 2's native-resolution patches, below). Everything else in the
 //! kind asks this enum: an image's grid and token run, a `pixel_values` row's bytes, and how
 //! its pixels are resized and laid out.
 //!
@@ -9,7 +9,7 @@
 //! each row `(y, x, channel)` as `Siglip2ImageProcessor` lays them out; in the text, a start
 //! token, one pad token per patch and an end token.
 
-use super::spec::{Grid, QwenVlSpec, Rope};
+use super::qwen_vl::{Grid, QwenVlSpec, Rope};
 use crate::batch::kit::patches::MAX_NUM_PATCHES;
 use crate::batch::kit::sample::Rejection;
 use crate::image::convolve::Kernel;

@@ -1,6 +1,6 @@
 //! The unit every planned kind reads: one file, or one row group of a Parquet file, with the
 //! content identity it was counted with. The count pass counts units (`batch::units`), the plan
-//! (`plan::packed`) lays their weights out as a stream, and a kind's read thread opens the units
+//! (`plan::unit_stream`) lays their weights out as a stream, and a kind's read thread opens the units
 //! its visits (`kit::visits`) touch.
 
 use std::sync::Arc;

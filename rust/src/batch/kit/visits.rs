@@ -1,7 +1,7 @@
-//! A reader's visits: the ranges of a planned stream (`plan::packed`) it reads, per unit
+//! A reader's visits: the ranges of a planned stream (`plan::unit_stream`) it reads, per unit
 //! touched, in order. Every planned kind's read thread walks its visits, opening each unit once.
 
-use crate::plan::packed::{Span, UnitOrder};
+use crate::plan::unit_stream::{Span, UnitOrder};
 
 /// One unit's part of a reader: unit-local ranges of positions (tokens, or the budget kind's
 /// batches), ascending.

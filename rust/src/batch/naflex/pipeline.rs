@@ -30,7 +30,7 @@ use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::error::{Fault, Reason, SourceKind};
 use crate::image::decode::Decoder;
 use crate::plan::budget::{Bucketer, PlannedBatch};
-use crate::plan::packed::{slice, PackedReader, UnitOrder};
+use crate::plan::unit_stream::{slice, StreamReader, UnitOrder};
 use crate::read::group::RawSample;
 use crate::read::source::{SourceOptions, SourceStats};
 use crate::tokenize::ClipTokenizer;
@@ -136,7 +136,7 @@ pub struct BudgetBatches {
 pub fn start(
     input: Arc<BudgetInput>,
     order: &UnitOrder,
-    reader: PackedReader,
+    reader: StreamReader,
     threads: usize,
 ) -> BudgetPipeline {
     let stats = Arc::new(BudgetStats::default());

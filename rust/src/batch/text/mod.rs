@@ -1,4 +1,4 @@
-//! The packed text kind (`batch::text`, planned by `plan::packed`): documents tokenized and packed into rows of `seq_len` tokens.
+//! The packed text kind (`batch::text`, planned by `plan::unit_stream`): documents tokenized and packed into rows of `seq_len` tokens.
 //!
 //! A kind owns what turns raw samples into its slot of a batch, and its batch layout; reading,
 //! sources, fault handling and the plan's arithmetic are shared. This kind's parts, one job
@@ -9,7 +9,7 @@
 //! token positions, read unit by unit), `rows` (a block's rows in its seeded order, with
 //! document boundaries), `pipeline` (the threads and the lent buffers) and `stats`.
 //!
-//! Its plan is `plan::packed`: token positions instead of sample ordinals, so that every rank
+//! Its plan is `plan::unit_stream`: token positions instead of sample ordinals, so that every rank
 //! yields the same number of full rows and a resume continues at the exact next token.
 
 pub mod count;

@@ -19,7 +19,7 @@ use crate::batch::kit::visits::visits;
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
 use crate::error::Fault;
 use crate::plan::block_order;
-use crate::plan::packed::{slice, PackedReader, UnitOrder};
+use crate::plan::unit_stream::{slice, StreamReader, UnitOrder};
 use crate::tokenize::DocumentEncoder;
 
 /// How the batches are shaped.
@@ -59,7 +59,7 @@ pub type PackedPipeline = Pipeline<RowBatcher, PackedStats>;
 pub fn start(
     input: Arc<StreamInput>,
     order: &UnitOrder,
-    reader: PackedReader,
+    reader: StreamReader,
     encoder: Arc<DocumentEncoder>,
     cfg: PackedConfig,
 ) -> PackedPipeline {
@@ -122,7 +122,7 @@ impl Kind for RowBatcher {
 pub struct RowBatcher {
     stream: TokenStream,
     block: Block,
-    reader: PackedReader,
+    reader: StreamReader,
     next_block: u64,
     batches_left: u64,
     cfg: PackedConfig,

@@ -1,4 +1,4 @@
-//! A reader's tokens: the stream positions it was planned (`plan::packed`), read unit by unit.
+//! A reader's tokens: the stream positions it was planned (`plan::unit_stream`), read unit by unit.
 //!
 //! The ranges become *visits*: per unit touched, in order, the unit-local token ranges wanted.
 //! A document thread opens each visited unit and sends its documents in chunks (I/O and Parquet

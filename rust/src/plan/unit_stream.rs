@@ -1,5 +1,7 @@
-//! The plan of a packed kind (text packed into token rows): the epoch as one stream of tokens,
-//! cut into equal shares, so that every rank yields the same number of full rows.
+//! The unit-stream plan every kind planned by unit weights stands on (packed text, NaFlex
+//! token-budget batches, interleaved documents): the epoch as one stream of positions, each
+//! unit weighing its count of positions (text: tokens; the image kinds: batches), cut into equal
+//! shares, so that every rank yields the same number of full batches. Below, text's words.
 //!
 //! 1. **Stream.** Every unit (a tar shard, a Parquet row group) carries the number of tokens its
 //!    documents encode to under one tokenizer, counted once before training (`count_tokens`).
@@ -58,7 +60,7 @@ impl Span {
 /// How one phase is laid out: ranks, readers per rank, rows per batch, tokens per row, rows per
 /// shuffle block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PackShape {
+pub struct StreamShape {
     pub world_size: u32,
     /// DataLoader workers per rank; 0: one reader in the main process.
     pub workers: u32,
@@ -67,7 +69,7 @@ pub struct PackShape {
     pub block_rows: u32,
 }
 
-impl PackShape {
+impl StreamShape {
     pub fn validate(&self) -> Result<(), PlanError> {
         let positive = [
             ("world_size", self.world_size),
@@ -94,8 +96,8 @@ impl PackShape {
 
 /// One phase of an epoch: its shape and the batches every rank yielded in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PackPhase {
-    pub shape: PackShape,
+pub struct StreamPhase {
+    pub shape: StreamShape,
     pub batches_done: u64,
 }
 
@@ -135,7 +137,7 @@ impl UnitOrder {
 
 /// What one reader reads in the current phase and how it emits it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PackedReader {
+pub struct StreamReader {
     /// Stream positions the reader's rows are cut from, in order (their lengths sum to
     /// `rows * seq_len`, or less in a padded phase: the rows past them are padding).
     pub ranges: Vec<Span>,
@@ -149,7 +151,7 @@ pub struct PackedReader {
     pub block_seed: u64,
 }
 
-impl PackedReader {
+impl StreamReader {
     /// Batches this reader yields from its position on.
     pub fn batches_left(&self, batch_size: u32) -> u64 {
         (self.rows - self.skip_rows) / batch_size as u64
@@ -170,16 +172,16 @@ pub enum Rest {
 
 /// An epoch's packed plan: the stream's length, the seed and the phases (the last is current).
 #[derive(Clone, Debug)]
-pub struct PackedPlan {
+pub struct StreamPlan {
     pub total: u64,
     pub seed: u64,
     pub epoch: u64,
-    pub phases: Vec<PackPhase>,
+    pub phases: Vec<StreamPhase>,
     /// How phases after the first cut their stream.
     pub rest: Rest,
 }
 
-impl PackedPlan {
+impl StreamPlan {
     /// The plan of a fresh epoch, or of `phases` (a resume state) continued with `shape`: the
     /// same shape continues the last phase, another starts a new one after it. Later phases
     /// leave a remainder (`Rest::Remainder`).
@@ -187,19 +189,19 @@ impl PackedPlan {
         total: u64,
         seed: u64,
         epoch: u64,
-        phases: Vec<PackPhase>,
-        shape: PackShape,
+        phases: Vec<StreamPhase>,
+        shape: StreamShape,
     ) -> Result<Self, PlanError> {
         Self::with_rest(total, seed, epoch, phases, shape, Rest::Remainder)
     }
 
-    /// As [`PackedPlan::new`], with later phases cut as `rest` says.
+    /// As [`StreamPlan::new`], with later phases cut as `rest` says.
     pub fn with_rest(
         total: u64,
         seed: u64,
         epoch: u64,
-        mut phases: Vec<PackPhase>,
-        shape: PackShape,
+        mut phases: Vec<StreamPhase>,
+        shape: StreamShape,
         rest: Rest,
     ) -> Result<Self, PlanError> {
         shape.validate()?;
@@ -207,7 +209,7 @@ impl PackedPlan {
             p.shape.validate()?;
         }
         if phases.last().map(|p| p.shape) != Some(shape) {
-            phases.push(PackPhase {
+            phases.push(StreamPhase {
                 shape,
                 batches_done: 0,
             });
@@ -251,7 +253,7 @@ impl PackedPlan {
         }
     }
 
-    fn current(&self) -> (usize, &PackPhase) {
+    fn current(&self) -> (usize, &StreamPhase) {
         let i = self.phases.len() - 1;
         (i, &self.phases[i])
     }
@@ -311,7 +313,7 @@ impl PackedPlan {
 
     /// What DataLoader worker `reader` (0 without workers) of rank `rank` reads in the current
     /// phase.
-    pub fn reader(&self, rank: u32, reader: u32) -> Result<PackedReader, PlanError> {
+    pub fn reader(&self, rank: u32, reader: u32) -> Result<StreamReader, PlanError> {
         let (i, phase) = self.current();
         let shape = phase.shape;
         if rank >= shape.world_size || reader >= shape.readers() {
@@ -332,7 +334,7 @@ impl PackedPlan {
         let tokens = shape.batch_tokens();
         let start = (rank as u64 * batches + first) * tokens;
         let done = reader_batches_done(phase.batches_done, shape.readers(), reader).min(count);
-        Ok(PackedReader {
+        Ok(StreamReader {
             ranges: slice(&stream, start, start + count * tokens),
             rows: count * shape.batch_size as u64,
             skip_rows: done * shape.batch_size as u64,
@@ -453,8 +455,8 @@ fn push_all(ranges: &mut Vec<Span>, more: Vec<Span>) {
 mod tests {
     use super::*;
 
-    fn shape(world: u32, workers: u32, batch: u32, seq: u32, block: u32) -> PackShape {
-        PackShape {
+    fn shape(world: u32, workers: u32, batch: u32, seq: u32, block: u32) -> StreamShape {
+        StreamShape {
             world_size: world,
             workers,
             batch_size: batch,
@@ -468,7 +470,7 @@ mod tests {
 
     /// Every row a reader emits, in order, as the stream positions of its tokens (`PADDING`
     /// past its ranges, in a padded phase).
-    fn emitted_rows(reader: &PackedReader) -> Vec<Vec<u64>> {
+    fn emitted_rows(reader: &StreamReader) -> Vec<Vec<u64>> {
         let row = reader.seq_len as usize;
         let mut positions: Vec<u64> = reader.ranges.iter().flat_map(|r| r.start..r.end).collect();
         positions.resize(reader.rows as usize * row, PADDING);
@@ -487,7 +489,7 @@ mod tests {
     }
 
     /// The rows of every rank, batch by batch in the rank's order (reader round-robin).
-    fn rank_batches(plan: &PackedPlan, rank: u32) -> Vec<Vec<Vec<u64>>> {
+    fn rank_batches(plan: &StreamPlan, rank: u32) -> Vec<Vec<Vec<u64>>> {
         let shape = plan.phases.last().unwrap().shape;
         let readers: Vec<Vec<Vec<u64>>> = (0..shape.workers.max(1))
             .map(|k| emitted_rows(&plan.reader(rank, k).unwrap()))
@@ -505,7 +507,7 @@ mod tests {
 
     #[test]
     fn an_epoch_reads_every_token_once_but_the_remainder_with_equal_batches_per_rank() {
-        let plan = PackedPlan::new(10_007, 3, 1, vec![], shape(3, 2, 4, 16, 5)).unwrap();
+        let plan = StreamPlan::new(10_007, 3, 1, vec![], shape(3, 2, 4, 16, 5)).unwrap();
         let mut seen = vec![0u32; 10_007];
         let mut counts = vec![];
         for rank in 0..3 {
@@ -537,24 +539,24 @@ mod tests {
 
     #[test]
     fn the_same_seed_and_epoch_give_the_same_rows_and_another_epoch_other_blocks() {
-        let a = PackedPlan::new(5_000, 7, 0, vec![], shape(2, 0, 2, 8, 16)).unwrap();
-        let b = PackedPlan::new(5_000, 7, 0, vec![], shape(2, 0, 2, 8, 16)).unwrap();
-        let c = PackedPlan::new(5_000, 7, 1, vec![], shape(2, 0, 2, 8, 16)).unwrap();
+        let a = StreamPlan::new(5_000, 7, 0, vec![], shape(2, 0, 2, 8, 16)).unwrap();
+        let b = StreamPlan::new(5_000, 7, 0, vec![], shape(2, 0, 2, 8, 16)).unwrap();
+        let c = StreamPlan::new(5_000, 7, 1, vec![], shape(2, 0, 2, 8, 16)).unwrap();
         assert_eq!(rank_batches(&a, 1), rank_batches(&b, 1));
         assert_ne!(rank_batches(&a, 1), rank_batches(&c, 1));
     }
 
     #[test]
     fn a_resume_with_the_same_shape_yields_exactly_the_batches_that_would_have_followed() {
-        let fresh = PackedPlan::new(20_000, 1, 2, vec![], shape(2, 3, 4, 10, 7)).unwrap();
+        let fresh = StreamPlan::new(20_000, 1, 2, vec![], shape(2, 3, 4, 10, 7)).unwrap();
         for rank in 0..2 {
             let whole = rank_batches(&fresh, rank);
             for done in [0u64, 1, 5, 17, whole.len() as u64] {
-                let phases = vec![PackPhase {
+                let phases = vec![StreamPhase {
                     shape: shape(2, 3, 4, 10, 7),
                     batches_done: done,
                 }];
-                let resumed = PackedPlan::new(20_000, 1, 2, phases, shape(2, 3, 4, 10, 7)).unwrap();
+                let resumed = StreamPlan::new(20_000, 1, 2, phases, shape(2, 3, 4, 10, 7)).unwrap();
                 assert_eq!(resumed.batches_left(), whole.len() as u64 - done);
                 assert_eq!(
                     rank_batches(&resumed, rank),
@@ -569,7 +571,7 @@ mod tests {
     fn an_elastic_resume_reads_every_token_left_exactly_once_on_the_new_world_size() {
         let total = 30_011u64;
         let first = shape(2, 2, 3, 12, 5);
-        let fresh = PackedPlan::new(total, 9, 0, vec![], first).unwrap();
+        let fresh = StreamPlan::new(total, 9, 0, vec![], first).unwrap();
         let done = 13u64;
         let mut seen = vec![0u32; total as usize];
         for rank in 0..2 {
@@ -579,13 +581,13 @@ mod tests {
                 }
             }
         }
-        let mut phases = vec![PackPhase {
+        let mut phases = vec![StreamPhase {
             shape: first,
             batches_done: done,
         }];
         // 2 ranks -> 3 ranks, 7 batches in, then -> 1 rank with no workers to the end.
         let second = shape(3, 0, 2, 12, 4);
-        let middle = PackedPlan::new(total, 9, 0, phases.clone(), second).unwrap();
+        let middle = StreamPlan::new(total, 9, 0, phases.clone(), second).unwrap();
         for rank in 0..3 {
             for row in rank_batches(&middle, rank)[..7].iter().flatten() {
                 for &p in row {
@@ -593,11 +595,11 @@ mod tests {
                 }
             }
         }
-        phases.push(PackPhase {
+        phases.push(StreamPhase {
             shape: second,
             batches_done: 7,
         });
-        let last = PackedPlan::new(total, 9, 0, phases, shape(1, 0, 5, 12, 3)).unwrap();
+        let last = StreamPlan::new(total, 9, 0, phases, shape(1, 0, 5, 12, 3)).unwrap();
         for row in rank_batches(&last, 0).iter().flatten() {
             for &p in row {
                 seen[p as usize] += 1;
@@ -637,31 +639,31 @@ mod tests {
         // are cut on other world sizes and must leave nothing unread.
         let first = shape(2, 2, 3, 12, 5);
         let total = 2 * 3 * 12 * 40;
-        let fresh = PackedPlan::with_rest(total, 9, 0, vec![], first, Rest::Padded).unwrap();
+        let fresh = StreamPlan::with_rest(total, 9, 0, vec![], first, Rest::Padded).unwrap();
         assert_eq!((fresh.remainder_tokens(), fresh.padding_tokens()), (0, 0));
         let mut seen = vec![0u32; total as usize];
         for rank in 0..2 {
             mark(&mut seen, &rank_batches(&fresh, rank)[..13]);
         }
-        let mut phases = vec![PackPhase {
+        let mut phases = vec![StreamPhase {
             shape: first,
             batches_done: 13,
         }];
         // 2 ranks -> 3 ranks with 2 readers each, 7 batches in, then -> 4 ranks to the end.
         let second = shape(3, 2, 2, 12, 4);
-        let middle = PackedPlan::with_rest(total, 9, 0, phases.clone(), second, Rest::Padded);
+        let middle = StreamPlan::with_rest(total, 9, 0, phases.clone(), second, Rest::Padded);
         let middle = middle.unwrap();
         for rank in 0..3 {
             let batches = rank_batches(&middle, rank);
             assert_eq!(batches.len() as u64, middle.phase_batches());
             mark(&mut seen, &batches[..7]);
         }
-        phases.push(PackPhase {
+        phases.push(StreamPhase {
             shape: second,
             batches_done: 7,
         });
         let third = shape(4, 0, 7, 12, 3);
-        let last = PackedPlan::with_rest(total, 9, 0, phases, third, Rest::Padded).unwrap();
+        let last = StreamPlan::with_rest(total, 9, 0, phases, third, Rest::Padded).unwrap();
         assert_eq!(last.remainder_tokens(), 0);
         assert!(last.remainder().is_empty());
         let mut padding = 0;
@@ -683,27 +685,27 @@ mod tests {
             assert_eq!(n, 1, "position {p}");
         }
         // Without padding the same resume leaves a remainder no rank reads.
-        let mut phases = vec![PackPhase {
+        let mut phases = vec![StreamPhase {
             shape: first,
             batches_done: 13,
         }];
-        phases.push(PackPhase {
+        phases.push(StreamPhase {
             shape: second,
             batches_done: 7,
         });
-        let floor = PackedPlan::new(total, 9, 0, phases, third).unwrap();
+        let floor = StreamPlan::new(total, 9, 0, phases, third).unwrap();
         assert!(floor.remainder_tokens() > 0);
     }
 
     #[test]
     fn bad_shapes_and_states_are_refused_by_name() {
-        let err = PackedPlan::new(100, 0, 0, vec![], shape(1, 0, 0, 8, 4)).unwrap_err();
+        let err = StreamPlan::new(100, 0, 0, vec![], shape(1, 0, 0, 8, 4)).unwrap_err();
         assert!(err.to_string().contains("batch_size"), "{err}");
-        let phases = vec![PackPhase {
+        let phases = vec![StreamPhase {
             shape: shape(1, 0, 1, 10, 4),
             batches_done: 11,
         }];
-        let err = PackedPlan::new(100, 0, 0, phases, shape(1, 0, 1, 10, 4)).unwrap_err();
+        let err = StreamPlan::new(100, 0, 0, phases, shape(1, 0, 1, 10, 4)).unwrap_err();
         assert!(err.to_string().contains("holds 10"), "{err}");
     }
 
