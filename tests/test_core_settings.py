@@ -131,3 +131,42 @@ def test_the_keys_a_kind_takes_are_the_binding_s(tmp_path):
     assert set(_core.settings_keys("source")) <= set(_core.settings_keys("packed text"))
     with pytest.raises(ValueError, match="no settings of kind"):
         _core.settings_keys("loaders")
+
+
+def test_a_setting_of_the_wrong_type_is_refused_by_name(tmp_path):
+    """A value the core cannot read as its setting's type, or out of its range, is
+    ``_core.WrongSetting(key, kind, message)`` (a ``TypeError``) naming the key and its kind, for
+    every kind and a nested spec: before, a bare conversion error named no key."""
+    tokenizer = write_tokenizer_json(str(tmp_path / "tokenizer.json"))
+    shards = [good_shard(str(tmp_path / f"{i}.tar"), 6, seed=i) for i in range(2)]
+    texts = [" ".join(captions()[i : i + 10]) for i in range(0, 400, 5)]
+    files = [write_obelics_parquet(str(tmp_path / "docs.parquet"), real_documents(8, seed=2), 4)]
+    naflex = count_patches(
+        shards, naflex=NaFlex(patch_size=16, max_num_patches=64), max_patches_per_batch=256
+    )
+    text = count_tokens(write_parquet_corpus(str(tmp_path / "text"), texts, files=1), tokenizer=tokenizer)
+    spec = QwenVL(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    interleaved = count_interleaved(
+        files, tokenizer=tokenizer, spec=spec, seq_len=512, batch_size=1, eos_token=EOS
+    )
+    cases = [
+        (lambda: ShardLoader(shards[0], batch_size=2), "max_member_bytes", "loader"),
+        (lambda: NaFlexBudgetLoader(naflex), "max_images_per_batch", "token-budget NaFlex"),
+        (lambda: TextLoader(text, batch_size=2, seq_len=64), "max_document_bytes", "packed text"),
+        (lambda: InterleavedLoader(interleaved), "max_images_per_document", "interleaved"),
+    ]
+    for make, key, kind in cases:
+        for wrong in ("8", -1):
+            loader = make()
+            assert isinstance(loader._config[key], int)
+            loader._config[key] = wrong
+            with pytest.raises(_core.WrongSetting) as e:
+                first_batch(loader)
+            assert e.value.args[:2] == (key, kind), e.value.args
+            assert isinstance(e.value, TypeError) and repr(key) in str(e.value)
+    # A nested spec's value names its own key and kind.
+    loader = InterleavedLoader(interleaved)
+    loader._config["vision"] = {**loader._config["vision"], "min_pixels": "3136"}
+    with pytest.raises(_core.WrongSetting) as e:
+        first_batch(loader)
+    assert e.value.args[:2] == ("min_pixels", "QwenVL vision spec")

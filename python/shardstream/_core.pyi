@@ -31,6 +31,10 @@ class UnknownSetting(ValueError):
 class MissingSetting(ValueError):
     """A config key the core needs that is absent or None: ``args = (key, kind, message)``."""
 
+class WrongSetting(TypeError):
+    """A config value the core cannot read as its setting's type, or out of its range (a
+    negative count): ``args = (key, kind, message)``."""
+
 class CoreFault(Exception):
     """A shard or sample fault: ``args = (reason, url, key, detail, kind)``.
 

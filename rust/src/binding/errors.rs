@@ -3,7 +3,7 @@
 //! messages hide what the core's hide.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::error::Fault;
@@ -28,6 +28,14 @@ create_exception!(
     MissingSetting,
     PyValueError,
     "A config key the core needs that is absent or None: args = (key, kind, message)."
+);
+
+create_exception!(
+    _core,
+    WrongSetting,
+    PyTypeError,
+    "A config value the core cannot read as its setting's type (or out of its range): args = \
+     (key, kind, message)."
 );
 
 pub(super) fn fault_to_py(f: Fault) -> PyErr {

@@ -25,7 +25,7 @@ mod tokenizer;
 mod units;
 
 use convert::defaults_dict;
-use errors::{CoreFault, MissingSetting, UnknownSetting};
+use errors::{CoreFault, MissingSetting, UnknownSetting, WrongSetting};
 use index::DatasetIndex;
 use pipeline::Pipeline;
 use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
@@ -38,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CoreFault", m.py().get_type::<CoreFault>())?;
     m.add("UnknownSetting", m.py().get_type::<UnknownSetting>())?;
     m.add("MissingSetting", m.py().get_type::<MissingSetting>())?;
+    m.add("WrongSetting", m.py().get_type::<WrongSetting>())?;
     m.add("DEFAULTS", defaults_dict(m.py())?)?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Pipeline>()?;

@@ -1,14 +1,15 @@
 //! Typed settings at the boundary (issue 53): every config dict Python passes is read once into
 //! a declared struct. The struct is the one list of the keys a kind takes: a key it does not
 //! declare is `_core.UnknownSetting(key, kind, message)`, a required key that is absent (or
-//! None) is `_core.MissingSetting(key, kind, message)`, and an optional key's default is written
-//! next to its field. `_core.settings_keys(kind)` gives the keys to Python (the stub test checks
+//! None) is `_core.MissingSetting(key, kind, message)`, a value not of the field's type (or out
+//! of its range: a negative count) is `_core.WrongSetting(key, kind, message)`, and an optional
+//! key's default is written next to its field. `_core.settings_keys(kind)` gives the keys to Python (the stub test checks
 //! `_core.pyi` against them).
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::errors::{MissingSetting, UnknownSetting};
+use super::errors::{MissingSetting, UnknownSetting, WrongSetting};
 
 /// A settings struct read from a config dict by [`settings!`].
 pub(super) trait Settings: Sized {
@@ -40,6 +41,23 @@ pub(super) fn missing(key: &str, kind: &str) -> PyErr {
         key.to_string(),
         kind.to_string(),
         format!("the {kind} core needs the setting {key:?}"),
+    ))
+}
+
+/// `error`, raised reading the value of `key` of `kind` as a `ty`, as the `WrongSetting` that
+/// names the key, where it is a conversion's (`TypeError`, or `OverflowError` for a number out
+/// of the type's range). A nested struct's own errors (its unknown or missing keys, which name
+/// theirs) pass through unchanged.
+pub(super) fn wrong_type(py: Python<'_>, error: PyErr, key: &str, kind: &str, ty: &str) -> PyErr {
+    let conversion = error.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
+        || error.is_instance_of::<pyo3::exceptions::PyOverflowError>(py);
+    if !conversion || error.is_instance_of::<WrongSetting>(py) {
+        return error;
+    }
+    WrongSetting::new_err((
+        key.to_string(),
+        kind.to_string(),
+        format!("the {kind} setting {key:?} must be a {ty}: {error}"),
     ))
 }
 
@@ -138,15 +156,24 @@ macro_rules! settings {
     };
     (@value $config:ident, $kind:ident, $field:ident, $ty:ty, $default:expr) => {
         match $crate::binding::settings::present($config, stringify!($field))? {
-            Some(v) => v.extract::<$ty>().map_err(Into::<pyo3::PyErr>::into)?,
+            Some(v) => v.extract::<$ty>().map_err(|e| {
+                $crate::binding::settings::wrong_type(
+                    v.py(), e.into(), stringify!($field), $kind, stringify!($ty),
+                )
+            })?,
             None => $default,
         }
     };
     (@value $config:ident, $kind:ident, $field:ident, $ty:ty) => {
-        $crate::binding::settings::present($config, stringify!($field))?
-            .ok_or_else(|| $crate::binding::settings::missing(stringify!($field), $kind))?
-            .extract::<$ty>()
-            .map_err(Into::<pyo3::PyErr>::into)?
+        {
+            let v = $crate::binding::settings::present($config, stringify!($field))?
+                .ok_or_else(|| $crate::binding::settings::missing(stringify!($field), $kind))?;
+            v.extract::<$ty>().map_err(|e| {
+                $crate::binding::settings::wrong_type(
+                    v.py(), e.into(), stringify!($field), $kind, stringify!($ty),
+                )
+            })?
+        }
     };
 }
 pub(super) use settings;
@@ -157,11 +184,11 @@ pub(super) use settings;
 /// "sample". An unknown kind is a `ValueError` naming the kinds.
 #[pyfunction]
 pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
-    use super::naflex::BudgetSettings;
     use super::convert::{LoaderSettings, NaFlexSettings, SampleSettings, SourceSettings};
     use super::interleaved::{
         CaptionsLayout, ConversationsLayout, InterleavedSettings, NaFlexVision, QwenVision,
     };
+    use super::naflex::BudgetSettings;
     use super::text::{CountSettings, PackedSettings};
     type Keys = fn() -> Vec<&'static str>;
     let kinds: [(&str, Keys); 12] = [
