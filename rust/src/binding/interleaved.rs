@@ -6,16 +6,16 @@ use std::sync::Arc;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use serde_json::json;
 
-use super::convert::{json_to_py, SourceSettings};
+use super::convert::SourceSettings;
 use super::pipeline::{MetaToPy, Pipeline};
 use super::settings::{settings, tagged, Settings};
-use super::units::{count_list, share, ReaderTuple, UnitTuple};
+use super::units::{batch_share, count_list, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
     self, count_files, CaptionKeys, ChatFormat, DocumentSpec, InterleavedCount, InterleavedInput,
     InterleavedMeta, InterleavedSpec, Layout, NaFlexVlSpec, PackShape, QwenVlSpec, VisionSpec,
 };
-use crate::plan::budget::BudgetShape;
 use crate::tokenize::DocumentEncoder;
 
 settings! {
@@ -259,18 +259,21 @@ pub fn count_interleaved<'py>(
     let counted = py
         .detach(|| count_files(&urls, threads, &opts, &spec, &encoder))
         .map_err(PyValueError::new_err)?;
-    count_list(py, counted, |d, c: &InterleavedCount| {
-        d.set_item("documents", c.documents)?;
-        d.set_item("batches", c.batches)?;
-        d.set_item("text_tokens", c.text_tokens)?;
-        d.set_item("image_tokens", c.image_tokens)?;
-        d.set_item("images", c.images)?;
-        d.set_item("patches", c.patches)?;
-        d.set_item("slots", c.slots)?;
-        d.set_item("padded_slots", c.padded_slots)?;
-        d.set_item("skipped", json_to_py(py, &serde_json::json!(c.skipped))?)?;
-        d.set_item("examples", json_to_py(py, &serde_json::json!(c.examples))?)
-    })
+    count_list(
+        py,
+        counted,
+        |c| [json!(c.skipped), json!(c.examples)],
+        |d, c: &InterleavedCount| {
+            d.set_item("documents", c.documents)?;
+            d.set_item("batches", c.batches)?;
+            d.set_item("text_tokens", c.text_tokens)?;
+            d.set_item("image_tokens", c.image_tokens)?;
+            d.set_item("images", c.images)?;
+            d.set_item("patches", c.patches)?;
+            d.set_item("slots", c.slots)?;
+            d.set_item("padded_slots", c.padded_slots)
+        },
+    )
 }
 
 impl MetaToPy for InterleavedMeta {
@@ -300,10 +303,7 @@ pub fn interleaved_pipeline(
     reader: ReaderTuple,
     config: &Bound<'_, PyDict>,
 ) -> PyResult<Pipeline> {
-    let current = reader.3;
-    BudgetShape::one_batch_a_position((current.2, current.3, current.4))
-        .map_err(PyValueError::new_err)?;
-    let share = share(units, counts, reader)?;
+    let share = batch_share(units, counts, reader)?;
     let (s, encoder, spec) = interleaved_spec(config)?;
     let input = Arc::new(InterleavedInput {
         units: share.units,

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use serde_json::json;
 
-use super::convert::{json_to_py, naflex_spec, NaFlexSettings, SampleSettings, SourceSettings};
+use super::convert::{naflex_spec, NaFlexSettings, SampleSettings, SourceSettings};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::settings::{settings, Settings};
-use super::units::{count_list, share, ReaderTuple, UnitTuple};
+use super::units::{batch_share, count_list, ReaderTuple, UnitTuple};
 use crate::batch::naflex::{
     self as naflex, count_unit, BudgetBatchMeta, BudgetCount, BudgetInput, BudgetSpec,
 };
@@ -85,15 +86,18 @@ pub fn count_patches<'py>(
     let counted = py
         .detach(|| count_files(&urls, threads, &opts, |u, s| count_unit(u, &spec, &opts, s)))
         .map_err(PyValueError::new_err)?;
-    count_list(py, counted, |d, c: &BudgetCount| {
-        d.set_item("samples", c.samples)?;
-        d.set_item("batches", c.batches)?;
-        d.set_item("patches", c.patches)?;
-        d.set_item("slots", c.slots)?;
-        d.set_item("fixed_slots", c.fixed_slots)?;
-        d.set_item("skipped", json_to_py(py, &serde_json::json!(c.skipped))?)?;
-        d.set_item("examples", json_to_py(py, &serde_json::json!(c.examples))?)
-    })
+    count_list(
+        py,
+        counted,
+        |c| [json!(c.skipped), json!(c.examples)],
+        |d, c: &BudgetCount| {
+            d.set_item("samples", c.samples)?;
+            d.set_item("batches", c.batches)?;
+            d.set_item("patches", c.patches)?;
+            d.set_item("slots", c.slots)?;
+            d.set_item("fixed_slots", c.fixed_slots)
+        },
+    )
 }
 
 impl MetaToPy for BudgetBatchMeta {
@@ -116,11 +120,8 @@ pub fn budget_pipeline(
     reader: ReaderTuple,
     config: &Bound<'_, PyDict>,
 ) -> PyResult<Pipeline> {
-    let current = reader.3;
-    BudgetShape::one_batch_a_position((current.2, current.3, current.4))
-        .map_err(PyValueError::new_err)?;
     let s = BudgetSettings::from_config(config)?;
-    let share = share(units, counts, reader)?;
+    let share = batch_share(units, counts, reader)?;
     let tokenizer = match &s.tokenizer {
         Some((kind, path, ctx)) => {
             Some(shared(kind, path, *ctx).map_err(|e| PyValueError::new_err(e.to_string()))?)

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use serde_json::json;
 
-use super::convert::{json_to_py, SourceSettings};
+use super::convert::SourceSettings;
 use super::pipeline::{MetaToPy, Pipeline};
 use super::settings::{settings, Settings};
 use super::units::{count_list, plan, share, EndTuple, ReaderTuple, ShapeTuple, UnitTuple};
@@ -115,12 +116,15 @@ pub fn count_tokens<'py>(
             })
         })
         .map_err(PyValueError::new_err)?;
-    count_list(py, counted, |d, c: &UnitCount| {
-        d.set_item("documents", c.documents)?;
-        d.set_item("tokens", c.tokens)?;
-        d.set_item("skipped", json_to_py(py, &serde_json::json!(c.skipped))?)?;
-        d.set_item("examples", json_to_py(py, &serde_json::json!(c.examples))?)
-    })
+    count_list(
+        py,
+        counted,
+        |c| [json!(c.skipped), json!(c.examples)],
+        |d, c: &UnitCount| {
+            d.set_item("documents", c.documents)?;
+            d.set_item("tokens", c.tokens)
+        },
+    )
 }
 
 /// (batches per rank from the recorded position, the current phase's batches per rank, tokens

@@ -9,6 +9,7 @@ use super::convert::json_to_py;
 use crate::batch::kit::unit::Unit;
 use crate::batch::units::{Counted, UnitShare};
 use crate::error::Fault;
+use crate::plan::budget::BudgetShape;
 use crate::plan::unit_stream::{Rest, StreamPhase, StreamPlan, StreamShape};
 
 /// (world_size, workers, batch_size, seq_len, block_rows)
@@ -85,12 +86,28 @@ pub(super) fn share(
     UnitShare::new(units, weights, &p, (seed, epoch), (rank, worker)).map_err(PyValueError::new_err)
 }
 
+/// The share of `reader` for a kind whose plan positions are whole batches (NaFlex budgets,
+/// interleaved rows): the current shape must have batch_size, seq_len and block_rows 1, one
+/// batch a position, or the plan's positions would not be the kind's batches.
+pub(super) fn batch_share(
+    units: Vec<UnitTuple>,
+    weights: Vec<u64>,
+    reader: ReaderTuple,
+) -> PyResult<UnitShare> {
+    let current = reader.3;
+    BudgetShape::one_batch_a_position((current.2, current.3, current.4))
+        .map_err(PyValueError::new_err)?;
+    share(units, weights, reader)
+}
+
 /// A count pass's results as dicts in file order: url, first_row, rows, identity, error (None
-/// or the fault), and what `fields` sets from the kind's count (its zero count for a unit that
-/// could not be counted).
+/// or the fault), skipped and examples (what `skips` gives: the skip counts by reason and the
+/// first skips, every kind's count has them), and what `fields` sets from the kind's count (its
+/// zero count for a unit that could not be counted).
 pub(super) fn count_list<'py, C: Default>(
     py: Python<'py>,
     counted: Vec<Counted<C>>,
+    skips: impl Fn(&C) -> [serde_json::Value; 2],
     fields: impl Fn(&Bound<'py, PyDict>, &C) -> PyResult<()>,
 ) -> PyResult<Bound<'py, PyList>> {
     let zero = C::default();
@@ -102,7 +119,11 @@ pub(super) fn count_list<'py, C: Default>(
         d.set_item("first_row", unit.map_or(0, |u| u.first_row))?;
         d.set_item("rows", unit.and_then(|u| u.rows))?;
         d.set_item("identity", unit.and_then(|u| u.identity.clone()))?;
-        fields(&d, result.as_ref().unwrap_or(&zero))?;
+        let count = result.as_ref().unwrap_or(&zero);
+        fields(&d, count)?;
+        let [skipped, examples] = skips(count);
+        d.set_item("skipped", json_to_py(py, &skipped)?)?;
+        d.set_item("examples", json_to_py(py, &examples)?)?;
         let error = result.err().map(|f: Fault| serde_json::json!(f));
         d.set_item("error", error.map(|e| json_to_py(py, &e)).transpose()?)?;
         out.append(d)?;

@@ -220,25 +220,26 @@ mod tests {
         assert_eq!(reason, Reason::MissingColumn);
         assert!(detail.contains("(image, mask)"), "{detail}");
         assert!(detail.contains("--image-keys"), "{detail}");
-        // Two string columns, neither named text or caption: ambiguous; one named text: taken.
-        let features = r#"{"info": {"features": {"image": {"_type": "Image"},
-            "title": {"dtype": "string", "_type": "Value"}, "alt": {"dtype": "large_string", "_type": "Value"}}}}"#;
-        let two_texts = schema(
-            "message schema { optional group image { optional binary bytes; } \
-             optional binary title (UTF8); optional binary alt (UTF8); }",
-            Some(features),
-        );
-        let (reason, detail) = resolve(&SampleSpec::default(), &two_texts).unwrap_err();
+        // Two string columns, neither named text or caption: ambiguous; one named caption: taken.
+        let with_strings = |a: &str, b: &str| {
+            let features = format!(
+                r#"{{"info": {{"features": {{"image": {{"_type": "Image"}},
+                "{a}": {{"dtype": "string", "_type": "Value"}}, "{b}": {{"dtype": "large_string", "_type": "Value"}}}}}}}}"#
+            );
+            schema(
+                &format!(
+                    "message schema {{ optional group image {{ optional binary bytes; }} \
+                     optional binary {a} (UTF8); optional binary {b} (UTF8); }}"
+                ),
+                Some(&features),
+            )
+        };
+        let (reason, detail) =
+            resolve(&SampleSpec::default(), &with_strings("title", "alt")).unwrap_err();
         assert_eq!(reason, Reason::MissingColumn);
         assert!(detail.contains("(title, alt)"), "{detail}");
         assert!(detail.contains("--caption-key"), "{detail}");
-        let features = r#"{"info": {"features": {"image": {"_type": "Image"},
-            "url": {"dtype": "string", "_type": "Value"}, "caption": {"dtype": "string", "_type": "Value"}}}}"#;
-        let named = schema(
-            "message schema { optional group image { optional binary bytes; } \
-             optional binary url (UTF8); optional binary caption (UTF8); }",
-            Some(features),
-        );
+        let named = with_strings("url", "caption");
         assert_eq!(
             resolve(&SampleSpec::default(), &named).unwrap().renamed,
             renamed(&[("image", "jpg"), ("caption", "txt")])
