@@ -16,6 +16,12 @@ image):
                ``--batch`` rows per batch as torch tensors (input_ids, labels with padding and
                image runs at -100, pixel_values, image_grid_thw); the last partial batch is kept.
                One process pinned to one core, torch limited to one thread.
+  stack peer   (``--peer stack`` or ``both``) the strongest Python stack we could write: pyarrow
+               ``iter_batches`` over the same files, ``torchvision.io.decode_jpeg``, the fast
+               ``Qwen2VLImageProcessor`` called on the document's images alone, the text between
+               images encoded by ``tokenizers`` (``encode_batch``, Rust) and the vision runs laid
+               in with numpy from the grids (no processor string expansion), the same packing.
+               It must give the HF peer's tokens, padding and patches (checked when both run).
   shardstream  ``count_interleaved(...)`` (the counting pass, timed apart) then
                ``InterleavedLoader(counts, seed=0, threads=T)``, T = ``--threads`` on T cores.
                Until the interleaved kind exists it reports itself as unavailable and the peer
@@ -44,6 +50,7 @@ Every contender runs in a fresh process, its best of ``--repeat`` rounds taken i
     python benches/bench_interleaved.py [--docs 400] [--files 4] [--rows-per-group 8] \\
         [--seq-len 4096] [--batch 8] [--min-pixels 3136] [--max-pixels 1003520] [--repeat 3] \\
         [--threads 1] [--no-peer] [--no-images] [--no-verify] [--peer-decode pil|torchvision] \\
+        [--peer hf|stack|both] \\
         [--baseline PYTHON_DIR] [--dir /tmp/shardstream-bench-interleaved]
 
 ``--baseline`` adds section 1's shardstream on another build (its python/ folder, e.g. a
@@ -319,6 +326,86 @@ def run_peer(o: dict) -> dict:
     }
 
 
+def run_stack_peer(o: dict) -> dict:
+    """One epoch of the stack peer (see the module's docstring); its figures."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import qwen_reference
+    import torch
+    from tokenizers import Tokenizer
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    start = time.perf_counter()
+    image_processor = peer_processor(o)[0].image_processor
+    merge = image_processor.merge_size**2
+    tok = Tokenizer.from_file(o["tokenizer"])
+    vs, ve, image_pad = (
+        tok.token_to_id(t)
+        for t in (qwen_reference.VISION_START, qwen_reference.VISION_END, qwen_reference.IMAGE_PAD)
+    )
+    eos, pad = tok.token_to_id(qwen_reference.EOS), tok.token_to_id(qwen_reference.PAD)
+    packer = Packer(o["seq_len"], o["batch"], pad, vs, ve, image_pad)
+
+    def document(texts, images):
+        # Texts between images joined, as the processor sees them in one string.
+        segments, data, text = [], [], []
+        for t, image in zip(texts, images, strict=True):
+            if image is not None:
+                segments.append("".join(text))
+                data.append(image["bytes"])
+                text = []
+            else:
+                text.append(t)
+        segments.append("".join(text))
+        encoded = [
+            np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(segments, add_special_tokens=False)
+        ]
+        if not data:
+            return np.append(encoded[0], eos), None, None
+        frames = [
+            decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            for b in data
+        ]
+        out = image_processor(images=frames, return_tensors="pt")
+        grids = out["image_grid_thw"]
+        pieces = [encoded[0]]
+        for grid, seg in zip(grids.tolist(), encoded[1:], strict=True):
+            run = np.full(grid[0] * grid[1] * grid[2] // merge + 2, image_pad, dtype=np.int64)
+            run[0], run[-1] = vs, ve
+            pieces += [run, seg]
+        pieces.append(np.asarray([eos], dtype=np.int64))
+        return np.concatenate(pieces), out["pixel_values"], grids
+
+    def batches():
+        for f in o["files"]:
+            for rb in pq.ParquetFile(f).iter_batches(batch_size=64, columns=["texts", "images"]):
+                for texts, images in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
+                    yield from packer.add(*document(texts, images))
+        yield from packer.finish()
+
+    documents = tokens = padding = slots = patches = n_batches = 0
+    for b in batches():
+        n_batches += 1
+        documents += b["documents"]
+        padding += b["padding"]
+        slots += b["input_ids"].numel()
+        tokens += b["input_ids"].numel() - b["padding"]
+        patches += b["pixel_values"].shape[0]
+    return {
+        "documents": documents,
+        "tokens": tokens,
+        "padding": padding,
+        "slots": slots,
+        "patches": patches,
+        "batches": n_batches,
+        "skipped": packer.skipped,
+        "seconds": time.perf_counter() - start,
+        "pixel_dtype": str(b["pixel_values"].dtype) if n_batches else "",
+        "image_processor": type(image_processor).__name__,
+        "note": "",
+    }
+
+
 # -- section 1: shardstream --------------------------------------------------------------------------
 
 
@@ -503,6 +590,8 @@ def worker(args: argparse.Namespace) -> None:
     base_mb = proc_kb("VmRSS") / 1024
     if args.worker == "peer":
         r = run_peer(o)
+    elif args.worker == "stack-peer":
+        r = run_stack_peer(o)
     elif args.worker == "shardstream":
         try:
             import shardstream  # noqa: F401
@@ -556,6 +645,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="rounds; each contender keeps its best")
     ap.add_argument("--threads", type=int, default=1, help="shardstream threads (on as many cores)")
     ap.add_argument("--peer-decode", choices=["pil", "torchvision"], default="pil")
+    ap.add_argument(
+        "--peer", choices=["hf", "stack", "both"], default="hf", help="which peers run (module docstring)"
+    )
     ap.add_argument("--no-peer", action="store_true", help="shardstream only")
     ap.add_argument("--no-images", action="store_true", help="skip section 2 (the image path alone)")
     ap.add_argument("--no-verify", action="store_true", help="skip section 2's agreement check")
@@ -592,9 +684,15 @@ def main() -> None:
 
     # section 1
     runs: dict[str, tuple[str, list[int], dict[str, str]]] = {}
-    if not args.no_peer:
+    if not args.no_peer and args.peer in ("hf", "both"):
         runs[f"HF datasets + Qwen2VLProcessor (fast), {args.peer_decode} decode, 1 core"] = (
             "peer",
+            one,
+            PEER_ENV,
+        )
+    if not args.no_peer and args.peer in ("stack", "both"):
+        runs["pyarrow + decode_jpeg + Qwen2VLImageProcessor + tokenizers, 1 core"] = (
+            "stack-peer",
             one,
             PEER_ENV,
         )
@@ -656,9 +754,15 @@ def main() -> None:
             f"per round {', '.join(f'{r:.3f}x' for r in per_round)}"
         )
     ours = best.get(ours_label)
-    peer = next((b for label, b in best.items() if label not in (ours_label, baseline_label)), None)
-    if ours and peer:
-        print("  ratios, shardstream / HF peer:")
+    peers = {label: b for label, b in best.items() if label not in (ours_label, baseline_label)}
+    if len(peers) == 2:
+        hf, stack = peers.values()
+        same = all(hf[k] == stack[k] for k in ("documents", "tokens", "padding", "patches", "batches"))
+        print(f"  the two peers give the same documents, tokens, padding, patches and batches: {same}")
+    for label, peer in peers.items():
+        if not ours:
+            break
+        print(f"  ratios, shardstream / {label}:")
         for what in ("documents", "tokens"):
             a, p = ours[what] / ours["seconds"], peer[what] / peer["seconds"]
             total = ours[what] / (ours["seconds"] + ours["count_seconds"])
