@@ -170,3 +170,24 @@ def test_a_setting_of_the_wrong_type_is_refused_by_name(tmp_path):
     with pytest.raises(_core.WrongSetting) as e:
         first_batch(loader)
     assert e.value.args[:2] == ("min_pixels", "QwenVL vision spec")
+
+
+def test_the_caption_tokenizer_setting_is_a_declared_dict(tmp_path):
+    """The captions' tokenizer crosses as a dict of kind "caption tokenizer" (it was a positional
+    (kind, path, context_length) tuple, read by position): a loader with one tokenizes its
+    captions to its context length, and a misspelt or missing key is refused by name."""
+    tokenizer = write_tokenizer_json(str(tmp_path / "tokenizer.json"))
+    shard = good_shard(str(tmp_path / "a.tar"), 4)
+    loader = ShardLoader(shard, batch_size=2, tokenizer=tokenizer, context_length=16)
+    assert loader._config["tokenizer"] == {"kind": "json", "path": tokenizer, "context_length": 16}
+    batch = first_batch(loader)
+    assert tuple(batch.tokens.shape) == (2, 16)
+    assert set(_core.settings_keys("caption tokenizer")) == {"kind", "path", "context_length"}
+    loader._config["tokenizer"] = {"kind": "json", "path": tokenizer, "context_len": 16}
+    with pytest.raises(_core.UnknownSetting) as u:
+        first_batch(loader)
+    assert u.value.args[:2] == ("context_len", "caption tokenizer")
+    loader._config["tokenizer"] = {"kind": "json", "path": tokenizer}
+    with pytest.raises(_core.MissingSetting) as m:
+        first_batch(loader)
+    assert m.value.args[:2] == ("context_length", "caption tokenizer")

@@ -161,6 +161,8 @@ def sample_pipeline(
     ``num_batches``, ``on_error``, ``planned``, ``read_ahead``, ``shuffle_seed``,
     ``skip_emitted``, ``sources``, ``span_queue``, ``threads``, ``tokenizer``, ``undecoded``;
     and the source options and the sample options.
+    ``tokenizer`` is a dict of kind "caption tokenizer" (``kind``: "bpe" or "json", ``path``,
+    ``context_length``; ``shardstream.tokenizer.core_tokenizer``) or None.
     ``crop`` is ``"center"``/``"random"``; ``naflex`` is a dict of kind "NaFlex spec"
     (patch_size, max_num_patches, min_num_patches, random_crop: (scale, ratio) or None): the
     NaFlex kind, ``[B, max_num_patches, 3 * patch_size ** 2]`` buffers. A key that is absent
@@ -509,7 +511,8 @@ def budget_pipeline(
     Config keys (kind "token-budget NaFlex"): ``buckets``, ``crop_seed``,
     ``max_images_per_batch``, ``max_member_bytes``, ``max_patches_per_batch``, ``naflex``,
     ``threads``, ``tokenizer``; and the source options and the sample options.
-    ``tokenizer`` is (kind, path, context_length) or None."""
+    ``tokenizer`` is a dict of kind "caption tokenizer" (``kind``: "bpe" or "json", ``path``,
+    ``context_length``; ``shardstream.tokenizer.core_tokenizer``) or None."""
 
 def settings_keys(kind: str) -> list[str]:
     """The keys the core's settings of ``kind`` take, sorted (one list with the binding's

@@ -245,11 +245,11 @@ class ShardLoader(LoaderBase):
         self.sample = sample
         if sample is not None:
             self._config.update(sample.core_config())
-        from shardstream.tokenizer import resolve_tokenizer
+        from shardstream.tokenizer import core_tokenizer, resolve_tokenizer
 
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
         self._tokenizer = resolve_tokenizer(tokenizer, context_length) if tokenizer is not None else None
-        self._config["tokenizer"] = self._tokenizer
+        self._config["tokenizer"] = core_tokenizer(self._tokenizer)
         from shardstream.urls import split_options
 
         self._source_options = source_options

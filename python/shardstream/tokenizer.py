@@ -72,6 +72,15 @@ def rust_tokenizer(tokenizer: str) -> Any:
     return rust_tokenizer_of(resolve_tokenizer(tokenizer))
 
 
+def core_tokenizer(resolved: tuple[str, str, int] | None) -> dict[str, Any] | None:
+    """A resolved (kind, path, context_length) as the core's ``tokenizer`` setting (kind
+    "caption tokenizer": ``kind``, ``path``, ``context_length``, each required), or None."""
+    if resolved is None:
+        return None
+    kind, path, context_length = resolved
+    return {"kind": kind, "path": path, "context_length": context_length}
+
+
 def rust_tokenizer_of(resolved: tuple[str, str, int]) -> Any:
     """``_core.ClipTokenizer`` of a resolved (kind, path, context_length); a file it cannot
     load raises ValueError naming the file."""

@@ -316,7 +316,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         pin_memory: bool | None = None,
         source: SourceOptions | None = None,
     ) -> None:
-        from shardstream.tokenizer import resolve_tokenizer
+        from shardstream.tokenizer import core_tokenizer, resolve_tokenizer
 
         c = self._load_counts(counts)
         patch_size, max_num_patches, min_num_patches = c.naflex
@@ -336,7 +336,7 @@ class NaFlexBudgetLoader(UnitPlanLoader):
         }
         # (kind, path, context_length): the captions are tokenized in the Rust decode threads.
         self._tokenizer = resolve_tokenizer(tokenizer, context_length) if tokenizer is not None else None
-        self._config["tokenizer"] = self._tokenizer
+        self._config["tokenizer"] = core_tokenizer(self._tokenizer)
         # A full batch of the shortest bucket holds the most images (and token rows).
         self._max_images = max(1, min(c.max_patches_per_batch // c.buckets[0], c.max_images_per_batch))
         self._batch_bytes = c.max_patches_per_batch * self.naflex.patch_len

@@ -214,8 +214,8 @@ settings! {
         /// The NaFlex kind's spec: a dict of [`NaFlexSettings`].
         naflex: Option<NaFlexSettings> = None,
         undecoded: bool = false,
-        /// (kind, tokenizer file, context length).
-        tokenizer: Option<(String, String, usize)> = None,
+        /// The captions' tokenizer: a dict of [`CaptionTokenizer`].
+        tokenizer: Option<CaptionTokenizer> = None,
     }
     groups {
         sample: SampleSettings,
@@ -267,12 +267,29 @@ pub(super) fn pipeline_config(config: &Bound<'_, PyDict>) -> PyResult<PipelineCo
     if s.undecoded {
         cfg.kind = SampleKind::Undecoded;
     }
-    if let Some((kind, path, ctx)) = &s.tokenizer {
-        let tok = crate::tokenize::shared(kind, path, *ctx)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        cfg.tokenizer = Some(tok);
+    if let Some(t) = &s.tokenizer {
+        cfg.tokenizer = Some(t.open()?);
     }
     Ok(cfg)
+}
+
+settings! {
+    /// The captions' tokenizer of the sample kinds (`shardstream.tokenizer.core_tokenizer`):
+    /// which one, its file and the tokens a caption is padded or cut to.
+    pub(super) struct CaptionTokenizer ("caption tokenizer") {
+        /// "bpe" (open_clip's CLIP BPE file) or "json" (a `tokenizer.json`).
+        kind: String,
+        path: String,
+        context_length: usize,
+    }
+}
+
+impl CaptionTokenizer {
+    /// The tokenizer, parsed once per process and settings (`tokenize::shared`).
+    pub(super) fn open(&self) -> PyResult<Arc<crate::tokenize::ClipTokenizer>> {
+        crate::tokenize::shared(&self.kind, &self.path, self.context_length)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
 }
 
 settings! {

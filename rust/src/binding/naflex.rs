@@ -8,7 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use serde_json::json;
 
-use super::convert::{naflex_spec, NaFlexSettings, SampleSettings, SourceSettings};
+use super::convert::{
+    naflex_spec, CaptionTokenizer, NaFlexSettings, SampleSettings, SourceSettings,
+};
 use super::pipeline::{MetaToPy, Pipeline};
 use super::settings::{settings, Settings};
 use super::units::{batch_share, count_list, ReaderTuple, UnitTuple};
@@ -17,7 +19,6 @@ use crate::batch::naflex::{
 };
 use crate::batch::units::count_files;
 use crate::plan::budget::BudgetShape;
-use crate::tokenize::shared;
 
 settings! {
     /// The token-budget NaFlex kind's config (`count_patches`' and `NaFlexBudgetLoader`'s):
@@ -33,8 +34,8 @@ settings! {
         max_member_bytes: u64 = crate::defaults::MAX_MEMBER_BYTES,
         threads: usize = 1,
         crop_seed: u64 = 0,
-        /// (kind, tokenizer file, context length) of the captions' tokenizer.
-        tokenizer: Option<(String, String, usize)> = None,
+        /// The captions' tokenizer: a dict of `CaptionTokenizer`.
+        tokenizer: Option<CaptionTokenizer> = None,
     }
     groups {
         sample: SampleSettings,
@@ -122,12 +123,11 @@ pub fn budget_pipeline(
 ) -> PyResult<Pipeline> {
     let s = BudgetSettings::from_config(config)?;
     let share = batch_share(units, counts, reader)?;
-    let tokenizer = match &s.tokenizer {
-        Some((kind, path, ctx)) => {
-            Some(shared(kind, path, *ctx).map_err(|e| PyValueError::new_err(e.to_string()))?)
-        }
-        None => None,
-    };
+    let tokenizer = s
+        .tokenizer
+        .as_ref()
+        .map(CaptionTokenizer::open)
+        .transpose()?;
     let input = Arc::new(BudgetInput {
         units: share.units,
         unit_batches: share.weights,

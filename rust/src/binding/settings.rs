@@ -184,14 +184,16 @@ pub(super) use settings;
 /// "sample". An unknown kind is a `ValueError` naming the kinds.
 #[pyfunction]
 pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
-    use super::convert::{LoaderSettings, NaFlexSettings, SampleSettings, SourceSettings};
+    use super::convert::{
+        CaptionTokenizer, LoaderSettings, NaFlexSettings, SampleSettings, SourceSettings,
+    };
     use super::interleaved::{
         CaptionsLayout, ConversationsLayout, InterleavedSettings, NaFlexVision, QwenVision,
     };
     use super::naflex::BudgetSettings;
     use super::text::{CountSettings, PackedSettings};
     type Keys = fn() -> Vec<&'static str>;
-    let kinds: [(&str, Keys); 12] = [
+    let kinds: [(&str, Keys); 13] = [
         (LoaderSettings::KIND, LoaderSettings::keys),
         (CountSettings::KIND, CountSettings::keys),
         (PackedSettings::KIND, PackedSettings::keys),
@@ -204,6 +206,7 @@ pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
         (SourceSettings::KIND, SourceSettings::keys),
         (SampleSettings::KIND, SampleSettings::keys),
         (NaFlexSettings::KIND, NaFlexSettings::keys),
+        (CaptionTokenizer::KIND, CaptionTokenizer::keys),
     ];
     let Some((_, keys)) = kinds.iter().find(|(k, _)| *k == kind) else {
         let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
