@@ -135,23 +135,25 @@ pub struct Sampled {
 /// Why a clip has no frame plan: each a case the references raise on (or divide by zero in).
 #[derive(Clone, Debug, PartialEq, Error)]
 pub enum SamplingError {
-    #[error("the clip has no frames")]
+    #[error("total_frames must be at least 1: the clip has no frames")]
     NoFrames,
-    #[error("the clip has {0} frames, over the {MAX_CLIP_FRAMES} a frame plan takes")]
+    #[error("total_frames is {0}, over the {MAX_CLIP_FRAMES} frames a frame plan takes")]
     TooManyFrames(u64),
-    #[error("the clip's average frame rate must be positive and finite, not {0}")]
+    #[error("video_fps (the clip's average frame rate) must be positive and finite, not {0}")]
     ClipFps(f64),
     #[error("fps must be positive and finite, not {0}")]
     Fps(f64),
     #[error("temporal_patch_size must be 1..=8, not {0}")]
     TemporalPatch(u32),
-    #[error("a CLIP clip needs at least one frame")]
+    #[error("num_frames must be at least 1: a CLIP clip needs a frame")]
     NoClipFrames,
     #[error("{name} must be a finite number of seconds, not {value}")]
     Time { name: &'static str, value: f64 },
     #[error(
-        "the clip's times hold frames {first} to {last} of {total}: a range needs two frames \
-         (start {start:?} s, end {end:?} s)"
+        "video_start {} and video_end {} hold frames {first} to {last} of {total}: a range needs \
+         two frames",
+        seconds(.start),
+        seconds(.end)
     )]
     EmptyRange {
         first: i64,
@@ -161,8 +163,8 @@ pub enum SamplingError {
         end: Option<f64>,
     },
     #[error(
-        "the {rule} rule samples {frames} frames of a range of {available}: it needs \
-         {least} to {available}"
+        "the {rule} rule samples {frames} frames (nframes, or fps within min_frames and \
+         max_frames) of a range of {available}: it needs {least} to {available}"
     )]
     FrameCount {
         rule: &'static str,
@@ -170,6 +172,11 @@ pub enum SamplingError {
         available: u32,
         least: u32,
     },
+}
+
+/// A clip time as an error message writes it.
+fn seconds(time: &Option<f64>) -> String {
+    time.map_or_else(|| "not given".to_string(), |t| format!("{t} s"))
 }
 
 /// Checks the clip and returns the (first, last) frame of the range its times hold:

@@ -73,9 +73,12 @@ pub enum SizingError {
     Geometry(u32, u32, u32),
     #[error("{name} must be a positive finite number of pixels, not {value}")]
     Pixels { name: &'static str, value: f64 },
-    #[error("a clip of no frames has no size")]
+    #[error("nframes must be at least 1: a clip of no frames has no size")]
     NoFrames,
-    #[error("a {width}x{height} frame has no size: its aspect is over {MAX_RATIO} or a side is 0")]
+    #[error(
+        "height {height} and width {width}: the frame has no size, its aspect is over {MAX_RATIO} or \
+         a side is 0"
+    )]
     Aspect { height: u32, width: u32 },
     #[error("the frame budget is under its least pixels: max_pixels {max} < min_pixels {min}")]
     Bounds { min: f64, max: f64 },
