@@ -90,7 +90,7 @@ def sample_frames(
     """The frames the Qwen2-VL video path reads of a clip, by frame number.
 
     How many: ``nframes`` rounded to the temporal patch, or else ``fps`` frames a second of the
-    range (2 by default), at least ``min_frames`` and at most ``max_frames`` and the range's
+    range (2 when neither is given), at least ``min_frames`` and at most ``max_frames`` and the range's
     frames, rounded down to the temporal patch. Which: ``"qwen-vl-utils"`` (the default, Qwen's
     own pipeline) spreads them from the range's first frame to its last
     (``linspace(first, last, n).round()``); ``"transformers"`` steps from the range's first frame
@@ -193,10 +193,10 @@ def frame_size(
         patch_size: Pixels a patch side (14; Qwen3-VL's 16).
         merge_size: Patches a merge block side.
         temporal_patch_size: Frames a temporal patch.
-        min_pixels: A frame's least pixels (default 128 merge blocks).
+        min_pixels: A frame's least pixels; None is 128 merge blocks.
         max_pixels: A cap under the frame's budget (it never raises it).
-        total_pixels: The clip's pixels in all (default 90% of 128,000 merge blocks,
-            qwen-vl-utils' ``MODEL_SEQ_LEN``).
+        total_pixels: The clip's pixels in all; None is 90% of 128,000 merge blocks
+            (qwen-vl-utils' ``MODEL_SEQ_LEN``).
 
     Returns:
         The resized height and width and the ``(t, h, w)`` grid.
