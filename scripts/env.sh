@@ -2,8 +2,8 @@
 # Source this file: it makes sure the build tools and the cached virtual environment exist,
 # builds the extension into that environment, and activates it.
 # The venv lives outside the work tree, keyed by the hash of requirements/dev.txt, so the
-# torch install happens once per machine, not on every run; requirements/docs.txt is a second
-# layer on top, keyed by its own hash.
+# torch install happens once per machine, not on every run; requirements/docs.txt and
+# requirements/video.txt are a second and a third layer on top, each keyed by its own hash.
 # Strict mode while it runs; the caller's own shell options come back at the end (an interactive
 # shell that sources this must not be left exiting on its next failing command).
 _shardstream_saved_options="$(set +o)"
@@ -42,6 +42,15 @@ if [ ! -f "$VENV/.docs-$DOCS_HASH" ]; then
   "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/docs.txt"
   rm -f "$VENV"/.docs-*
   touch "$VENV/.docs-$DOCS_HASH"
+fi
+# The video kind's references, a third layer keyed by requirements/video.txt's own hash, as the
+# docs layer above.
+VIDEO_HASH="$(sha256sum "$ROOT/requirements/video.txt" | cut -c1-16)"
+if [ ! -f "$VENV/.video-$VIDEO_HASH" ]; then
+  echo "[env] installing the video references (requirements/video.txt)"
+  "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/video.txt"
+  rm -f "$VENV"/.video-*
+  touch "$VENV/.video-$VIDEO_HASH"
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"

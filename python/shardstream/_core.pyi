@@ -520,3 +520,53 @@ def settings_keys(kind: str) -> list[str]:
     "token-budget NaFlex", "interleaved", "interleaved captions layout", "interleaved
     conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "NaFlex spec",
     "source", "sample". ValueError for another kind."""
+
+def video_sample_frames(
+    total_frames: int,
+    video_fps: float,
+    *,
+    rule: Literal["qwen-vl-utils", "transformers"] = "qwen-vl-utils",
+    fps: float | None = None,
+    nframes: int | None = None,
+    min_frames: int = 4,
+    max_frames: int = 768,
+    video_start: float | None = None,
+    video_end: float | None = None,
+    temporal_patch_size: int = 2,
+) -> tuple[list[int], int, float]:
+    """The frames the Qwen path reads of a clip of ``total_frames`` frames at ``video_fps`` (its
+    average frame rate): (indices, range_frames, sample_fps), rust/src/batch/video/sampling.rs.
+
+    ``rule`` "qwen-vl-utils" spreads ``nframes`` (or ``fps`` frames a second, 2 when neither is
+    given, within ``min_frames`` and ``max_frames``) from the first frame of the range
+    ``video_start``..``video_end`` (seconds) to its last; "transformers" steps from the range's
+    first frame. ValueError naming the argument for a bad one, or when the range holds too few
+    frames."""
+
+def video_clip_frames(
+    total_frames: int,
+    video_fps: float,
+    num_frames: int,
+    *,
+    video_start: float | None = None,
+    video_end: float | None = None,
+) -> tuple[list[int], int, float]:
+    """The ``num_frames`` frames of a CLIP clip, spread from the first frame of its range to the
+    last (repeated when the range is shorter): (indices, range_frames, sample_fps). ValueError
+    naming the argument for a bad one."""
+
+def video_frame_size(
+    height: int,
+    width: int,
+    nframes: int,
+    *,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    min_pixels: float | None = None,
+    max_pixels: float | None = None,
+    total_pixels: float | None = None,
+) -> tuple[int, int, tuple[int, int, int]]:
+    """(resized_height, resized_width, (t, h, w) patch grid) of ``nframes`` sampled frames of a
+    ``height x width`` clip under qwen-vl-utils' per-frame and total pixel budgets (``None``: its
+    defaults), rust/src/batch/video/sizing.rs. ValueError naming the argument for a bad one."""

@@ -10,8 +10,9 @@
 //!   the Parquet columns a sample spec reads, and the NaFlex patch slot.
 //! - One folder a kind, side by side: `square` (image-text samples as `[3, S, S]` pixels, and the
 //!   sample pipeline that also lays out NaFlex slots at a fixed count), `naflex` (token-budget
-//!   NaFlex batches), `text` (documents packed into token rows, planned by `plan::unit_stream`) and
-//!   `interleaved` (documents of text and images packed into rows with their patches).
+//!   NaFlex batches), `text` (documents packed into token rows, planned by `plan::unit_stream`),
+//!   `interleaved` (documents of text and images packed into rows with their patches) and
+//!   `video` (clips at their sampled frames; so far the sampling and sizing rules only).
 //!
 //! A kind imports the kit, `pipeline`, `units` and the stages below (`read`, `image`,
 //! `tokenize`, `plan`, `error`), never another kind's folder; the kit and the shared files import
@@ -25,3 +26,4 @@ pub mod pipeline;
 pub mod square;
 pub mod text;
 pub mod units;
+pub mod video;

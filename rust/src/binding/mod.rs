@@ -4,7 +4,8 @@
 //! `plan` (plans, mixtures, the spans a reader reads),
 //! `index` (indexes and their subsets), `scan` (raw samples, shard validation, one image on its
 //! own), `tokenizer` (the tokenizer on its own), `text` (the packed text kind), `naflex` (the NaFlex
-//! kind's token-budget batches), `interleaved` (the VLM documents kind), `units` (what the kinds planned over unit weights share), `settings` (the typed config
+//! kind's token-budget batches), `interleaved` (the VLM documents kind), `units` (what the kinds planned over unit weights share), `video` (the video kind's frame
+//! sampling and sizing, pure computation), `settings` (the typed config
 //! structs every config dict is read into), `errors` (the exception and the errors it carries) and
 //! `convert` (config dicts and JSON to and from Rust types).
 
@@ -23,6 +24,7 @@ mod settings;
 mod text;
 mod tokenizer;
 mod units;
+mod video;
 
 use convert::defaults_dict;
 use errors::{CoreFault, MissingSetting, UnknownSetting, WrongSetting};
@@ -67,5 +69,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan::derive_seed, m)?)?;
     m.add_function(wrap_pyfunction!(plan::assign_shards, m)?)?;
     m.add_function(wrap_pyfunction!(settings::settings_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(video::video_sample_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(video::video_clip_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(video::video_frame_size, m)?)?;
     Ok(())
 }
