@@ -258,6 +258,35 @@ class Packer:
         return out
 
 
+def tally(batches, start: float, packer: Packer, image_processor: str, note: str) -> dict:
+    """A peer's figures over its ``batches`` (each checked to hold its grids' patches), timed
+    from ``start``."""
+    documents = tokens = padding = slots = patches = n_batches = 0
+    pixel_dtype = ""
+    for b in batches:
+        n_batches += 1
+        documents += b["documents"]
+        padding += b["padding"]
+        slots += b["input_ids"].numel()
+        tokens += b["input_ids"].numel() - b["padding"]
+        patches += b["pixel_values"].shape[0]
+        assert b["pixel_values"].shape[0] == int(b["image_grid_thw"].prod(dim=1).sum())
+        pixel_dtype = str(b["pixel_values"].dtype)
+    return {
+        "documents": documents,
+        "tokens": tokens,
+        "padding": padding,
+        "slots": slots,
+        "patches": patches,
+        "batches": n_batches,
+        "skipped": packer.skipped,
+        "seconds": time.perf_counter() - start,
+        "pixel_dtype": pixel_dtype,
+        "image_processor": image_processor,
+        "note": note,
+    }
+
+
 def run_peer(o: dict) -> dict:
     """One epoch of the HF peer; its figures."""
     import numpy as np
@@ -302,28 +331,7 @@ def run_peer(o: dict) -> dict:
             yield from packer.add(ids, pixels, grids)
         yield from packer.finish()
 
-    documents = tokens = padding = slots = patches = n_batches = 0
-    for b in batches():
-        n_batches += 1
-        documents += b["documents"]
-        padding += b["padding"]
-        slots += b["input_ids"].numel()
-        tokens += b["input_ids"].numel() - b["padding"]
-        patches += b["pixel_values"].shape[0]
-        assert b["pixel_values"].shape[0] == int(b["image_grid_thw"].prod(dim=1).sum())
-    return {
-        "documents": documents,
-        "tokens": tokens,
-        "padding": padding,
-        "slots": slots,
-        "patches": patches,
-        "batches": n_batches,
-        "skipped": packer.skipped,
-        "seconds": time.perf_counter() - start,
-        "pixel_dtype": str(b["pixel_values"].dtype) if n_batches else "",
-        "image_processor": type(processor.image_processor).__name__,
-        "note": note,
-    }
+    return tally(batches(), start, packer, type(processor.image_processor).__name__, note)
 
 
 def run_stack_peer(o: dict) -> dict:
@@ -383,27 +391,7 @@ def run_stack_peer(o: dict) -> dict:
                     yield from packer.add(*document(texts, images))
         yield from packer.finish()
 
-    documents = tokens = padding = slots = patches = n_batches = 0
-    for b in batches():
-        n_batches += 1
-        documents += b["documents"]
-        padding += b["padding"]
-        slots += b["input_ids"].numel()
-        tokens += b["input_ids"].numel() - b["padding"]
-        patches += b["pixel_values"].shape[0]
-    return {
-        "documents": documents,
-        "tokens": tokens,
-        "padding": padding,
-        "slots": slots,
-        "patches": patches,
-        "batches": n_batches,
-        "skipped": packer.skipped,
-        "seconds": time.perf_counter() - start,
-        "pixel_dtype": str(b["pixel_values"].dtype) if n_batches else "",
-        "image_processor": type(image_processor).__name__,
-        "note": "",
-    }
+    return tally(batches(), start, packer, type(image_processor).__name__, "")
 
 
 # -- section 1: shardstream --------------------------------------------------------------------------

@@ -34,24 +34,21 @@ if [ ! -f "$VENV/.complete" ]; then
   "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/dev.txt"
   touch "$VENV/.complete"
 fi
-# The docs site's tools, a second layer keyed by requirements/docs.txt's own hash: changing them
-# re-installs only them, never the torch layer above.
-DOCS_HASH="$(sha256sum "$ROOT/requirements/docs.txt" | cut -c1-16)"
-if [ ! -f "$VENV/.docs-$DOCS_HASH" ]; then
-  echo "[env] installing the docs tools (requirements/docs.txt)"
-  "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/docs.txt"
-  rm -f "$VENV"/.docs-*
-  touch "$VENV/.docs-$DOCS_HASH"
-fi
-# The video kind's references, a third layer keyed by requirements/video.txt's own hash, as the
-# docs layer above.
-VIDEO_HASH="$(sha256sum "$ROOT/requirements/video.txt" | cut -c1-16)"
-if [ ! -f "$VENV/.video-$VIDEO_HASH" ]; then
-  echo "[env] installing the video references (requirements/video.txt)"
-  "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/video.txt"
-  rm -f "$VENV"/.video-*
-  touch "$VENV/.video-$VIDEO_HASH"
-fi
+# Layers on top of the torch one, each keyed by its own requirements file's hash: changing one
+# re-installs only it. install_layer NAME FILE WHAT.
+install_layer() {
+  local hash
+  hash="$(sha256sum "$ROOT/requirements/$2" | cut -c1-16)"
+  if [ ! -f "$VENV/.$1-$hash" ]; then
+    echo "[env] installing $3 (requirements/$2)"
+    "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/$2"
+    rm -f "$VENV"/."$1"-*
+    touch "$VENV/.$1-$hash"
+  fi
+}
+install_layer docs docs.txt "the docs site's tools"
+install_layer video video.txt "the video kind's references"
+unset -f install_layer  # a sourced file leaves no function behind in the caller's shell
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
 export SHARDSTREAM_VENV="$VENV"

@@ -123,26 +123,38 @@ def test_the_grid_is_wide():
     assert n > 10_000, n
 
 
+def compare_to(reference, refusals, rule: str) -> tuple[int, int]:
+    """Over the grid, our frames for ``rule`` against ``reference``'s (indices, or (indices,
+    range_frames, sample_fps)); where it raises one of ``refusals``, ours must raise ValueError.
+    (compared, refused)."""
+    compared = refused = 0
+    for total, fps, count, start, end in cases():
+        where = f"total_frames={total} video_fps={fps} {count} video_start={start} video_end={end}"
+        try:
+            expected = reference(total, fps, count, start, end)
+        except refusals:
+            with pytest.raises(ValueError):
+                ours(total, fps, count, start, end, rule)
+            refused += 1
+            continue
+        got = ours(total, fps, count, start, end, rule)
+        if isinstance(expected, tuple):
+            indices, range_frames, sample_fps = expected
+            assert got.range_frames == range_frames, where
+            assert got.sample_fps == pytest.approx(sample_fps, rel=1e-12), where
+        else:
+            indices = expected
+        assert got.indices == indices, where
+        compared += 1
+    return compared, refused
+
+
 @pytest.mark.skipif(
     CAPABILITY not in ("AVX2", "AVX512"),
     reason=f"torch.linspace's {CAPABILITY} kernel rounds twice (no FMA), AVX2 and AVX-512 once",
 )
 def test_frames_are_qwen_vl_utils_frames():
-    compared = refused = 0
-    for total, fps, count, start, end in cases():
-        where = f"total_frames={total} video_fps={fps} {count} video_start={start} video_end={end}"
-        try:
-            expected = qwen_reference(total, fps, count, start, end)
-        except ValueError:
-            with pytest.raises(ValueError):
-                ours(total, fps, count, start, end, "qwen-vl-utils")
-            refused += 1
-            continue
-        got = ours(total, fps, count, start, end, "qwen-vl-utils")
-        assert got.indices == expected[0], where
-        assert got.range_frames == expected[1], where
-        assert got.sample_fps == pytest.approx(expected[2], rel=1e-12), where
-        compared += 1
+    compared, refused = compare_to(qwen_reference, ValueError, "qwen-vl-utils")
     assert compared > 9_000 and refused > 0, (compared, refused)
 
 
@@ -151,20 +163,8 @@ def test_frames_are_qwen_vl_utils_frames():
     reason=f"torch.arange's {CAPABILITY} kernel fills 16 lanes: not the 8 of AVX2 these frames are",
 )
 def test_frames_are_transformers_frames():
-    compared = refused = 0
-    for total, fps, count, start, end in cases():
-        where = f"total_frames={total} video_fps={fps} {count} video_start={start} video_end={end}"
-        try:
-            expected = transformers_reference(total, fps, count, start, end)
-        except (ValueError, ZeroDivisionError):
-            # ZeroDivisionError: a count of 0 frames, which transformers divides by.
-            with pytest.raises(ValueError):
-                ours(total, fps, count, start, end, "transformers")
-            refused += 1
-            continue
-        got = ours(total, fps, count, start, end, "transformers")
-        assert got.indices == expected, where
-        compared += 1
+    # ZeroDivisionError: a count of 0 frames, which transformers divides by.
+    compared, refused = compare_to(transformers_reference, (ValueError, ZeroDivisionError), "transformers")
     assert compared > 9_000 and refused > 0, (compared, refused)
 
 

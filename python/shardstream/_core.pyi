@@ -519,7 +519,7 @@ def settings_keys(kind: str) -> list[str]:
     structs, rust/src/binding/settings.rs): "loader", "token count", "packed text",
     "token-budget NaFlex", "interleaved", "interleaved captions layout", "interleaved
     conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "NaFlex spec",
-    "source", "sample". ValueError for another kind."""
+    "source", "sample", "caption tokenizer". ValueError for another kind."""
 
 def video_sample_frames(
     total_frames: int,

@@ -3,8 +3,8 @@
 //! declare is `_core.UnknownSetting(key, kind, message)`, a required key that is absent (or
 //! None) is `_core.MissingSetting(key, kind, message)`, a value not of the field's type (or out
 //! of its range: a negative count) is `_core.WrongSetting(key, kind, message)`, and an optional
-//! key's default is written next to its field. `_core.settings_keys(kind)` gives the keys to Python (the stub test checks
-//! `_core.pyi` against them).
+//! key's default is written next to its field. `_core.settings_keys(kind)` gives the keys to
+//! Python (the stub test checks `_core.pyi` against them).
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -156,11 +156,7 @@ macro_rules! settings {
     };
     (@value $config:ident, $kind:ident, $field:ident, $ty:ty, $default:expr) => {
         match $crate::binding::settings::present($config, stringify!($field))? {
-            Some(v) => v.extract::<$ty>().map_err(|e| {
-                $crate::binding::settings::wrong_type(
-                    v.py(), e.into(), stringify!($field), $kind, stringify!($ty),
-                )
-            })?,
+            Some(v) => settings!(@extract v, $kind, $field, $ty),
             None => $default,
         }
     };
@@ -168,12 +164,16 @@ macro_rules! settings {
         {
             let v = $crate::binding::settings::present($config, stringify!($field))?
                 .ok_or_else(|| $crate::binding::settings::missing(stringify!($field), $kind))?;
-            v.extract::<$ty>().map_err(|e| {
-                $crate::binding::settings::wrong_type(
-                    v.py(), e.into(), stringify!($field), $kind, stringify!($ty),
-                )
-            })?
+            settings!(@extract v, $kind, $field, $ty)
         }
+    };
+    // One conversion for both arms: a value not of the field's type names its key.
+    (@extract $v:ident, $kind:ident, $field:ident, $ty:ty) => {
+        $v.extract::<$ty>().map_err(|e| {
+            $crate::binding::settings::wrong_type(
+                $v.py(), e.into(), stringify!($field), $kind, stringify!($ty),
+            )
+        })?
     };
 }
 pub(super) use settings;
@@ -181,7 +181,7 @@ pub(super) use settings;
 /// The keys the core's settings of `kind` take, sorted: "loader", "token count", "packed text",
 /// "token-budget NaFlex", "interleaved", "interleaved captions layout", "interleaved
 /// conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "NaFlex spec", "source",
-/// "sample". An unknown kind is a `ValueError` naming the kinds.
+/// "sample", "caption tokenizer". An unknown kind is a `ValueError` naming the kinds.
 #[pyfunction]
 pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
     use super::convert::{
