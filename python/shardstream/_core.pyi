@@ -35,6 +35,10 @@ class WrongSetting(TypeError):
     """A config value the core cannot read as its setting's type, or out of its range (a
     negative count): ``args = (key, kind, message)``."""
 
+class FfmpegUnavailable(ImportError):
+    """No usable FFmpeg shared libraries in this process (none found, or a release this build
+    has no layout for): video cannot be decoded. ``args = (message,)``."""
+
 class CoreFault(Exception):
     """A shard or sample fault: ``args = (reason, url, key, detail, kind)``.
 
@@ -570,3 +574,20 @@ def video_frame_size(
     """(resized_height, resized_width, (t, h, w) patch grid) of ``nframes`` sampled frames of a
     ``height x width`` clip under qwen-vl-utils' per-frame and total pixel budgets (``None``: its
     defaults), rust/src/batch/video/sizing.rs. ValueError naming the argument for a bad one."""
+
+def video_probe(data: bytes, *, max_pixels: int = 64_000_000, max_seconds: float = 0.0) -> dict[str, Any]:
+    """What a clip's stream header says: {codec, width, height, rotation, fps, frames,
+    seconds}, rust/src/batch/video/ffmpeg/input.rs. CoreFault (corrupt_video, no_video_stream,
+    unsupported_codec, too_many_pixels, video_too_long) for a bad clip; FfmpegUnavailable."""
+
+def video_decode_frames(
+    data: bytes,
+    indices: list[int],
+    *,
+    size: tuple[int, int] | None = None,
+    max_pixels: int = 64_000_000,
+    max_seconds: float = 0.0,
+) -> tuple[bytes, int, int, int, dict[str, Any]]:
+    """A clip's frames ``indices`` decoded, converted to RGB at ``size`` (height, width) and
+    turned upright: (pixels [len(indices), height, width, 3], height, width, frames_decoded,
+    header info), rust/src/batch/video/decode.rs. Errors as video_probe's."""

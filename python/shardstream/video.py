@@ -23,7 +23,9 @@ average (frames / duration), times convert to frame numbers at that rate, and fr
 evenly over the frame numbers. On a variable-frame-rate clip that spreads them evenly over the
 frames, not over time: a stretch recorded at a higher rate gets more of them.
 
-Decoding, the loaders and the CLIP clip batches are not built yet.
+:func:`decode_frames` decodes a clip's sampled frames from its bytes, and :func:`probe` reads
+its stream header, through the system's FFmpeg (5.x; found at run time, never bundled: see the
+video guide). The loaders and the CLIP clip batches are not built yet.
 """
 
 from __future__ import annotations
@@ -31,9 +33,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shardstream import _core
+import numpy as np
 
-__all__ = ["FrameSize", "SampledFrames", "clip_frames", "frame_size", "sample_frames"]
+from shardstream import _core
+from shardstream.errors import SampleError
+
+__all__ = [
+    "DecodedFrames",
+    "FfmpegUnavailable",
+    "FrameSize",
+    "SampledFrames",
+    "VideoInfo",
+    "clip_frames",
+    "decode_frames",
+    "frame_size",
+    "probe",
+    "sample_frames",
+]
+
+#: Raised when no usable FFmpeg is found (an ``ImportError``): install the system's FFmpeg 5
+#: libraries (Debian/Ubuntu: ``apt install ffmpeg``).
+FfmpegUnavailable = _core.FfmpegUnavailable
+
+#: The default cap on one coded frame's pixels (the image kinds' ``max_pixels``).
+MAX_PIXELS: int = _core.DEFAULTS["max_pixels"]
 
 Rule = Literal["qwen-vl-utils", "transformers"]
 
@@ -217,3 +240,116 @@ def frame_size(
         total_pixels=total_pixels,
     )
     return FrameSize(h, w, grid)
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a clip's stream header says, before any frame is decoded.
+
+    Attributes:
+        codec: FFmpeg's codec name ("h264", "hevc", "vp9", "av1").
+        width: The displayed width (the coded size turned by ``rotation``).
+        height: The displayed height.
+        rotation: Clockwise degrees (0, 90, 180, 270) the frames are turned to be displayed,
+            from the stream's display matrix; :func:`decode_frames` applies it, as FFmpeg's CLI
+            and TorchCodec do.
+        fps: The average frame rate: the ``video_fps`` :func:`sample_frames` takes.
+        frames: The frame count the container states; 0 where it states none (WebM, MKV).
+        seconds: The duration; 0.0 where the container states none.
+    """
+
+    codec: str
+    width: int
+    height: int
+    rotation: int
+    fps: float
+    frames: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DecodedFrames:
+    """A clip's sampled frames, decoded.
+
+    Attributes:
+        frames: ``uint8 [len(indices), height, width, 3]`` RGB, upright, in the order of the
+            indices asked for.
+        frames_decoded: Frames the decoder output to reach the last one asked for (the clip's
+            first ``max(indices) + 1``): the decoding work per frame sampled.
+        info: The clip's header.
+    """
+
+    frames: np.ndarray
+    frames_decoded: int
+    info: VideoInfo
+
+
+def _sample_error(fault: BaseException) -> SampleError:
+    reason, url, key, detail = (str(a) for a in fault.args[:4])
+    return SampleError(reason, url, key, detail)
+
+
+def probe(data: bytes, *, max_pixels: int = MAX_PIXELS, max_seconds: float = 0.0) -> VideoInfo:
+    """Reads a clip's stream header from its bytes (an MP4, MOV, WebM or MKV file, whole).
+
+    Args:
+        data: The file's bytes.
+        max_pixels: The most pixels of a frame; a larger clip is refused from its header.
+        max_seconds: The longest clip, from its header (0: no cap).
+
+    Returns:
+        Its :class:`VideoInfo`.
+
+    Raises:
+        SampleError: with ``reason`` ``corrupt_video`` (the container does not open or parse),
+            ``no_video_stream``, ``unsupported_codec`` (named in the detail),
+            ``too_many_pixels`` or ``video_too_long``.
+        FfmpegUnavailable: no FFmpeg 5 shared libraries in this process.
+    """
+    try:
+        info = _core.video_probe(data, max_pixels=max_pixels, max_seconds=max_seconds)
+    except _core.CoreFault as fault:
+        raise _sample_error(fault) from None
+    return VideoInfo(**info)
+
+
+def decode_frames(
+    data: bytes,
+    indices: list[int],
+    *,
+    size: tuple[int, int] | None = None,
+    max_pixels: int = MAX_PIXELS,
+    max_seconds: float = 0.0,
+) -> DecodedFrames:
+    """Decodes the frames ``indices`` of a clip from its bytes, and only as far as the last.
+
+    Frame ``n`` is the ``n``-th frame in presentation order, counted from 0, as
+    :func:`sample_frames` numbers them. Decoding stops after the largest index; only the frames
+    asked for are converted, from the decoder's YUV (in the frame's own colour matrix and range)
+    to RGB at ``size`` by one FFmpeg swscale pass (bicubic), then turned upright. One decoder
+    thread per call, the GIL released: decode clips in parallel from threads.
+
+    Args:
+        data: The file's bytes (an MP4, MOV, WebM or MKV file, whole).
+        indices: Frame numbers, any order, repeats allowed.
+        size: (height, width) of every output frame, upright; None keeps the displayed size.
+        max_pixels: The most pixels of a coded frame, checked from the header and every frame.
+        max_seconds: The longest clip, from its header (0: no cap).
+
+    Returns:
+        :class:`DecodedFrames`.
+
+    Raises:
+        SampleError: as :func:`probe`'s, and ``corrupt_video`` when a packet does not decode or
+            the clip ends before an index (the detail says after how many frames).
+        ValueError: a negative index, or a ``size`` side not positive.
+        FfmpegUnavailable: no FFmpeg 5 shared libraries in this process.
+    """
+    try:
+        pixels, height, width, decoded, info = _core.video_decode_frames(
+            data, list(indices), size=size, max_pixels=max_pixels, max_seconds=max_seconds
+        )
+    except _core.CoreFault as fault:
+        raise _sample_error(fault) from None
+    frames = np.frombuffer(pixels, dtype=np.uint8).reshape(len(indices), height, width, 3)
+    return DecodedFrames(frames, decoded, VideoInfo(**info))

@@ -73,11 +73,20 @@ pub enum Reason {
     TooManyImages,
     /// An image whose run of image tokens is longer than a row (`seq_len`).
     ImageOverRow,
+    /// A video whose container does not open or parse, is cut short, holds fewer frames than
+    /// were sampled, or has a packet that does not decode (the whole clip is dropped).
+    CorruptVideo,
+    /// A file read as a video that holds no video stream (audio only, or not a video).
+    NoVideoStream,
+    /// A video stream whose codec the loaded FFmpeg has no decoder for (named in the detail).
+    UnsupportedCodec,
+    /// A video longer than `max_seconds` (from its header, before decoding).
+    VideoTooLong,
 }
 
 impl Reason {
     // New reasons go at the end, so that every existing one keeps its position.
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 29] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -103,6 +112,10 @@ impl Reason {
         Reason::ImageUrlOnly,
         Reason::TooManyImages,
         Reason::ImageOverRow,
+        Reason::CorruptVideo,
+        Reason::NoVideoStream,
+        Reason::UnsupportedCodec,
+        Reason::VideoTooLong,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -132,6 +145,10 @@ impl Reason {
             Reason::ImageUrlOnly => "image_url_only",
             Reason::TooManyImages => "too_many_images",
             Reason::ImageOverRow => "image_over_row",
+            Reason::CorruptVideo => "corrupt_video",
+            Reason::NoVideoStream => "no_video_stream",
+            Reason::UnsupportedCodec => "unsupported_codec",
+            Reason::VideoTooLong => "video_too_long",
         }
     }
 }

@@ -38,6 +38,14 @@ create_exception!(
      (key, kind, message)."
 );
 
+create_exception!(
+    _core,
+    FfmpegUnavailable,
+    pyo3::exceptions::PyImportError,
+    "No usable FFmpeg shared libraries in this process (none found, or a release this build \
+     has no layout for): video cannot be decoded. args = (message,)."
+);
+
 pub(super) fn fault_to_py(f: Fault) -> PyErr {
     CoreFault::new_err((f.reason.as_str(), f.url, f.key, f.detail, f.kind.as_str()))
 }

@@ -27,7 +27,7 @@ mod units;
 mod video;
 
 use convert::defaults_dict;
-use errors::{CoreFault, MissingSetting, UnknownSetting, WrongSetting};
+use errors::{CoreFault, FfmpegUnavailable, MissingSetting, UnknownSetting, WrongSetting};
 use index::DatasetIndex;
 use pipeline::Pipeline;
 use plan::{EpochPlanView, MixturePlan, PlanRequest, PlannedSpans};
@@ -41,6 +41,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("UnknownSetting", m.py().get_type::<UnknownSetting>())?;
     m.add("MissingSetting", m.py().get_type::<MissingSetting>())?;
     m.add("WrongSetting", m.py().get_type::<WrongSetting>())?;
+    m.add("FfmpegUnavailable", m.py().get_type::<FfmpegUnavailable>())?;
     m.add("DEFAULTS", defaults_dict(m.py())?)?;
     m.add_class::<SampleIter>()?;
     m.add_class::<Pipeline>()?;
@@ -72,5 +73,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(video::video_sample_frames, m)?)?;
     m.add_function(wrap_pyfunction!(video::video_clip_frames, m)?)?;
     m.add_function(wrap_pyfunction!(video::video_frame_size, m)?)?;
+    m.add_function(wrap_pyfunction!(video::video_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(video::video_decode_frames, m)?)?;
     Ok(())
 }

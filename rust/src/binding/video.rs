@@ -1,12 +1,21 @@
-//! The video kind's pure computations (issue 54): which frames of a clip are read and the size
-//! they are resized to, from numbers alone (nothing is decoded). Conversion only: the rules are
-//! `batch::video`'s; every fault is a `ValueError` naming the argument it is about.
+//! The video kind's functions (issue 54): which frames of a clip are read and the size they are
+//! resized to, from numbers alone, and a clip's header and sampled frames decoded from its
+//! bytes. Conversion only: the rules are `batch::video`'s. A bad argument is a `ValueError`
+//! naming it; a bad clip is a `CoreFault` with its reason; no FFmpeg is `FfmpegUnavailable`.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::batch::video::sampling::{self, DEFAULT_FPS};
-use crate::batch::video::{Clip, Count, Rule, Sampled, Sampling, Sizing};
+use crate::batch::video::{
+    decode_frames, probe, Caps, Clip, Count, Rule, Sampled, Sampling, Sizing, StreamInfo,
+    VideoFault,
+};
+use crate::defaults;
+use crate::error::SourceKind;
+
+use super::errors::{CoreFault, FfmpegUnavailable};
 
 /// (indices, range_frames, sample_fps): what `video_sample_frames` and `video_clip_frames`
 /// return.
@@ -162,4 +171,99 @@ pub fn video_frame_size(
         .map_err(value_error)?;
     let grid = sizing.grid(nframes, h, w);
     Ok((h, w, (grid.t, grid.h, grid.w)))
+}
+
+/// (pixels, height, width, frames_decoded, header info): what `video_decode_frames` returns.
+type DecodedTuple<'py> = (Py<PyBytes>, u32, u32, u64, Bound<'py, PyDict>);
+
+fn video_fault(e: VideoFault) -> PyErr {
+    match e.reason() {
+        None => FfmpegUnavailable::new_err(e.to_string()),
+        Some(reason) => CoreFault::new_err((
+            reason.as_str(),
+            "",
+            "",
+            e.to_string(),
+            SourceKind::Other.as_str(),
+        )),
+    }
+}
+
+fn caps(max_pixels: i64, max_seconds: f64) -> PyResult<Caps> {
+    if max_seconds.is_nan() || max_seconds < 0.0 {
+        return Err(PyValueError::new_err(format!(
+            "max_seconds must be >= 0 (0 for no cap), not {max_seconds}"
+        )));
+    }
+    Ok(Caps {
+        max_pixels: count("max_pixels", max_pixels)?,
+        max_seconds,
+    })
+}
+
+fn info_dict<'py>(py: Python<'py>, info: &StreamInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("codec", &info.codec)?;
+    d.set_item("width", info.width)?;
+    d.set_item("height", info.height)?;
+    d.set_item("rotation", info.rotation)?;
+    d.set_item("fps", info.fps)?;
+    d.set_item("frames", info.frames)?;
+    d.set_item("seconds", info.seconds)?;
+    Ok(d)
+}
+
+/// What a clip's stream header says: {codec, width, height, rotation, fps, frames, seconds}.
+#[pyfunction]
+#[pyo3(signature = (data, *, max_pixels = defaults::MAX_PIXELS as i64, max_seconds = 0.0))]
+pub fn video_probe<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    max_pixels: i64,
+    max_seconds: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let caps = caps(max_pixels, max_seconds)?;
+    let info = py.detach(|| probe(data, &caps)).map_err(video_fault)?;
+    info_dict(py, &info)
+}
+
+/// A clip's frames `indices`, decoded and converted to RGB at `size` (height, width), turned
+/// upright: (pixels [len(indices), height, width, 3] as bytes, height, width, frames_decoded,
+/// header info dict).
+#[pyfunction]
+#[pyo3(signature = (
+    data, indices, *, size = None, max_pixels = defaults::MAX_PIXELS as i64, max_seconds = 0.0,
+))]
+pub fn video_decode_frames<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    indices: Vec<i64>,
+    size: Option<(i64, i64)>,
+    max_pixels: i64,
+    max_seconds: f64,
+) -> PyResult<DecodedTuple<'py>> {
+    let caps = caps(max_pixels, max_seconds)?;
+    let indices = indices
+        .into_iter()
+        .map(|i| count::<u32>("indices", i))
+        .collect::<PyResult<Vec<_>>>()?;
+    let size = match size {
+        None => None,
+        Some((h, w)) if h > 0 && w > 0 => Some((count("size", h)?, count("size", w)?)),
+        Some((h, w)) => {
+            return Err(PyValueError::new_err(format!(
+                "size must be (height, width) of positive integers, not ({h}, {w})"
+            )))
+        }
+    };
+    let frames = py
+        .detach(|| decode_frames(data, &indices, size, &caps))
+        .map_err(video_fault)?;
+    Ok((
+        PyBytes::new(py, &frames.pixels).unbind(),
+        frames.height,
+        frames.width,
+        frames.frames_decoded,
+        info_dict(py, &frames.info)?,
+    ))
 }

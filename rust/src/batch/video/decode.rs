@@ -1,0 +1,467 @@
+//! A clip decoded at its sampled frames only: frames are decoded in order up to the last one
+//! sampled (and no further), and only the sampled ones are converted from the decoder's YUV to
+//! RGB at their output size, by one swscale pass each, straight into the caller's buffer.
+//!
+//! Frame `n` is the `n`-th frame the decoder outputs, in presentation order, counted from the
+//! stream's first: sampling is by frame number, as `qwen-vl-utils` and transformers sample.
+//! One decoder per clip on one thread: clips decode in parallel, each on its own worker.
+//!
+//! Not yet here (issue 54): seeking to the keyframe before a sampled frame, skipping the
+//! non-reference frames that are not sampled, and byte-range reads.
+
+use std::ffi::{c_int, c_void, CString};
+use std::ptr::null_mut;
+
+use crate::error::Reason;
+
+use super::ffmpeg::{code, ffmpeg, field, Ffmpeg, FfmpegUnavailable, Input, StreamInfo};
+
+/// AV_PIX_FMT_RGB24.
+const RGB24: c_int = 2;
+/// SWS_BICUBIC: the interpolation of FFmpeg's CLI scaler, and the family of the references'.
+const SWS_BICUBIC: c_int = 4;
+/// SWS_CS_DEFAULT (BT.601), and the AVColorSpace values swscale has coefficients for.
+const CS_DEFAULT: c_int = 5;
+/// AVCOL_RANGE_JPEG: full-range YUV.
+const RANGE_FULL: c_int = 2;
+
+/// Limits checked from the stream header before anything is decoded (and on every frame).
+#[derive(Clone, Copy, Debug)]
+pub struct Caps {
+    /// Most pixels of one coded frame (width x height).
+    pub max_pixels: u64,
+    /// Most seconds of a clip (0.0: no cap).
+    pub max_seconds: f64,
+}
+
+impl Caps {
+    pub fn check_pixels(&self, width: u64, height: u64) -> Result<(), VideoFault> {
+        if width.saturating_mul(height) > self.max_pixels {
+            return Err(VideoFault::TooManyPixels {
+                width,
+                height,
+                max_pixels: self.max_pixels,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn check_seconds(&self, seconds: f64) -> Result<(), VideoFault> {
+        if self.max_seconds > 0.0 && seconds > self.max_seconds {
+            return Err(VideoFault::TooLong {
+                seconds,
+                max_seconds: self.max_seconds,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why a clip yields no frames.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum VideoFault {
+    /// No usable FFmpeg in this process: the environment's fault, never a sample's.
+    #[error(transparent)]
+    Unavailable(#[from] FfmpegUnavailable),
+    /// The container does not open or parse, is truncated, or a packet does not decode.
+    #[error("{0}")]
+    Corrupt(String),
+    #[error("the file holds no video stream")]
+    NoVideoStream,
+    #[error("the video stream's codec {0:?} has no decoder in this FFmpeg")]
+    UnsupportedCodec(String),
+    #[error("a frame of {width}x{height} is over max_pixels={max_pixels}")]
+    TooManyPixels {
+        width: u64,
+        height: u64,
+        max_pixels: u64,
+    },
+    #[error("the clip lasts {seconds:.3} s, over max_seconds={max_seconds}")]
+    TooLong { seconds: f64, max_seconds: f64 },
+    #[error("frame {index} was asked for, but the clip ends after {frames} decoded frames")]
+    PastTheEnd { index: u32, frames: u64 },
+}
+
+impl VideoFault {
+    /// The skip reason a loader counts this under (None: not the sample's fault).
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            VideoFault::Unavailable(_) => None,
+            VideoFault::Corrupt(_) | VideoFault::PastTheEnd { .. } => Some(Reason::CorruptVideo),
+            VideoFault::NoVideoStream => Some(Reason::NoVideoStream),
+            VideoFault::UnsupportedCodec(_) => Some(Reason::UnsupportedCodec),
+            VideoFault::TooManyPixels { .. } => Some(Reason::TooManyPixels),
+            VideoFault::TooLong { .. } => Some(Reason::VideoTooLong),
+        }
+    }
+}
+
+/// Sampled frames, decoded: `pixels` is `uint8 [len(indices), height, width, 3]`, frame `i`
+/// of the output being the clip's frame `indices[i]`.
+#[derive(Debug)]
+pub struct Frames {
+    pub info: StreamInfo,
+    pub height: u32,
+    pub width: u32,
+    pub pixels: Vec<u8>,
+    /// Frames the decoder output to reach the last sampled one (the clip's first
+    /// `max(indices) + 1`): the work done per frame sampled.
+    pub frames_decoded: u64,
+}
+
+/// What the stream header says of `bytes` (opens the container; decodes no frame).
+pub fn probe(bytes: &[u8], caps: &Caps) -> Result<StreamInfo, VideoFault> {
+    Ok(Input::open(ffmpeg()?, bytes, caps)?.info.clone())
+}
+
+/// Decodes the frames `indices` (any order, repeats allowed) of the clip in `bytes`, each
+/// converted to RGB and resized to `size` = (height, width) in its displayed orientation (the
+/// displayed size where None), turned as its display matrix says.
+pub fn decode_frames(
+    bytes: &[u8],
+    indices: &[u32],
+    size: Option<(u32, u32)>,
+    caps: &Caps,
+) -> Result<Frames, VideoFault> {
+    let ff = ffmpeg()?;
+    let input = Input::open(ff, bytes, caps)?;
+    let info = input.info.clone();
+    let (height, width) = size.unwrap_or((info.height, info.width));
+    if height == 0 || width == 0 {
+        return Err(VideoFault::Corrupt(format!(
+            "an output size of {height}x{width} holds no pixel"
+        )));
+    }
+    let frame_bytes = height as usize * width as usize * 3;
+    let mut pixels = vec![0u8; indices.len() * frame_bytes];
+    // (frame index, output slot) in decode order.
+    let mut wanted: Vec<(u32, usize)> = indices.iter().copied().zip(0..).collect();
+    wanted.sort_unstable();
+    let Some(&(last, _)) = wanted.last() else {
+        return Ok(Frames {
+            info,
+            height,
+            width,
+            pixels,
+            frames_decoded: 0,
+        });
+    };
+    let mut decoder = Decoder::open(&input)?;
+    let mut convert = Converter {
+        ff,
+        sws: null_mut(),
+        rotation: info.rotation,
+        height,
+        width,
+        scratch: Vec::new(),
+    };
+    let mut next = 0usize;
+    let mut decoded = 0u64;
+    let result = decoder.each_frame(&input, |frame| {
+        // SAFETY: a frame the decoder just output, live for this call.
+        let (w, h): (c_int, c_int) = unsafe {
+            (
+                field(frame, ff.layout.frame_width),
+                field(frame, ff.layout.frame_height),
+            )
+        };
+        caps.check_pixels(w.max(0) as u64, h.max(0) as u64)?;
+        let n = decoded as u32;
+        decoded += 1;
+        let mut first_slot = None;
+        while next < wanted.len() && wanted[next].0 == n {
+            let slot = wanted[next].1;
+            let out = slot * frame_bytes;
+            match first_slot {
+                None => {
+                    convert.frame(frame, &mut pixels[out..out + frame_bytes])?;
+                    first_slot = Some(out);
+                }
+                Some(from) => pixels.copy_within(from..from + frame_bytes, out),
+            }
+            next += 1;
+        }
+        Ok(n < last)
+    });
+    convert.release();
+    result?;
+    if next < wanted.len() {
+        return Err(VideoFault::PastTheEnd {
+            index: last,
+            frames: decoded,
+        });
+    }
+    Ok(Frames {
+        info,
+        height,
+        width,
+        pixels,
+        frames_decoded: decoded,
+    })
+}
+
+/// One clip's decoder: its codec context, a packet and a frame.
+struct Decoder {
+    ff: &'static Ffmpeg,
+    context: *mut c_void,
+    packet: *mut c_void,
+    frame: *mut c_void,
+}
+
+impl Drop for Decoder {
+    fn drop(&mut self) {
+        let f = &self.ff.f;
+        // SAFETY: each is ours, live or null (the free functions accept null).
+        unsafe {
+            (f.av_frame_free)(&mut self.frame);
+            (f.av_packet_free)(&mut self.packet);
+            (f.avcodec_free_context)(&mut self.context);
+        }
+    }
+}
+
+impl Decoder {
+    fn open(input: &Input<'_>) -> Result<Self, VideoFault> {
+        let ff = input.ff;
+        let f = &ff.f;
+        // SAFETY: FFmpeg allocations checked for null; codecpar belongs to the live stream.
+        unsafe {
+            let d = Decoder {
+                ff,
+                context: (f.avcodec_alloc_context3)(input.codec),
+                packet: (f.av_packet_alloc)(),
+                frame: (f.av_frame_alloc)(),
+            };
+            if d.context.is_null() || d.packet.is_null() || d.frame.is_null() {
+                return Err(VideoFault::Corrupt("out of memory for the decoder".into()));
+            }
+            let par: *mut c_void = field(input.stream, ff.layout.stream_codecpar);
+            let ret = (f.avcodec_parameters_to_context)(d.context, par);
+            if ret < 0 {
+                return Err(VideoFault::Corrupt(format!(
+                    "the stream's codec parameters do not apply: {}",
+                    ff.error_text(ret)
+                )));
+            }
+            // One thread per clip: the loader runs many clips at once, one per worker.
+            let threads = CString::new("threads").expect("no NUL");
+            (f.av_opt_set_int)(d.context, threads.as_ptr(), 1, 0);
+            let ret = (f.avcodec_open2)(d.context, input.codec, null_mut());
+            if ret < 0 {
+                return Err(VideoFault::UnsupportedCodec(format!(
+                    "{} ({})",
+                    input.info.codec,
+                    ff.error_text(ret)
+                )));
+            }
+            Ok(d)
+        }
+    }
+
+    /// Feeds the stream's packets and hands each output frame to `each` while it returns
+    /// true; then drains the decoder at the end of the input.
+    fn each_frame(
+        &mut self,
+        input: &Input<'_>,
+        mut each: impl FnMut(*mut c_void) -> Result<bool, VideoFault>,
+    ) -> Result<(), VideoFault> {
+        let ff = self.ff;
+        let f = &ff.f;
+        let mut packets = 0u64;
+        // SAFETY: the contexts are live for self and input; every packet is unreferenced
+        // after it is sent.
+        unsafe {
+            loop {
+                let ret = (f.av_read_frame)(input.format, self.packet);
+                if ret < 0 {
+                    // The end of the input (or a cut file): drain what the decoder holds.
+                    break;
+                }
+                let index: c_int = field(self.packet, ff.layout.packet_stream_index);
+                if index != input.stream_index {
+                    (f.av_packet_unref)(self.packet);
+                    continue;
+                }
+                let ret = (f.avcodec_send_packet)(self.context, self.packet);
+                (f.av_packet_unref)(self.packet);
+                if ret < 0 && ret != code::EAGAIN {
+                    return Err(VideoFault::Corrupt(format!(
+                        "video packet {packets} does not decode: {}",
+                        ff.error_text(ret)
+                    )));
+                }
+                packets += 1;
+                if !self.receive(&mut each)? {
+                    return Ok(());
+                }
+            }
+            (f.avcodec_send_packet)(self.context, null_mut());
+            self.receive(&mut each)?;
+        }
+        Ok(())
+    }
+
+    /// Takes every frame the decoder has ready; false once `each` wants no more.
+    unsafe fn receive(
+        &mut self,
+        each: &mut impl FnMut(*mut c_void) -> Result<bool, VideoFault>,
+    ) -> Result<bool, VideoFault> {
+        let f = &self.ff.f;
+        loop {
+            let ret = (f.avcodec_receive_frame)(self.context, self.frame);
+            if ret == code::EAGAIN || ret == code::EOF {
+                return Ok(true);
+            }
+            if ret < 0 {
+                return Err(VideoFault::Corrupt(format!(
+                    "a frame does not decode: {}",
+                    self.ff.error_text(ret)
+                )));
+            }
+            if !each(self.frame)? {
+                return Ok(false);
+            }
+        }
+    }
+}
+
+/// YUV (any decoder format) to RGB at the output size, then the quarter turns.
+struct Converter {
+    ff: &'static Ffmpeg,
+    sws: *mut c_void,
+    rotation: u32,
+    /// The output size, displayed orientation.
+    height: u32,
+    width: u32,
+    /// The unturned frame, where the clip is turned.
+    scratch: Vec<u8>,
+}
+
+impl Converter {
+    fn release(&mut self) {
+        // SAFETY: ours or null (sws_freeContext accepts null).
+        unsafe { (self.ff.f.sws_freeContext)(self.sws) };
+        self.sws = null_mut();
+    }
+
+    fn frame(&mut self, frame: *mut c_void, out: &mut [u8]) -> Result<(), VideoFault> {
+        let l = self.ff.layout;
+        let f = &self.ff.f;
+        let turned = self.rotation % 180 == 90;
+        let (oh, ow) = if turned {
+            (self.width, self.height)
+        } else {
+            (self.height, self.width)
+        };
+        // SAFETY: frame is a live decoded AVFrame; the destination holds oh x ow x 3 bytes.
+        unsafe {
+            let (w, h, format): (c_int, c_int, c_int) = (
+                field(frame, l.frame_width),
+                field(frame, l.frame_height),
+                field(frame, l.frame_format),
+            );
+            self.sws = (f.sws_getCachedContext)(
+                self.sws,
+                w,
+                h,
+                format,
+                ow as c_int,
+                oh as c_int,
+                RGB24,
+                SWS_BICUBIC,
+                null_mut(),
+                null_mut(),
+                std::ptr::null(),
+            );
+            if self.sws.is_null() {
+                return Err(VideoFault::Corrupt(format!(
+                    "frames of pixel format {format} at {w}x{h} cannot be converted to RGB"
+                )));
+            }
+            // The frame's own matrix and range (BT.709 HD, full-range JPEG-style), not
+            // swscale's BT.601 limited-range default.
+            let space: c_int = field(frame, l.frame_colorspace);
+            let range: c_int = field(frame, l.frame_color_range);
+            let space = if (1..=10).contains(&space) && space != 2 {
+                space
+            } else {
+                CS_DEFAULT
+            };
+            (f.sws_setColorspaceDetails)(
+                self.sws,
+                (f.sws_getCoefficients)(space),
+                (range == RANGE_FULL) as c_int,
+                (f.sws_getCoefficients)(CS_DEFAULT),
+                1,
+                0,
+                1 << 16,
+                1 << 16,
+            );
+            let dest: &mut [u8] = if self.rotation == 0 {
+                out
+            } else {
+                self.scratch.resize(out.len(), 0);
+                &mut self.scratch
+            };
+            let planes = [dest.as_mut_ptr(), null_mut(), null_mut(), null_mut()];
+            let strides = [ow as c_int * 3, 0, 0, 0];
+            let data = (frame as *const u8).add(l.frame_data) as *const *const u8;
+            let linesize = (frame as *const u8).add(l.frame_linesize) as *const c_int;
+            let rows = (f.sws_scale)(
+                self.sws,
+                data,
+                linesize,
+                0,
+                h,
+                planes.as_ptr(),
+                strides.as_ptr(),
+            );
+            if rows != oh as c_int {
+                return Err(VideoFault::Corrupt(format!(
+                    "converting a {w}x{h} frame gave {rows} rows of {oh}"
+                )));
+            }
+        }
+        if self.rotation != 0 {
+            turn(&self.scratch, oh as usize, ow as usize, self.rotation, out);
+        }
+        Ok(())
+    }
+}
+
+/// `src` (h x w RGB) turned clockwise by `rotation` degrees into `out`.
+fn turn(src: &[u8], h: usize, w: usize, rotation: u32, out: &mut [u8]) {
+    for y in 0..h {
+        for x in 0..w {
+            let (ty, tx, tw) = match rotation {
+                90 => (x, h - 1 - y, h),
+                180 => (h - 1 - y, w - 1 - x, w),
+                _ => (w - 1 - x, y, h),
+            };
+            let s = (y * w + x) * 3;
+            let d = (ty * tw + tx) * 3;
+            out[d..d + 3].copy_from_slice(&src[s..s + 3]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::turn;
+
+    #[test]
+    fn turns_are_clockwise_quarter_turns() {
+        // 2x3 image, pixel value = its index.
+        let src: Vec<u8> = (0..6u8).flat_map(|v| [v, v, v]).collect();
+        let grey = |b: &[u8]| b.chunks(3).map(|p| p[0]).collect::<Vec<_>>();
+        let mut out = vec![0; 18];
+        turn(&src, 2, 3, 90, &mut out);
+        // [[0,1,2],[3,4,5]] clockwise -> [[3,0],[4,1],[5,2]]
+        assert_eq!(grey(&out), vec![3, 0, 4, 1, 5, 2]);
+        turn(&src, 2, 3, 180, &mut out);
+        assert_eq!(grey(&out), vec![5, 4, 3, 2, 1, 0]);
+        turn(&src, 2, 3, 270, &mut out);
+        // counter-clockwise -> [[2,5],[1,4],[0,3]]
+        assert_eq!(grey(&out), vec![2, 5, 1, 4, 0, 3]);
+    }
+}
