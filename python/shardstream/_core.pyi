@@ -589,5 +589,5 @@ def video_decode_frames(
     max_seconds: float = 0.0,
 ) -> tuple[bytes, int, int, int, dict[str, Any]]:
     """A clip's frames ``indices`` decoded, converted to RGB at ``size`` (height, width) and
-    turned upright: (pixels [len(indices), height, width, 3], height, width, frames_decoded,
+    turned upright: (pixels [len(indices), 3, height, width], height, width, frames_decoded,
     header info), rust/src/batch/video/decode.rs. Errors as video_probe's."""

@@ -272,8 +272,8 @@ class DecodedFrames:
     """A clip's sampled frames, decoded.
 
     Attributes:
-        frames: ``uint8 [len(indices), height, width, 3]`` RGB, upright, in the order of the
-            indices asked for.
+        frames: ``uint8 [len(indices), 3, height, width]`` RGB (TorchCodec's layout, and the
+            CLIP clips'), upright, in the order of the indices asked for.
         frames_decoded: Frames the decoder output to reach the last one asked for (the clip's
             first ``max(indices) + 1``): the decoding work per frame sampled.
         info: The clip's header.
@@ -325,9 +325,11 @@ def decode_frames(
 
     Frame ``n`` is the ``n``-th frame in presentation order, counted from 0, as
     :func:`sample_frames` numbers them. Decoding stops after the largest index; only the frames
-    asked for are converted, from the decoder's YUV (in the frame's own colour matrix and range)
-    to RGB at ``size`` by one FFmpeg swscale pass (bicubic), then turned upright. One decoder
-    thread per call, the GIL released: decode clips in parallel from threads.
+    asked for are converted: from the decoder's YUV (in the frame's own colour matrix and range)
+    to RGB by FFmpeg's swscale at the coded size, turned upright, then resized to ``size`` by the
+    image kinds' resize (Pillow's antialiased bicubic, which torchvision's antialiased resize in
+    qwen-vl-utils follows). One decoder thread per call, the GIL released: decode clips in
+    parallel from threads.
 
     Args:
         data: The file's bytes (an MP4, MOV, WebM or MKV file, whole).
@@ -351,5 +353,5 @@ def decode_frames(
         )
     except _core.CoreFault as fault:
         raise _sample_error(fault) from None
-    frames = np.frombuffer(pixels, dtype=np.uint8).reshape(len(indices), height, width, 3)
+    frames = np.frombuffer(pixels, dtype=np.uint8).reshape(len(indices), 3, height, width)
     return DecodedFrames(frames, decoded, VideoInfo(**info))

@@ -228,7 +228,7 @@ pub fn video_probe<'py>(
 }
 
 /// A clip's frames `indices`, decoded and converted to RGB at `size` (height, width), turned
-/// upright: (pixels [len(indices), height, width, 3] as bytes, height, width, frames_decoded,
+/// upright: (pixels [len(indices), 3, height, width] as bytes, height, width, frames_decoded,
 /// header info dict).
 #[pyfunction]
 #[pyo3(signature = (

@@ -1,6 +1,7 @@
 //! A clip decoded at its sampled frames only: frames are decoded in order up to the last one
 //! sampled (and no further), and only the sampled ones are converted from the decoder's YUV to
-//! RGB at their output size, by one swscale pass each, straight into the caller's buffer.
+//! RGB (swscale, at the coded size), turned upright and resized (the image kinds' resizer)
+//! straight into the caller's buffer.
 //!
 //! Frame `n` is the `n`-th frame the decoder outputs, in presentation order, counted from the
 //! stream's first: sampling is by frame number, as `qwen-vl-utils` and transformers sample.
@@ -13,12 +14,15 @@ use std::ffi::{c_int, c_void, CString};
 use std::ptr::null_mut;
 
 use crate::error::Reason;
+use crate::image::convolve::Kernel;
+use crate::image::decode::{Pixels, Rgb};
+use crate::image::resize::{CropBox, Transformer};
 
 use super::ffmpeg::{code, ffmpeg, field, Ffmpeg, FfmpegUnavailable, Input, StreamInfo};
 
 /// AV_PIX_FMT_RGB24.
 const RGB24: c_int = 2;
-/// SWS_BICUBIC: the interpolation of FFmpeg's CLI scaler, and the family of the references'.
+/// SWS_BICUBIC: FFmpeg's CLI scaler's (here it upsamples the chroma planes only).
 const SWS_BICUBIC: c_int = 4;
 /// SWS_CS_DEFAULT (BT.601), and the AVColorSpace values swscale has coefficients for.
 const CS_DEFAULT: c_int = 5;
@@ -96,8 +100,8 @@ impl VideoFault {
     }
 }
 
-/// Sampled frames, decoded: `pixels` is `uint8 [len(indices), height, width, 3]`, frame `i`
-/// of the output being the clip's frame `indices[i]`.
+/// Sampled frames, decoded: `pixels` is `uint8 [len(indices), 3, height, width]` (TorchCodec's
+/// layout, and the CLIP clips'), frame `i` of the output being the clip's frame `indices[i]`.
 #[derive(Debug)]
 pub struct Frames {
     pub info: StreamInfo,
@@ -147,14 +151,7 @@ pub fn decode_frames(
         });
     };
     let mut decoder = Decoder::open(&input)?;
-    let mut convert = Converter {
-        ff,
-        sws: null_mut(),
-        rotation: info.rotation,
-        height,
-        width,
-        scratch: Vec::new(),
-    };
+    let mut convert = Converter::new(ff, info.rotation, (height, width));
     let mut next = 0usize;
     let mut decoded = 0u64;
     let result = decoder.each_frame(&input, |frame| {
@@ -325,7 +322,10 @@ impl Decoder {
     }
 }
 
-/// YUV (any decoder format) to RGB at the output size, then the quarter turns.
+/// A decoded frame to the output: YUV (any decoder format) to RGB at its coded size by swscale
+/// (in the frame's own colour matrix and range: exactly FFmpeg's conversion, which the
+/// references run too), the quarter turns, then the image kinds' resize (Pillow's antialiased
+/// bicubic, as torchvision's resize in qwen-vl-utils) straight into `[3, height, width]`.
 struct Converter {
     ff: &'static Ffmpeg,
     sws: *mut c_void,
@@ -333,40 +333,99 @@ struct Converter {
     /// The output size, displayed orientation.
     height: u32,
     width: u32,
-    /// The unturned frame, where the clip is turned.
-    scratch: Vec<u8>,
+    transformer: Transformer,
+    /// The frame as RGB [h, w, 3] at its coded size, and turned upright.
+    coded: Vec<u8>,
+    upright: Vec<u8>,
 }
 
 impl Converter {
+    fn new(ff: &'static Ffmpeg, rotation: u32, (height, width): (u32, u32)) -> Self {
+        Converter {
+            ff,
+            sws: null_mut(),
+            rotation,
+            height,
+            width,
+            transformer: Transformer::new(),
+            coded: Vec::new(),
+            upright: Vec::new(),
+        }
+    }
+
     fn release(&mut self) {
         // SAFETY: ours or null (sws_freeContext accepts null).
         unsafe { (self.ff.f.sws_freeContext)(self.sws) };
         self.sws = null_mut();
     }
 
+    /// Writes `frame` as RGB [3, height, width] into `out`.
     fn frame(&mut self, frame: *mut c_void, out: &mut [u8]) -> Result<(), VideoFault> {
+        let (w, h) = self.convert_rgb(frame)?;
+        let (w, h) = if self.rotation == 0 {
+            std::mem::swap(&mut self.coded, &mut self.upright);
+            (w, h)
+        } else {
+            self.upright.resize(self.coded.len(), 0);
+            turn(
+                &self.coded,
+                h as usize,
+                w as usize,
+                self.rotation,
+                &mut self.upright,
+            );
+            if self.rotation == 180 {
+                (w, h)
+            } else {
+                (h, w)
+            }
+        };
+        if (w, h) == (self.width, self.height) {
+            let n = w as usize * h as usize;
+            let (r, rest) = out.split_at_mut(n);
+            let (g, b) = rest.split_at_mut(n);
+            for (i, px) in self.upright.chunks_exact(3).enumerate() {
+                (r[i], g[i], b[i]) = (px[0], px[1], px[2]);
+            }
+            return Ok(());
+        }
+        let rgb = Pixels::Rgb(Rgb {
+            width: w,
+            height: h,
+            pixels: &self.upright,
+        });
+        let whole = CropBox {
+            x: 0.0,
+            y: 0.0,
+            w: w as f64,
+            h: h as f64,
+        };
+        self.transformer
+            .resize_into_planar(&rgb, whole, (self.width, self.height), Kernel::Bicubic, out)
+            .map_err(|e| VideoFault::Corrupt(format!("resizing a {w}x{h} frame: {}", e.detail)))
+    }
+
+    /// The frame as RGB [h, w, 3] in `self.coded`, at its coded size: (w, h).
+    fn convert_rgb(&mut self, frame: *mut c_void) -> Result<(u32, u32), VideoFault> {
         let l = self.ff.layout;
         let f = &self.ff.f;
-        let turned = self.rotation % 180 == 90;
-        let (oh, ow) = if turned {
-            (self.width, self.height)
-        } else {
-            (self.height, self.width)
-        };
-        // SAFETY: frame is a live decoded AVFrame; the destination holds oh x ow x 3 bytes.
+        // SAFETY: frame is a live decoded AVFrame; the destination holds h x w x 3 bytes.
         unsafe {
             let (w, h, format): (c_int, c_int, c_int) = (
                 field(frame, l.frame_width),
                 field(frame, l.frame_height),
                 field(frame, l.frame_format),
             );
+            if w <= 0 || h <= 0 {
+                return Err(VideoFault::Corrupt(format!("a decoded frame of {w}x{h}")));
+            }
             self.sws = (f.sws_getCachedContext)(
                 self.sws,
                 w,
                 h,
                 format,
-                ow as c_int,
-                oh as c_int,
+                w,
+                h,
                 RGB24,
                 SWS_BICUBIC,
                 null_mut(),
@@ -397,14 +456,9 @@ impl Converter {
                 1 << 16,
                 1 << 16,
             );
-            let dest: &mut [u8] = if self.rotation == 0 {
-                out
-            } else {
-                self.scratch.resize(out.len(), 0);
-                &mut self.scratch
-            };
-            let planes = [dest.as_mut_ptr(), null_mut(), null_mut(), null_mut()];
-            let strides = [ow as c_int * 3, 0, 0, 0];
+            self.coded.resize(w as usize * h as usize * 3, 0);
+            let planes = [self.coded.as_mut_ptr(), null_mut(), null_mut(), null_mut()];
+            let strides = [w * 3, 0, 0, 0];
             let data = (frame as *const u8).add(l.frame_data) as *const *const u8;
             let linesize = (frame as *const u8).add(l.frame_linesize) as *const c_int;
             let rows = (f.sws_scale)(
@@ -416,16 +470,13 @@ impl Converter {
                 planes.as_ptr(),
                 strides.as_ptr(),
             );
-            if rows != oh as c_int {
+            if rows != h {
                 return Err(VideoFault::Corrupt(format!(
-                    "converting a {w}x{h} frame gave {rows} rows of {oh}"
+                    "converting a {w}x{h} frame gave {rows} rows"
                 )));
             }
+            Ok((w as u32, h as u32))
         }
-        if self.rotation != 0 {
-            turn(&self.scratch, oh as usize, ow as usize, self.rotation, out);
-        }
-        Ok(())
     }
 }
 
