@@ -274,8 +274,8 @@ class DecodedFrames:
     Attributes:
         frames: ``uint8 [len(indices), 3, height, width]`` RGB (TorchCodec's layout, and the
             CLIP clips'), upright, in the order of the indices asked for.
-        frames_decoded: Frames the decoder output to reach the last one asked for (the clip's
-            first ``max(indices) + 1``): the decoding work per frame sampled.
+        frames_decoded: Frames the decoder output: those asked for and the references they
+            needed (skipped and dropped frames are not decoded): the work per frame sampled.
         info: The clip's header.
     """
 
@@ -321,11 +321,13 @@ def decode_frames(
     max_pixels: int = MAX_PIXELS,
     max_seconds: float = 0.0,
 ) -> DecodedFrames:
-    """Decodes the frames ``indices`` of a clip from its bytes, and only as far as the last.
+    """Decodes the frames ``indices`` of a clip from its bytes, and only the packets they need.
 
-    Frame ``n`` is the ``n``-th frame in presentation order, counted from 0, as
-    :func:`sample_frames` numbers them. Decoding stops after the largest index; only the frames
-    asked for are converted: from the decoder's YUV (in the frame's own colour matrix and range)
+    Frame ``n`` is the frame with the ``n``-th smallest presentation time, counted from 0, as
+    :func:`sample_frames` and TorchCodec number them. Each is decoded from the keyframe before
+    it, skipping the unsampled non-reference frames between (a stream without distinct packet
+    times is decoded in order up to the largest index). Only the frames asked for are
+    converted: from the decoder's YUV (in the frame's own colour matrix and range)
     to RGB by FFmpeg's swscale at the coded size, turned upright, then resized to ``size`` by the
     image kinds' resize (Pillow's antialiased bicubic, which torchvision's antialiased resize in
     qwen-vl-utils follows). One decoder thread per call, the GIL released: decode clips in

@@ -1,16 +1,18 @@
-//! A clip decoded at its sampled frames only: frames are decoded in order up to the last one
-//! sampled (and no further), and only the sampled ones are converted from the decoder's YUV to
-//! RGB (swscale, at the coded size), turned upright and resized (the image kinds' resizer)
-//! straight into the caller's buffer.
+//! A clip decoded at its sampled frames only: only the packets they need are decoded, and only
+//! they are converted from the decoder's YUV to RGB (swscale, at the coded size), turned
+//! upright and resized (the image kinds' resizer) straight into the caller's buffer.
 //!
-//! Frame `n` is the `n`-th frame the decoder outputs, in presentation order, counted from the
-//! stream's first: sampling is by frame number, as `qwen-vl-utils` and transformers sample.
+//! Frame `n` is the frame with the `n`-th smallest presentation time, counted from the stream's
+//! first (the `n`-th the decoder outputs, where frames have no distinct times): sampling is by
+//! frame number, as `qwen-vl-utils` and transformers sample.
 //! One decoder per clip on one thread: clips decode in parallel, each on its own worker.
 //!
-//! Not yet here (issue 54): seeking to the keyframe before a sampled frame, skipping the
-//! non-reference frames that are not sampled, and byte-range reads.
+//! Only the packets the sampled frames need are decoded (`frame_index`): from the keyframe
+//! before each, skipping the non-reference frames that are not sampled. Not yet here (issue
+//! 54): byte-range reads (the clip is in memory, so packets are dropped rather than seeked
+//! past).
 
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
 use crate::error::Reason;
@@ -18,7 +20,9 @@ use crate::image::convolve::Kernel;
 use crate::image::decode::{Pixels, Rgb};
 use crate::image::resize::{CropBox, Transformer};
 
+use super::ffmpeg::input::NO_TIME;
 use super::ffmpeg::{code, ffmpeg, field, Ffmpeg, FfmpegUnavailable, Input, StreamInfo};
+use super::frame_index::{Action, FrameIndex, Packet};
 
 /// AV_PIX_FMT_RGB24.
 const RGB24: c_int = 2;
@@ -26,6 +30,9 @@ const RGB24: c_int = 2;
 const SWS_BICUBIC: c_int = 4;
 /// SWS_CS_DEFAULT (BT.601), and the AVColorSpace values swscale has coefficients for.
 const CS_DEFAULT: c_int = 5;
+/// AVDISCARD_DEFAULT and AVDISCARD_NONREF: the decoder's skip_frame settings.
+const DISCARD_DEFAULT: i64 = 0;
+const DISCARD_NONREF: i64 = 8;
 /// AVCOL_RANGE_JPEG: full-range YUV.
 const RANGE_FULL: c_int = 2;
 
@@ -108,8 +115,8 @@ pub struct Frames {
     pub height: u32,
     pub width: u32,
     pub pixels: Vec<u8>,
-    /// Frames the decoder output to reach the last sampled one (the clip's first
-    /// `max(indices) + 1`): the work done per frame sampled.
+    /// Frames the decoder output: the sampled ones and the references they needed (skipped
+    /// non-reference frames and dropped packets are not decoded): the work per frame sampled.
     pub frames_decoded: u64,
 }
 
@@ -121,6 +128,10 @@ pub fn probe(bytes: &[u8], caps: &Caps) -> Result<StreamInfo, VideoFault> {
 /// Decodes the frames `indices` (any order, repeats allowed) of the clip in `bytes`, each
 /// converted to RGB and resized to `size` = (height, width) in its displayed orientation (the
 /// displayed size where None), turned as its display matrix says.
+///
+/// A demux pass first numbers the frames by presentation time and plans which packets the
+/// sampled ones need ([`FrameIndex`]); where frames have no distinct times, they are numbered
+/// in the order the decoder outputs them, decoding every frame up to the last sampled one.
 pub fn decode_frames(
     bytes: &[u8],
     indices: &[u32],
@@ -128,6 +139,7 @@ pub fn decode_frames(
     caps: &Caps,
 ) -> Result<Frames, VideoFault> {
     let ff = ffmpeg()?;
+    let index = scan(&Input::open(ff, bytes, caps)?);
     let input = Input::open(ff, bytes, caps)?;
     let info = input.info.clone();
     let (height, width) = size.unwrap_or((info.height, info.width));
@@ -136,65 +148,211 @@ pub fn decode_frames(
             "an output size of {height}x{width} holds no pixel"
         )));
     }
-    let frame_bytes = height as usize * width as usize * 3;
-    let mut pixels = vec![0u8; indices.len() * frame_bytes];
-    // (frame index, output slot) in decode order.
-    let mut wanted: Vec<(u32, usize)> = indices.iter().copied().zip(0..).collect();
-    wanted.sort_unstable();
-    let Some(&(last, _)) = wanted.last() else {
-        return Ok(Frames {
-            info,
-            height,
-            width,
-            pixels,
-            frames_decoded: 0,
-        });
-    };
-    let mut decoder = Decoder::open(&input)?;
-    let mut convert = Converter::new(ff, info.rotation, (height, width));
-    let mut next = 0usize;
-    let mut decoded = 0u64;
-    let result = decoder.each_frame(&input, |frame| {
-        // SAFETY: a frame the decoder just output, live for this call.
-        let (w, h): (c_int, c_int) = unsafe {
-            (
-                field(frame, ff.layout.frame_width),
-                field(frame, ff.layout.frame_height),
-            )
-        };
-        caps.check_pixels(w.max(0) as u64, h.max(0) as u64)?;
-        let n = decoded as u32;
-        decoded += 1;
-        let mut first_slot = None;
-        while next < wanted.len() && wanted[next].0 == n {
-            let slot = wanted[next].1;
-            let out = slot * frame_bytes;
-            match first_slot {
-                None => {
-                    convert.frame(frame, &mut pixels[out..out + frame_bytes])?;
-                    first_slot = Some(out);
-                }
-                Some(from) => pixels.copy_within(from..from + frame_bytes, out),
-            }
-            next += 1;
-        }
-        Ok(n < last)
-    });
-    convert.release();
-    result?;
-    if next < wanted.len() {
-        return Err(VideoFault::PastTheEnd {
-            index: last,
-            frames: decoded,
-        });
-    }
-    Ok(Frames {
+    let mut out = Delivery::new(indices, height as usize * width as usize * 3);
+    let mut frames = Frames {
         info,
         height,
         width,
-        pixels,
-        frames_decoded: decoded,
-    })
+        pixels: Vec::new(),
+        frames_decoded: 0,
+    };
+    if indices.is_empty() {
+        return Ok(frames);
+    }
+    let mut convert = Converter::new(ff, frames.info.rotation, (height, width));
+    let mut decoder = Decoder::open(&input)?;
+    let result = match &index {
+        Some(index) => decode_indexed(&input, &mut decoder, index, &mut out, &mut convert, caps),
+        None => decode_in_order(&input, &mut decoder, &mut out, &mut convert, caps),
+    };
+    convert.release();
+    frames.frames_decoded = result?;
+    frames.pixels = out.finish(index.as_ref().map(FrameIndex::frames))?;
+    Ok(frames)
+}
+
+/// The video stream's packets, timestamps and keyframe flags only (a demux pass); None where
+/// they cannot number the frames.
+fn scan(input: &Input<'_>) -> Option<FrameIndex> {
+    let ff = input.ff;
+    let (f, l) = (&ff.f, ff.layout);
+    let mut packets = Vec::new();
+    // SAFETY: a packet of our own, unreferenced after each read.
+    unsafe {
+        let mut packet = (f.av_packet_alloc)();
+        if packet.is_null() {
+            return None;
+        }
+        while (f.av_read_frame)(input.format, packet) >= 0 {
+            if field::<c_int>(packet, l.packet_stream_index) == input.stream_index {
+                packets.push(Packet {
+                    pts: field(packet, l.packet_pts),
+                    key: field::<c_int>(packet, l.packet_flags) & 1 != 0,
+                });
+            }
+            (f.av_packet_unref)(packet);
+        }
+        (f.av_packet_free)(&mut packet);
+    }
+    FrameIndex::new(packets, NO_TIME)
+}
+
+/// Checks a decoded frame against the pixel cap.
+fn check_frame(ff: &Ffmpeg, frame: *mut c_void, caps: &Caps) -> Result<(), VideoFault> {
+    // SAFETY: a frame the decoder just output, live for this call.
+    let (w, h): (c_int, c_int) = unsafe {
+        (
+            field(frame, ff.layout.frame_width),
+            field(frame, ff.layout.frame_height),
+        )
+    };
+    caps.check_pixels(w.max(0) as u64, h.max(0) as u64)
+}
+
+/// Every frame decoded in output order, frame `n` the `n`-th: for streams without distinct
+/// timestamps. Returns the frames decoded.
+fn decode_in_order(
+    input: &Input<'_>,
+    decoder: &mut Decoder,
+    out: &mut Delivery,
+    convert: &mut Converter,
+    caps: &Caps,
+) -> Result<u64, VideoFault> {
+    let mut decoded = 0u64;
+    let last = out.last();
+    decoder.each_frame(
+        input,
+        |_| Action::Decode,
+        |frame| {
+            check_frame(input.ff, frame, caps)?;
+            out.deliver(decoded as u32, frame, convert)?;
+            decoded += 1;
+            Ok(decoded <= last as u64)
+        },
+    )?;
+    Ok(decoded)
+}
+
+/// The planned packets only, frames numbered by their presentation time. Returns the frames
+/// decoded.
+fn decode_indexed(
+    input: &Input<'_>,
+    decoder: &mut Decoder,
+    index: &FrameIndex,
+    out: &mut Delivery,
+    convert: &mut Converter,
+    caps: &Caps,
+) -> Result<u64, VideoFault> {
+    let ff = input.ff;
+    let mut wanted = out.numbers();
+    wanted.retain(|&n| (n as usize) < index.frames());
+    let plan = index.plan(&wanted);
+    let mut decoded = 0u64;
+    decoder.each_frame(
+        input,
+        |position| plan.get(position).copied().unwrap_or(Action::Drop),
+        |frame| {
+            check_frame(ff, frame, caps)?;
+            decoded += 1;
+            // SAFETY: a frame the decoder just output.
+            let time: i64 = unsafe { field(frame, ff.layout.frame_best_effort_timestamp) };
+            if let Some(n) = index.frame_at(time) {
+                out.deliver(n, frame, convert)?;
+            }
+            Ok(out.remaining() > 0)
+        },
+    )?;
+    Ok(decoded)
+}
+
+/// Where each sampled frame goes in the output, and which have arrived.
+struct Delivery {
+    /// (frame number, output slot), sorted.
+    wanted: Vec<(u32, usize)>,
+    arrived: Vec<bool>,
+    remaining: usize,
+    frame_bytes: usize,
+    pixels: Vec<u8>,
+}
+
+impl Delivery {
+    fn new(indices: &[u32], frame_bytes: usize) -> Self {
+        let mut wanted: Vec<(u32, usize)> = indices.iter().copied().zip(0..).collect();
+        wanted.sort_unstable();
+        Delivery {
+            arrived: vec![false; wanted.len()],
+            remaining: wanted.len(),
+            wanted,
+            frame_bytes,
+            pixels: vec![0u8; indices.len() * frame_bytes],
+        }
+    }
+
+    fn last(&self) -> u32 {
+        self.wanted.last().map_or(0, |w| w.0)
+    }
+
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    /// The distinct frame numbers asked for, ascending.
+    fn numbers(&self) -> Vec<u32> {
+        let mut numbers: Vec<u32> = self.wanted.iter().map(|w| w.0).collect();
+        numbers.dedup();
+        numbers
+    }
+
+    /// Converts `frame` (the clip's frame `n`) into each slot that asked for it, once.
+    fn deliver(
+        &mut self,
+        n: u32,
+        frame: *mut c_void,
+        convert: &mut Converter,
+    ) -> Result<(), VideoFault> {
+        let from = self.wanted.partition_point(|w| w.0 < n);
+        let bytes = self.frame_bytes;
+        let mut first: Option<usize> = None;
+        for i in from..self.wanted.len() {
+            if self.wanted[i].0 != n || self.arrived[i] {
+                break;
+            }
+            let at = self.wanted[i].1 * bytes;
+            match first {
+                None => convert.frame(frame, &mut self.pixels[at..at + bytes])?,
+                Some(src) => self.pixels.copy_within(src..src + bytes, at),
+            }
+            first.get_or_insert(at);
+            self.arrived[i] = true;
+            self.remaining -= 1;
+        }
+        Ok(())
+    }
+
+    /// The pixels, once every frame has arrived; else why not (`frames`: the indexed count).
+    fn finish(self, frames: Option<usize>) -> Result<Vec<u8>, VideoFault> {
+        let missing = self.arrived.iter().position(|&a| !a);
+        match (missing, frames) {
+            (None, _) => Ok(self.pixels),
+            (Some(i), Some(frames)) if self.wanted[i].0 as usize >= frames => {
+                Err(VideoFault::PastTheEnd {
+                    index: self.wanted[i].0,
+                    frames: frames as u64,
+                })
+            }
+            (Some(i), Some(_)) => Err(VideoFault::Corrupt(format!(
+                "frame {} did not come out of the decoder",
+                self.wanted[i].0
+            ))),
+            (Some(i), None) => Err(VideoFault::PastTheEnd {
+                index: self.wanted[i].0,
+                frames: self.wanted[..i]
+                    .iter()
+                    .filter(|w| w.0 < self.wanted[i].0)
+                    .count() as u64,
+            }),
+        }
+    }
 }
 
 /// One clip's decoder: its codec context, a packet and a frame.
@@ -203,6 +361,8 @@ struct Decoder {
     context: *mut c_void,
     packet: *mut c_void,
     frame: *mut c_void,
+    /// The skip_frame setting now applied (AVDISCARD_DEFAULT or _NONREF).
+    skipping: bool,
 }
 
 impl Drop for Decoder {
@@ -228,6 +388,7 @@ impl Decoder {
                 context: (f.avcodec_alloc_context3)(input.codec),
                 packet: (f.av_packet_alloc)(),
                 frame: (f.av_frame_alloc)(),
+                skipping: false,
             };
             if d.context.is_null() || d.packet.is_null() || d.frame.is_null() {
                 return Err(VideoFault::Corrupt("out of memory for the decoder".into()));
@@ -241,8 +402,7 @@ impl Decoder {
                 )));
             }
             // One thread per clip: the loader runs many clips at once, one per worker.
-            let threads = CString::new("threads").expect("no NUL");
-            (f.av_opt_set_int)(d.context, threads.as_ptr(), 1, 0);
+            (f.av_opt_set_int)(d.context, c"threads".as_ptr(), 1, 0);
             let ret = (f.avcodec_open2)(d.context, input.codec, null_mut());
             if ret < 0 {
                 return Err(VideoFault::UnsupportedCodec(format!(
@@ -255,16 +415,34 @@ impl Decoder {
         }
     }
 
-    /// Feeds the stream's packets and hands each output frame to `each` while it returns
-    /// true; then drains the decoder at the end of the input.
+    /// Skips non-reference frames from the next packet on (or stops skipping).
+    fn skip_non_reference(&mut self, skip: bool) {
+        if skip != self.skipping {
+            let value = if skip {
+                DISCARD_NONREF
+            } else {
+                DISCARD_DEFAULT
+            };
+            // SAFETY: an option of every codec context, read by the decoder per frame.
+            unsafe { (self.ff.f.av_opt_set_int)(self.context, c"skip_frame".as_ptr(), value, 0) };
+            self.skipping = skip;
+        }
+    }
+
+    /// Feeds the stream's packets as `action` says for each (by its position among the video
+    /// stream's packets) and hands each output frame to `each` while it returns true. Before a
+    /// run of dropped packets the decoder is drained (its held frames output) and reset, so that
+    /// it starts again at the keyframe after them; at the end of the input it is drained.
     fn each_frame(
         &mut self,
         input: &Input<'_>,
+        action: impl Fn(usize) -> Action,
         mut each: impl FnMut(*mut c_void) -> Result<bool, VideoFault>,
     ) -> Result<(), VideoFault> {
         let ff = self.ff;
         let f = &ff.f;
-        let mut packets = 0u64;
+        let mut position = 0usize;
+        let mut sent_since_reset = false;
         // SAFETY: the contexts are live for self and input; every packet is unreferenced
         // after it is sent.
         unsafe {
@@ -279,23 +457,49 @@ impl Decoder {
                     (f.av_packet_unref)(self.packet);
                     continue;
                 }
+                let act = action(position);
+                position += 1;
+                if act == Action::Drop {
+                    (f.av_packet_unref)(self.packet);
+                    if sent_since_reset {
+                        if !self.drain(&mut each)? {
+                            return Ok(());
+                        }
+                        (f.avcodec_flush_buffers)(self.context);
+                        sent_since_reset = false;
+                    }
+                    continue;
+                }
+                self.skip_non_reference(act == Action::Reference);
                 let ret = (f.avcodec_send_packet)(self.context, self.packet);
                 (f.av_packet_unref)(self.packet);
+                sent_since_reset = true;
                 if ret < 0 && ret != code::EAGAIN {
                     return Err(VideoFault::Corrupt(format!(
-                        "video packet {packets} does not decode: {}",
+                        "video packet {} does not decode: {}",
+                        position - 1,
                         ff.error_text(ret)
                     )));
                 }
-                packets += 1;
                 if !self.receive(&mut each)? {
                     return Ok(());
                 }
             }
-            (f.avcodec_send_packet)(self.context, null_mut());
-            self.receive(&mut each)?;
+            if sent_since_reset {
+                self.drain(&mut each)?;
+            }
         }
         Ok(())
+    }
+
+    /// Signals the end of the input and takes the frames the decoder held back.
+    unsafe fn drain(
+        &mut self,
+        each: &mut impl FnMut(*mut c_void) -> Result<bool, VideoFault>,
+    ) -> Result<bool, VideoFault> {
+        self.skip_non_reference(false);
+        (self.ff.f.avcodec_send_packet)(self.context, null_mut());
+        self.receive(each)
     }
 
     /// Takes every frame the decoder has ready; false once `each` wants no more.
@@ -334,6 +538,9 @@ struct Converter {
     height: u32,
     width: u32,
     transformer: Transformer,
+    /// The colour matrix and range the swscale context was last set to (setting them rebuilds
+    /// its tables: a millisecond a frame if done for each).
+    colours: Option<(*mut c_void, c_int, c_int)>,
     /// The frame as RGB [h, w, 3] at its coded size, and turned upright.
     coded: Vec<u8>,
     upright: Vec<u8>,
@@ -348,6 +555,7 @@ impl Converter {
             height,
             width,
             transformer: Transformer::new(),
+            colours: None,
             coded: Vec::new(),
             upright: Vec::new(),
         }
@@ -384,8 +592,9 @@ impl Converter {
             let n = w as usize * h as usize;
             let (r, rest) = out.split_at_mut(n);
             let (g, b) = rest.split_at_mut(n);
-            for (i, px) in self.upright.chunks_exact(3).enumerate() {
-                (r[i], g[i], b[i]) = (px[0], px[1], px[2]);
+            let planes = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+            for (((r, g), b), px) in planes.zip(self.upright.chunks_exact(3)) {
+                (*r, *g, *b) = (px[0], px[1], px[2]);
             }
             return Ok(());
         }
@@ -446,16 +655,19 @@ impl Converter {
             } else {
                 CS_DEFAULT
             };
-            (f.sws_setColorspaceDetails)(
-                self.sws,
-                (f.sws_getCoefficients)(space),
-                (range == RANGE_FULL) as c_int,
-                (f.sws_getCoefficients)(CS_DEFAULT),
-                1,
-                0,
-                1 << 16,
-                1 << 16,
-            );
+            if self.colours != Some((self.sws, space, range)) {
+                (f.sws_setColorspaceDetails)(
+                    self.sws,
+                    (f.sws_getCoefficients)(space),
+                    (range == RANGE_FULL) as c_int,
+                    (f.sws_getCoefficients)(CS_DEFAULT),
+                    1,
+                    0,
+                    1 << 16,
+                    1 << 16,
+                );
+                self.colours = Some((self.sws, space, range));
+            }
             self.coded.resize(w as usize * h as usize * 3, 0);
             let planes = [self.coded.as_mut_ptr(), null_mut(), null_mut(), null_mut()];
             let strides = [w * 3, 0, 0, 0];

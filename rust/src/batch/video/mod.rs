@@ -9,6 +9,7 @@
 
 pub mod decode;
 pub mod ffmpeg;
+pub mod frame_index;
 pub mod sampling;
 pub mod sizing;
 

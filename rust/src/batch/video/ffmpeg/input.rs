@@ -15,7 +15,7 @@ const MEDIA_VIDEO: c_int = 0;
 /// AV_PKT_DATA_DISPLAYMATRIX.
 const DISPLAY_MATRIX: c_int = 5;
 /// AV_NOPTS_VALUE: "no time".
-const NO_TIME: i64 = i64::MIN;
+pub const NO_TIME: i64 = i64::MIN;
 /// The I/O context's buffer: FFmpeg reads our bytes through it in steps of this size.
 const IO_BUFFER_BYTES: usize = 64 * 1024;
 

@@ -38,8 +38,10 @@ pub struct Layout {
     /// AVCodecParameters.width / height (int).
     pub par_width: usize,
     pub par_height: usize,
-    /// AVPacket.stream_index (int).
+    /// AVPacket.pts (int64), stream_index (int) and flags (int; AV_PKT_FLAG_KEY = 1).
+    pub packet_pts: usize,
     pub packet_stream_index: usize,
+    pub packet_flags: usize,
     /// AVFrame.data (uint8_t*[8]) and linesize (int[8]).
     pub frame_data: usize,
     pub frame_linesize: usize,
@@ -50,6 +52,9 @@ pub struct Layout {
     /// AVFrame.color_range / colorspace (enums, int).
     pub frame_color_range: usize,
     pub frame_colorspace: usize,
+    /// AVFrame.best_effort_timestamp (int64): the frame's presentation time as FFmpeg guesses
+    /// it best.
+    pub frame_best_effort_timestamp: usize,
 }
 
 /// FFmpeg 5.x: libavformat 59, libavcodec 59, libavutil 57, libswscale 6.
@@ -68,7 +73,9 @@ pub const FFMPEG_5: Layout = Layout {
     par_codec_id: 4,
     par_width: 56,
     par_height: 60,
+    packet_pts: 8,
     packet_stream_index: 36,
+    packet_flags: 40,
     frame_data: 0,
     frame_linesize: 64,
     frame_width: 104,
@@ -76,6 +83,7 @@ pub const FFMPEG_5: Layout = Layout {
     frame_format: 116,
     frame_color_range: 320,
     frame_colorspace: 332,
+    frame_best_effort_timestamp: 344,
 };
 
 impl Layout {
@@ -104,7 +112,9 @@ impl Layout {
             ("AVCodecParameters", "codec_id", self.par_codec_id),
             ("AVCodecParameters", "width", self.par_width),
             ("AVCodecParameters", "height", self.par_height),
+            ("AVPacket", "pts", self.packet_pts),
             ("AVPacket", "stream_index", self.packet_stream_index),
+            ("AVPacket", "flags", self.packet_flags),
             ("AVFrame", "data", self.frame_data),
             ("AVFrame", "linesize", self.frame_linesize),
             ("AVFrame", "width", self.frame_width),
@@ -112,6 +122,11 @@ impl Layout {
             ("AVFrame", "format", self.frame_format),
             ("AVFrame", "color_range", self.frame_color_range),
             ("AVFrame", "colorspace", self.frame_colorspace),
+            (
+                "AVFrame",
+                "best_effort_timestamp",
+                self.frame_best_effort_timestamp,
+            ),
         ]
     }
 }

@@ -104,6 +104,7 @@ ffmpeg_functions! {
         avcodec_send_packet: fn(Ptr, Ptr) -> c_int;
         avcodec_receive_frame: fn(Ptr, Ptr) -> c_int;
         avcodec_free_context: fn(*mut Ptr);
+        avcodec_flush_buffers: fn(Ptr);
         avcodec_get_name: fn(c_int) -> *const c_char;
         av_packet_alloc: fn() -> Ptr;
         av_packet_free: fn(*mut Ptr);
