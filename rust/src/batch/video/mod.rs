@@ -7,13 +7,16 @@
 //! `decode` (a clip's sampled frames decoded and converted to RGB, through the system's FFmpeg
 //! found at run time by `ffmpeg`). No loader reads clips from shards yet.
 
+pub mod convert;
 pub mod decode;
+pub mod fault;
 pub mod ffmpeg;
 pub mod frame_index;
 pub mod sampling;
 pub mod sizing;
 
-pub use decode::{decode_frames, probe, Caps, Frames, VideoFault};
+pub use decode::{decode_frames, probe, Frames};
+pub use fault::{Caps, VideoFault};
 pub use ffmpeg::StreamInfo;
 pub use sampling::{Clip, Count, Rule, Sampled, Sampling, SamplingError};
 pub use sizing::{Sizing, SizingError, VideoGrid};
