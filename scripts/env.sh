@@ -6,7 +6,13 @@
 # requirements/video.txt are a second and a third layer on top, each keyed by its own hash.
 # Strict mode while it runs; the caller's own shell options come back at the end (an interactive
 # shell that sources this must not be left exiting on its next failing command).
-_shardstream_saved_options="$(set +o)"
+# The caller's options are read in this shell, not through "$(set +o)": a command substitution
+# runs with errexit off, so restoring its listing switched a strict caller's `set -e` off, and
+# scripts/test.sh went on past a failing lint, docs or cargo step to report pytest's status alone.
+_shardstream_restore_options=""
+[[ -o errexit ]] || _shardstream_restore_options+="set +o errexit;"
+[[ -o nounset ]] || _shardstream_restore_options+="set +o nounset;"
+[[ -o pipefail ]] || _shardstream_restore_options+="set +o pipefail;"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -60,5 +66,5 @@ export SHARDSTREAM_VENV="$VENV"
 
 # Build the extension in release mode into the venv (incremental: fast when nothing changed).
 (cd "$ROOT" && maturin develop --release -q >/dev/null 2>"$VENV/.maturin.log") || { cat "$VENV/.maturin.log" >&2; exit 1; }
-eval "$_shardstream_saved_options"
-unset _shardstream_saved_options
+eval "$_shardstream_restore_options"
+unset _shardstream_restore_options
