@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+from fractions import Fraction
 
 from _harness import pin, print_result, try_worker
 
@@ -138,7 +139,7 @@ def main() -> None:
     ]
     paths = [paths[i % len(paths)] for i in range(a.clips)]
     todo = plan(paths[0])
-    total = round(a.seconds * eval(a.fps))  # noqa: S307 - a frame rate such as 30000/1001 given by the user
+    total = round(a.seconds * Fraction(a.fps))
     print(
         f"{a.clips} clips of {a.seconds:g} s, {a.size} at {a.fps} fps, H.264 High, GOP {a.gop}: "
         f"{len(todo['indices'])} frames sampled of {total}, resized to {todo['size'][1]}x{todo['size'][0]}"

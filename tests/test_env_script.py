@@ -25,7 +25,7 @@ def option_lines() -> tuple[str, str]:
     strict = lines.index("set -euo pipefail")
     save = "\n".join(line for line in lines[:strict] if not line.startswith("#"))
     restore = "\n".join(lines[-2:])
-    assert "restore" in restore or "saved" in restore, restore
+    assert lines[-2].startswith("eval "), restore
     return save, restore
 
 

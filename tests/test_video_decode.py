@@ -12,7 +12,6 @@ decoders users have today on clips FFmpeg's CLI makes from real photos (tests/vi
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import numpy as np
@@ -280,7 +279,3 @@ def test_clips_decode_in_parallel_threads(clips: str) -> None:
         together = list(pool.map(lambda i: video.decode_frames(datas[i % 2], [5, 40]).frames, range(8)))
     for i, frames in enumerate(together):
         assert np.array_equal(frames, alone[i % 2])
-
-
-def test_the_ffmpeg_cli_clips_come_from_the_photos() -> None:
-    assert os.path.exists(video_clips.photo_path())

@@ -36,7 +36,7 @@ pub struct Converter {
     /// The colour matrix and range the swscale context was last set to (setting them rebuilds
     /// its tables: a millisecond a frame if done for each).
     colours: Option<(*mut c_void, c_int, c_int)>,
-    /// The frame as RGB [h, w, 3] at its coded size, and turned upright.
+    /// The frame as RGB [h, w, 3] at its coded size, and turned upright (where it turns).
     coded: Vec<u8>,
     upright: Vec<u8>,
 }
@@ -65,22 +65,21 @@ impl Converter {
     /// Writes `frame` as RGB [3, height, width] into `out`.
     pub fn frame(&mut self, frame: *mut c_void, out: &mut [u8]) -> Result<(), VideoFault> {
         let (w, h) = self.convert_rgb(frame)?;
-        let (w, h) = if self.rotation == 0 {
-            std::mem::swap(&mut self.coded, &mut self.upright);
-            (w, h)
-        } else {
-            self.upright.resize(self.coded.len(), 0);
-            turn(
-                &self.coded,
-                h as usize,
-                w as usize,
-                self.rotation,
-                &mut self.upright,
-            );
-            if self.rotation == 180 {
-                (w, h)
-            } else {
-                (h, w)
+        let (upright, w, h): (&[u8], u32, u32) = match self.rotation {
+            0 => (&self.coded, w, h),
+            rotation => {
+                self.upright.resize(self.coded.len(), 0);
+                turn(
+                    &self.coded,
+                    h as usize,
+                    w as usize,
+                    rotation,
+                    &mut self.upright,
+                );
+                match rotation {
+                    180 => (&self.upright, w, h),
+                    _ => (&self.upright, h, w),
+                }
             }
         };
         if (w, h) == (self.width, self.height) {
@@ -88,7 +87,7 @@ impl Converter {
             let (r, rest) = out.split_at_mut(n);
             let (g, b) = rest.split_at_mut(n);
             let planes = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
-            for (((r, g), b), px) in planes.zip(self.upright.chunks_exact(3)) {
+            for (((r, g), b), px) in planes.zip(upright.chunks_exact(3)) {
                 (*r, *g, *b) = (px[0], px[1], px[2]);
             }
             return Ok(());
@@ -96,7 +95,7 @@ impl Converter {
         let rgb = Pixels::Rgb(Rgb {
             width: w,
             height: h,
-            pixels: &self.upright,
+            pixels: upright,
         });
         let whole = CropBox {
             x: 0.0,

@@ -147,54 +147,73 @@ pub struct Ffmpeg {
     _handles: Handles,
 }
 
-fn load() -> Result<Ffmpeg, FfmpegUnavailable> {
-    for (release, [util, codec, format, scale]) in RELEASES {
-        let Some(avformat) = open(&format!("libavformat.so.{format}")) else {
+/// The newest release this build has a layout for whose libavformat `present` finds; else
+/// why none: a release found that has no layout (named, so the user knows what to install
+/// beside it), or none found. A newer release without a layout never hides an older one with.
+fn pick_release(
+    present: impl Fn(u32) -> bool,
+) -> Result<(&'static str, [u32; 4], &'static Layout), FfmpegUnavailable> {
+    let mut unsupported = None;
+    for (release, majors) in RELEASES {
+        if !present(majors[2]) {
             continue;
-        };
-        let library = format!("libavformat.so.{format}");
-        let Some(layout) = Layout::for_avformat_major(format) else {
-            return Err(FfmpegUnavailable::UnsupportedRelease {
-                release: release.to_string(),
-                library,
-            });
-        };
-        let missing = |lib: String| FfmpegUnavailable::MissingSymbol {
-            release: release.to_string(),
-            library: lib,
-            symbol: "(the library itself)".to_string(),
-        };
-        let handles = Handles {
-            avutil: open(&format!("libavutil.so.{util}"))
-                .ok_or_else(|| missing(format!("libavutil.so.{util}")))?,
-            avcodec: open(&format!("libavcodec.so.{codec}"))
-                .ok_or_else(|| missing(format!("libavcodec.so.{codec}")))?,
-            avformat,
-            swscale: open(&format!("libswscale.so.{scale}"))
-                .ok_or_else(|| missing(format!("libswscale.so.{scale}")))?,
-        };
-        let f = look_up(release, &handles)?;
-        // SAFETY: a plain getter; the major it reports must be the one the file name promised
-        // (a renamed library would otherwise be read with another release's offsets).
-        let major = unsafe { (f.avformat_version)() } >> 16;
-        if major != format {
-            return Err(FfmpegUnavailable::UnsupportedRelease {
-                release: format!("with libavformat major {major}"),
-                library,
-            });
         }
-        // Quiet: FFmpeg's own log lines would go to the training job's stderr, one per bad
-        // packet; every failure is reported through our errors instead (AV_LOG_QUIET = -8).
-        // SAFETY: a plain setter.
-        unsafe { (f.av_log_set_level)(-8) };
-        return Ok(Ffmpeg {
-            release,
-            layout,
-            f,
-            _handles: handles,
+        match Layout::for_avformat_major(majors[2]) {
+            Some(layout) => return Ok((release, majors, layout)),
+            None => {
+                unsupported.get_or_insert(FfmpegUnavailable::UnsupportedRelease {
+                    release: release.to_string(),
+                    library: format!("libavformat.so.{}", majors[2]),
+                });
+            }
+        }
+    }
+    Err(unsupported.unwrap_or(FfmpegUnavailable::NotFound))
+}
+
+fn load() -> Result<Ffmpeg, FfmpegUnavailable> {
+    let (release, [util, codec, format, scale], layout) = pick_release(|major| {
+        // Looked for, then closed: only the release picked stays loaded.
+        open(&format!("libavformat.so.{major}"))
+            // SAFETY: a handle dlopen just returned, closed once.
+            .map(|h| unsafe { libc::dlclose(h.0) })
+            .is_some()
+    })?;
+    let library = format!("libavformat.so.{format}");
+    let missing = |lib: String| FfmpegUnavailable::MissingSymbol {
+        release: release.to_string(),
+        library: lib,
+        symbol: "(the library itself)".to_string(),
+    };
+    let handles = Handles {
+        avutil: open(&format!("libavutil.so.{util}"))
+            .ok_or_else(|| missing(format!("libavutil.so.{util}")))?,
+        avcodec: open(&format!("libavcodec.so.{codec}"))
+            .ok_or_else(|| missing(format!("libavcodec.so.{codec}")))?,
+        avformat: open(&library).ok_or_else(|| missing(library.clone()))?,
+        swscale: open(&format!("libswscale.so.{scale}"))
+            .ok_or_else(|| missing(format!("libswscale.so.{scale}")))?,
+    };
+    let f = look_up(release, &handles)?;
+    // SAFETY: a plain getter; the major it reports must be the one the file name promised
+    // (a renamed library would otherwise be read with another release's offsets).
+    let major = unsafe { (f.avformat_version)() } >> 16;
+    if major != format {
+        return Err(FfmpegUnavailable::UnsupportedRelease {
+            release: format!("with libavformat major {major}"),
+            library,
         });
     }
-    Err(FfmpegUnavailable::NotFound)
+    // Quiet: FFmpeg's own log lines would go to the training job's stderr, one per bad
+    // packet; every failure is reported through our errors instead (AV_LOG_QUIET = -8).
+    // SAFETY: a plain setter.
+    unsafe { (f.av_log_set_level)(-8) };
+    Ok(Ffmpeg {
+        release,
+        layout,
+        f,
+        _handles: handles,
+    })
 }
 
 /// The process's FFmpeg, loaded on first use (and the reason, each time, if there is none).
@@ -221,5 +240,33 @@ impl Ffmpeg {
         unsafe { CStr::from_ptr((self.f.avcodec_get_name)(codec_id)) }
             .to_string_lossy()
             .into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn picked(found: &[u32]) -> Result<&'static str, FfmpegUnavailable> {
+        pick_release(|major| found.contains(&major)).map(|(release, _, _)| release)
+    }
+
+    #[test]
+    fn the_release_with_a_layout_is_picked_beside_newer_ones() {
+        assert_eq!(picked(&[59]), Ok("5"));
+        // FFmpeg 6 and 7 installed beside 5 (no layout yet for them): 5 is used, not refused.
+        assert_eq!(picked(&[61, 60, 59]), Ok("5"));
+    }
+
+    #[test]
+    fn a_release_without_a_layout_alone_is_refused_by_name() {
+        assert_eq!(
+            picked(&[61, 60]),
+            Err(FfmpegUnavailable::UnsupportedRelease {
+                release: "7".into(),
+                library: "libavformat.so.61".into()
+            })
+        );
+        assert_eq!(picked(&[]), Err(FfmpegUnavailable::NotFound));
     }
 }
