@@ -65,6 +65,10 @@ ENCODINGS = [
     pytest.param(dict(codec="hevc", fps="24"), id="hevc-24"),
     pytest.param(dict(codec="vp9", container="webm", audio=True), id="vp9-webm-audio"),
     pytest.param(dict(codec="av1", container="mkv"), id="av1-mkv"),
+    # Rows that are not a whole number of swscale's vectors: its RGB output overran a buffer of
+    # exactly the frame's bytes and corrupted the heap (the process aborted).
+    pytest.param(dict(codec="h264", size=(120, 176), seconds=1.0), id="h264-120x176-portrait"),
+    pytest.param(dict(codec="vp9", container="webm", size=(98, 74)), id="vp9-98x74"),
 ]
 
 

@@ -20,6 +20,12 @@ const SWS_BICUBIC: c_int = 4;
 const CS_DEFAULT: c_int = 5;
 /// AVCOL_RANGE_JPEG: full-range YUV.
 const RANGE_FULL: c_int = 2;
+/// swscale's SIMD output of packed RGB needs rows that start on a vector and room for whole
+/// vectors: into rows of exactly `w x 3` bytes it wrote past the buffer's end (a 120-pixel
+/// row: the heap corrupted) and left the last pixels of a 98-pixel row unwritten. Rows are
+/// written `ROW_ALIGN`-aligned with `SWS_SLACK` bytes after the last, then packed.
+const ROW_ALIGN: usize = 64;
+const SWS_SLACK: usize = 256;
 
 /// A decoded frame to the output: YUV (any decoder format) to RGB at its coded size by swscale
 /// (in the frame's own colour matrix and range: exactly FFmpeg's conversion, which the
@@ -36,7 +42,9 @@ pub struct Converter {
     /// The colour matrix and range the swscale context was last set to (setting them rebuilds
     /// its tables: a millisecond a frame if done for each).
     colours: Option<(*mut c_void, c_int, c_int)>,
-    /// The frame as RGB [h, w, 3] at its coded size, and turned upright (where it turns).
+    /// The frame as swscale writes it (rows `ROW_ALIGN`-aligned), as RGB [h, w, 3] at its
+    /// coded size, and turned upright (where it turns).
+    strided: Vec<u8>,
     coded: Vec<u8>,
     upright: Vec<u8>,
 }
@@ -51,6 +59,7 @@ impl Converter {
             width,
             transformer: Transformer::new(),
             colours: None,
+            strided: Vec::new(),
             coded: Vec::new(),
             upright: Vec::new(),
         }
@@ -162,9 +171,19 @@ impl Converter {
                 );
                 self.colours = Some((self.sws, space, range));
             }
-            self.coded.resize(w as usize * h as usize * 3, 0);
-            let planes = [self.coded.as_mut_ptr(), null_mut(), null_mut(), null_mut()];
-            let strides = [w * 3, 0, 0, 0];
+            let row = w as usize * 3;
+            let stride = row.next_multiple_of(ROW_ALIGN);
+            // One vector more than the rows, so that the first row can start on one.
+            self.strided
+                .resize(stride * h as usize + SWS_SLACK + ROW_ALIGN, 0);
+            let start = self.strided.as_ptr().align_offset(ROW_ALIGN);
+            let planes = [
+                self.strided.as_mut_ptr().add(start),
+                null_mut(),
+                null_mut(),
+                null_mut(),
+            ];
+            let strides = [stride as c_int, 0, 0, 0];
             let data = (frame as *const u8).add(l.frame_data) as *const *const u8;
             let linesize = (frame as *const u8).add(l.frame_linesize) as *const c_int;
             let rows = (f.sws_scale)(
@@ -180,6 +199,11 @@ impl Converter {
                 return Err(VideoFault::Corrupt(format!(
                     "converting a {w}x{h} frame gave {rows} rows"
                 )));
+            }
+            self.coded.resize(row * h as usize, 0);
+            let rows = self.strided[start..].chunks(stride);
+            for (packed, strided) in self.coded.chunks_exact_mut(row).zip(rows) {
+                packed.copy_from_slice(&strided[..row]);
             }
             Ok((w as u32, h as u32))
         }
