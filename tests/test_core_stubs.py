@@ -32,6 +32,8 @@ CONFIG_KINDS = {
     "interleaved_tokens": "interleaved",
     "count_interleaved": "interleaved",
     "interleaved_pipeline": "interleaved",
+    "count_clips": "video clips",
+    "video_pipeline": "video clips",
 }
 
 PARAGRAPH = re.compile(r'Config keys \(kind "([^"]+)"\):(.*?)\.(?:\s|$)', re.DOTALL)

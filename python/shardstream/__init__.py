@@ -26,7 +26,10 @@ Sample kinds
     (SigLIP 2), the collator
     :class:`QwenVLCollator`; its layouts :class:`Conversations` (multi-image LLaVA
     conversations) and :class:`Captions` (image-caption pairs); and :class:`VlmMixture`
-    (interleaved, caption and text sources mixed by token weight in every batch).
+    (interleaved, caption and text sources mixed by token weight in every batch); video-text
+    CLIP clips (:mod:`shardstream.kinds.video`): :func:`count_clips` (each unit's clips, from
+    their headers, once), :class:`ClipCounts`, :class:`VideoLoader` (``uint8 [B, T, 3, S, S]``
+    clips decoded at their sampled frames, exact across ranks) and :class:`VideoBatch`.
 
 Raw samples, writing and indexing
     :func:`read_samples` (raw samples, no decoding), :class:`ShardWriter` (deterministic tar
@@ -79,6 +82,7 @@ if TYPE_CHECKING:
     from shardstream.kinds.naflex_budget import NaFlexBudgetLoader, PatchCounts, count_patches
     from shardstream.kinds.text import TextBatch, TextLoader, TokenCounts, count_tokens
     from shardstream.kinds.text_mixture import TextMixture, TextSource
+    from shardstream.kinds.video import ClipCounts, VideoBatch, VideoLoader, count_clips
     from shardstream.kinds.vlm_mixture import VlmMixture, VlmSource, vlm_rows
     from shardstream.loader import Batch, ShardLoader
 
@@ -115,6 +119,10 @@ __all__ = [
     "VlmMixture",
     "VlmSource",
     "vlm_rows",
+    "count_clips",
+    "ClipCounts",
+    "VideoLoader",
+    "VideoBatch",
     # raw samples, writing and indexing
     "read_samples",
     "ShardWriter",
@@ -148,6 +156,10 @@ def __getattr__(name: str) -> Any:
         from shardstream.kinds import naflex_budget
 
         return getattr(naflex_budget, name)
+    if name in ("count_clips", "ClipCounts", "VideoLoader", "VideoBatch"):
+        from shardstream.kinds import video
+
+        return getattr(video, name)
     if name in (
         "count_interleaved",
         "InterleavedCounts",

@@ -580,6 +580,33 @@ def video_probe(data: bytes, *, max_pixels: int = 64_000_000, max_seconds: float
     seconds}, rust/src/batch/video/ffmpeg/input.rs. CoreFault (corrupt_video, no_video_stream,
     unsupported_codec, too_many_pixels, video_too_long) for a bad clip; FfmpegUnavailable."""
 
+def count_clips(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
+    """Per unit (tar shard or Parquet row group), in file order, each sample judged a CLIP clip
+    or not from its video's container header: url, first_row, rows, identity, samples, clips,
+    seconds, skipped (by reason), examples, error (rust/src/batch/video/count.rs). Raises
+    FfmpegUnavailable without FFmpeg.
+
+    Config keys (kind "video clips"): ``video_keys``, ``caption_key``, ``max_pixels``,
+    ``max_seconds``, ``max_member_bytes``, ``frames``, ``size``, ``batch_size``, ``threads``,
+    ``tokenizer``; and the source options. ``video_keys`` is required; ``frames``, ``size``,
+    ``batch_size``, ``threads`` and ``tokenizer`` are read by :func:`video_pipeline` only."""
+
+def video_pipeline(
+    units: Sequence[tuple[str, int, int | None, str | None]],
+    counts: Sequence[int],
+    reader: PlanReader,
+    config: dict[str, Any],
+) -> Pipeline:
+    """Starts the CLIP clip pipeline of one ``reader``: a plan over clips per unit, a clip a
+    position (batch_size B, seq_len and block_rows 1). ``next_batch`` gives (clips, texts, keys,
+    urls, indices) with the lent buffer holding ``uint8 [clips, T, 3, S, S]``; its batches fail
+    with ``CoreFault`` naming the unit when it cannot be read or no longer holds its counted
+    clips (rust/src/batch/video/pipeline.rs).
+
+    Config keys (kind "video clips"): ``video_keys``, ``caption_key``, ``max_pixels``,
+    ``max_seconds``, ``max_member_bytes``, ``frames``, ``size``, ``batch_size``, ``threads``,
+    ``tokenizer``; and the source options."""
+
 def video_decode_frames(
     data: bytes,
     indices: list[int],

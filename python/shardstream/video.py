@@ -25,7 +25,8 @@ frames, not over time: a stretch recorded at a higher rate gets more of them.
 
 :func:`decode_frames` decodes a clip's sampled frames from its bytes, and :func:`probe` reads
 its stream header, through the system's FFmpeg (5.x; found at run time, never bundled: see the
-video guide). The loaders and the CLIP clip batches are not built yet.
+video guide). The CLIP clip batches are :class:`shardstream.VideoLoader`'s; the Qwen path's
+rows are not built yet.
 """
 
 from __future__ import annotations

@@ -82,11 +82,13 @@ pub enum Reason {
     UnsupportedCodec,
     /// A video longer than `max_seconds` (from its header, before decoding).
     VideoTooLong,
+    /// A video-text sample with no member of the video extensions (`video_keys`).
+    MissingVideo,
 }
 
 impl Reason {
     // New reasons go at the end, so that every existing one keeps its position.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 30] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -116,6 +118,7 @@ impl Reason {
         Reason::NoVideoStream,
         Reason::UnsupportedCodec,
         Reason::VideoTooLong,
+        Reason::MissingVideo,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -149,6 +152,7 @@ impl Reason {
             Reason::NoVideoStream => "no_video_stream",
             Reason::UnsupportedCodec => "unsupported_codec",
             Reason::VideoTooLong => "video_too_long",
+            Reason::MissingVideo => "missing_video",
         }
     }
 }

@@ -12,6 +12,9 @@ a kind owns only what turns a raw sample into its part of a batch, and its batch
 - :mod:`shardstream.kinds.text`: text documents tokenized and packed into token rows
   (:class:`~shardstream.kinds.text.TextLoader`), planned by token positions
   (:func:`~shardstream.kinds.text.count_tokens` counts them once).
+- :mod:`shardstream.kinds.video`: video-text CLIP clips decoded at their sampled frames
+  (:class:`~shardstream.kinds.video.VideoLoader`), planned by clips per unit
+  (:func:`~shardstream.kinds.video.count_clips` counts them once).
 
 A kind that keeps the sample plan (one sample, one slot) is a ``sample=`` spec of
 :class:`~shardstream.ShardLoader`; a kind with its own plan (packing: rows cut across documents)

@@ -75,5 +75,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(video::video_frame_size, m)?)?;
     m.add_function(wrap_pyfunction!(video::video_probe, m)?)?;
     m.add_function(wrap_pyfunction!(video::video_decode_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(video::count_clips, m)?)?;
+    m.add_function(wrap_pyfunction!(video::video_pipeline, m)?)?;
     Ok(())
 }

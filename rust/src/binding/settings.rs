@@ -192,8 +192,9 @@ pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
     };
     use super::naflex::BudgetSettings;
     use super::text::{CountSettings, PackedSettings};
+    use super::video::ClipSettings;
     type Keys = fn() -> Vec<&'static str>;
-    let kinds: [(&str, Keys); 13] = [
+    let kinds: [(&str, Keys); 14] = [
         (LoaderSettings::KIND, LoaderSettings::keys),
         (CountSettings::KIND, CountSettings::keys),
         (PackedSettings::KIND, PackedSettings::keys),
@@ -207,6 +208,7 @@ pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
         (SampleSettings::KIND, SampleSettings::keys),
         (NaFlexSettings::KIND, NaFlexSettings::keys),
         (CaptionTokenizer::KIND, CaptionTokenizer::keys),
+        (ClipSettings::KIND, ClipSettings::keys),
     ];
     let Some((_, keys)) = kinds.iter().find(|(k, _)| *k == kind) else {
         let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();

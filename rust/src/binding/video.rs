@@ -1,13 +1,23 @@
 //! The video kind's functions (issue 54): which frames of a clip are read and the size they are
 //! resized to, from numbers alone, and a clip's header and sampled frames decoded from its
-//! bytes. Conversion only: the rules are `batch::video`'s. A bad argument is a `ValueError`
-//! naming it; a bad clip is a `CoreFault` with its reason; no FFmpeg is `FfmpegUnavailable`.
+//! bytes; and the video-text CLIP kind's count pass (`count_clips`) and pipeline
+//! (`video_pipeline`). Conversion only: the rules are `batch::video`'s. A bad argument is a
+//! `ValueError` naming it; a bad clip is a `CoreFault` with its reason; no FFmpeg is
+//! `FfmpegUnavailable`.
+
+use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList};
+use serde_json::json;
 
+use crate::batch::kit::sample::{CaptionSource, SampleSpec};
+use crate::batch::units::count_files;
 use crate::batch::video::sampling::{self, DEFAULT_FPS};
+use crate::batch::video::{
+    self as video, count_unit, ClipBatchMeta, ClipCount, ClipInput, ClipShape, ClipSpec,
+};
 use crate::batch::video::{
     decode_frames, probe, Caps, Clip, Count, Rule, Sampled, Sampling, Sizing, StreamInfo,
     VideoFault,
@@ -15,7 +25,11 @@ use crate::batch::video::{
 use crate::defaults;
 use crate::error::SourceKind;
 
+use super::convert::{CaptionTokenizer, SourceSettings};
 use super::errors::{CoreFault, FfmpegUnavailable};
+use super::pipeline::{MetaToPy, Pipeline};
+use super::settings::{settings, Settings};
+use super::units::{count_list, share, ReaderTuple, UnitTuple};
 
 /// (indices, range_frames, sample_fps): what `video_sample_frames` and `video_clip_frames`
 /// return.
@@ -266,4 +280,163 @@ pub fn video_decode_frames<'py>(
         frames.frames_decoded,
         info_dict(py, &frames.info)?,
     ))
+}
+
+/// Most frames a CLIP clip samples, and most pixels a side of its frames.
+const MAX_CLIP_FRAMES: u32 = 1024;
+const MAX_CLIP_SIZE: u32 = 4096;
+
+settings! {
+    /// The video-text CLIP kind's config (`count_clips`' and `VideoLoader`'s): which samples
+    /// are clips, then the loader's (`frames`, `size`, `batch_size`, `threads`, `tokenizer`).
+    pub(super) struct ClipSettings ("video clips") {
+        /// Video member extensions (or Parquet columns), tried in order.
+        video_keys: Vec<String>,
+        caption_key: String = defaults::CAPTION_KEY.into(),
+        max_pixels: u64 = defaults::MAX_PIXELS,
+        /// 0.0: no cap.
+        max_seconds: f64 = 0.0,
+        max_member_bytes: u64 = defaults::MAX_MEMBER_BYTES,
+        frames: u32 = 8,
+        size: u32 = 224,
+        batch_size: u32 = 1,
+        threads: usize = 1,
+        /// The captions' tokenizer: a dict of `CaptionTokenizer`.
+        tokenizer: Option<CaptionTokenizer> = None,
+    }
+    groups {
+        source: SourceSettings,
+    }
+}
+
+impl ClipSettings {
+    /// The core's spec of which samples are clips, validated.
+    fn spec(&self) -> PyResult<ClipSpec> {
+        if self.video_keys.is_empty() {
+            return Err(PyValueError::new_err(
+                "video_keys must name at least one extension",
+            ));
+        }
+        caps(
+            self.max_pixels.min(i64::MAX as u64) as i64,
+            self.max_seconds,
+        )?;
+        Ok(ClipSpec {
+            sample: SampleSpec {
+                image_keys: self.video_keys.clone(),
+                caption: CaptionSource::parse(&self.caption_key),
+                max_pixels: self.max_pixels,
+                ..SampleSpec::default()
+            },
+            max_seconds: self.max_seconds,
+            max_member_bytes: self.max_member_bytes,
+        })
+    }
+
+    /// The clips' layout, validated.
+    fn shape(&self) -> PyResult<ClipShape> {
+        if !(1..=MAX_CLIP_FRAMES).contains(&self.frames) {
+            return Err(PyValueError::new_err(format!(
+                "frames must be in 1..={MAX_CLIP_FRAMES}, not {}",
+                self.frames
+            )));
+        }
+        if !(1..=MAX_CLIP_SIZE).contains(&self.size) {
+            return Err(PyValueError::new_err(format!(
+                "size must be in 1..={MAX_CLIP_SIZE}, not {}",
+                self.size
+            )));
+        }
+        Ok(ClipShape {
+            frames: self.frames,
+            size: self.size,
+        })
+    }
+}
+
+/// Loads FFmpeg before anything is read: its absence is the environment's, never a unit's.
+fn require_ffmpeg() -> PyResult<()> {
+    video::ffmpeg::ffmpeg()
+        .map(|_| ())
+        .map_err(|e| FfmpegUnavailable::new_err(e.to_string()))
+}
+
+/// Counts the clips of every unit of `urls` (tar shards, Parquet row groups) on `threads`
+/// threads without the GIL, reading only the clips' container headers: a list of dicts (url,
+/// first_row, rows, identity, samples, clips, seconds, skipped, examples, error), units in
+/// file order.
+#[pyfunction]
+#[pyo3(signature = (urls, config, threads = 1))]
+pub fn count_clips<'py>(
+    py: Python<'py>,
+    urls: Vec<String>,
+    config: &Bound<'py, PyDict>,
+    threads: usize,
+) -> PyResult<Bound<'py, PyList>> {
+    let s = ClipSettings::from_config(config)?;
+    let spec = s.spec()?;
+    let opts = s.source.options(py)?;
+    require_ffmpeg()?;
+    let counted = py
+        .detach(|| count_files(&urls, threads, &opts, |u, s| count_unit(u, &spec, &opts, s)))
+        .map_err(PyValueError::new_err)?;
+    count_list(
+        py,
+        counted,
+        |c| [json!(c.skipped), json!(c.examples)],
+        |d, c: &ClipCount| {
+            d.set_item("samples", c.samples)?;
+            d.set_item("clips", c.clips)?;
+            d.set_item("seconds", c.seconds)
+        },
+    )
+}
+
+impl MetaToPy for ClipBatchMeta {
+    /// (clips, texts, keys, urls, indices).
+    fn to_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let m = self;
+        let tuple = (m.clips, m.texts, m.keys, m.urls, m.indices);
+        Ok(tuple.into_pyobject(py)?.into_any().unbind())
+    }
+}
+
+/// Starts the CLIP clip pipeline of one `reader` of the plan over `units` and their clip
+/// `counts` (count order), a clip a position (shape: batch_size B, seq_len 1, block_rows 1);
+/// `config`: the count's keys, `frames`, `size`, `batch_size`, `threads`, `tokenizer` and the
+/// source options.
+#[pyfunction]
+pub fn video_pipeline(
+    units: Vec<UnitTuple>,
+    counts: Vec<u64>,
+    reader: ReaderTuple,
+    config: &Bound<'_, PyDict>,
+) -> PyResult<Pipeline> {
+    let s = ClipSettings::from_config(config)?;
+    let current = reader.3;
+    if (current.2, current.3, current.4) != (s.batch_size, 1, 1) {
+        return Err(PyValueError::new_err(format!(
+            "a clip plan's shape has batch_size {}, seq_len 1 and block_rows 1, not {:?}",
+            s.batch_size,
+            (current.2, current.3, current.4)
+        )));
+    }
+    require_ffmpeg()?;
+    let share = share(units, counts, reader)?;
+    let tokenizer = s
+        .tokenizer
+        .as_ref()
+        .map(CaptionTokenizer::open)
+        .transpose()?;
+    let input = Arc::new(ClipInput {
+        units: share.units,
+        unit_clips: share.weights,
+        spec: s.spec()?,
+        shape: s.shape()?,
+        batch_size: s.batch_size,
+        source: s.source.options(config.py())?,
+        tokenizer,
+    });
+    let pipeline = video::start(input, &share.order, share.reader, s.threads);
+    Ok(Pipeline::new(pipeline))
 }

@@ -11,6 +11,9 @@
 //! - `sample`: how an image-text sample is taken (`CaptionSource`, `SampleSpec`, `caption`,
 //!   `image_bytes`), a refusal (`Rejection`), the per-thread decoder (`Worker`) and an image's
 //!   header read under the pixel cap before anything is decoded (`probe_capped`);
+//! - `slots`: a batch decoded in parallel, finished: failed slots dropped and counted by
+//!   reason (`keep_decoded`), the kept captions tokenized into the lent token region
+//!   (`tokenize_captions`);
 //! - `columns`: the Parquet columns a sample spec reads from each file, and under which names;
 //! - `patches`: the NaFlex patch slot (`NaFlexSpec`, its limits, an image to its patches),
 //!   which the square kind's sample pipeline lays out at a fixed count, the NaFlex kind in
@@ -22,5 +25,6 @@ pub mod columns;
 pub mod patches;
 pub mod read_thread;
 pub mod sample;
+pub mod slots;
 pub mod unit;
 pub mod visits;

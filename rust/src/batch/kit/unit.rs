@@ -5,8 +5,10 @@
 
 use std::sync::Arc;
 
+use super::columns::resolve;
+use super::sample::SampleSpec;
 use crate::error::{Fault, Reason, SourceKind};
-use crate::read::group::{open_shard, SampleReader, ShardFault};
+use crate::read::group::{open_shard, RawSample, SampleReader, ShardFault};
 use crate::read::parquet::{is_parquet_name, ParquetFile};
 use crate::read::source::{redact_url, Expected, SourceOptions, SourceStats};
 
@@ -82,4 +84,33 @@ pub fn unit_fault(display: &str, reason: Reason, detail: String, kind: SourceKin
         detail,
         kind,
     }
+}
+
+/// A unit's samples in file order (tar samples, or a Parquet row group's rows).
+pub type Samples = Box<dyn Iterator<Item = Result<RawSample, ShardFault>> + Send>;
+
+/// Opens `unit` for reading its samples as `sample` takes them: a tar shard's samples, or the
+/// rows of a Parquet row group with the columns `sample` reads under its member names; members
+/// over `max_member_bytes` are refused. What every kind reading image-text (or video-text)
+/// samples by unit weight opens a unit with.
+pub fn open_samples(
+    unit: &Unit,
+    sample: &SampleSpec,
+    max_member_bytes: u64,
+    opts: &SourceOptions,
+    stats: &Arc<SourceStats>,
+) -> Result<Samples, Fault> {
+    let display = unit.display();
+    let file = match unit.open(&display, max_member_bytes, opts, stats)? {
+        Opened::Parquet(file) => *file,
+        Opened::Tar(reader) => return Ok(reader),
+    };
+    let columns = resolve(sample, &file.schema)
+        .map_err(|(reason, detail)| unit_fault(&display, reason, detail, SourceKind::Other))?;
+    let rows = file
+        .samples(unit.first_row, Some(&columns.wanted))
+        .with_max_member_bytes(max_member_bytes)
+        .with_renamed(columns.renamed);
+    let take = unit.rows.unwrap_or(u64::MAX) as usize;
+    Ok(Box::new(rows.take(take)))
 }

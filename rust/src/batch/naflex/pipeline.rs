@@ -24,6 +24,7 @@ use rayon::prelude::*;
 use super::samples::{open_samples, patches_of, BudgetSpec};
 use crate::batch::kit::patches::prepare_image;
 use crate::batch::kit::sample::{caption, image_bytes, Rejection, Worker};
+use crate::batch::kit::slots::{keep_decoded, tokenize_captions};
 use crate::batch::kit::unit::{unit_fault, Unit};
 use crate::batch::kit::visits::{visits, Visit};
 use crate::batch::pipeline::{Kind, KindStats, Lent, Need, Pipeline, Setup};
@@ -349,41 +350,17 @@ fn fill(
         keys: Vec::new(),
         urls: Vec::new(),
     };
-    for (i, (result, raw)) in results.into_iter().zip(&batch.samples).enumerate() {
-        match result {
-            Ok((text, grid)) => {
-                if meta.images != i {
-                    out.copy_within(i * slot..(i + 1) * slot, meta.images * slot);
-                }
-                meta.images += 1;
-                stats
-                    .patches
-                    .fetch_add((grid.0 * grid.1) as u64, Ordering::Relaxed);
-                meta.grids.push(grid);
-                meta.texts.push(text);
-                meta.keys.push(raw.key.clone());
-                meta.urls.push(batch.display.to_string());
-            }
-            Err((reason, _)) => {
-                *stats
-                    .skipped
-                    .lock()
-                    .expect("stats lock")
-                    .entry(reason.as_str().to_string())
-                    .or_default() += 1;
-            }
-        }
+    for (i, (text, grid)) in keep_decoded(out, slot, results, &stats.skipped) {
+        meta.images += 1;
+        stats
+            .patches
+            .fetch_add((grid.0 * grid.1) as u64, Ordering::Relaxed);
+        meta.grids.push(grid);
+        meta.texts.push(text);
+        meta.keys.push(batch.samples[i].key.clone());
+        meta.urls.push(batch.display.to_string());
     }
-    let tokens = input.tokenizer.as_ref().and_then(|tok| {
-        let ctx = tok.context_length.max(1);
-        Some((tok, ctx, lent.values::<i64>(1, meta.images * ctx)?))
-    });
-    if let Some((tok, ctx, tokens)) = tokens {
-        tokens
-            .par_chunks_mut(ctx)
-            .zip(meta.texts.par_iter())
-            .for_each(|(row, text)| tok.tokenize_into(text, row));
-    }
+    tokenize_captions(lent, 1, input.tokenizer.as_deref(), &meta.texts);
     stats.batches.fetch_add(1, Ordering::Relaxed);
     stats
         .images

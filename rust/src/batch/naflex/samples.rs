@@ -4,15 +4,14 @@
 
 use std::sync::Arc;
 
-use crate::batch::kit::columns::resolve;
 use crate::batch::kit::patches::NaFlexSpec;
 use crate::batch::kit::sample::{caption, image_bytes, probe_capped, Rejection, SampleSpec};
-use crate::batch::kit::unit::{unit_fault, Opened, Unit};
-use crate::error::{Fault, Reason, SourceKind};
+use crate::batch::kit::unit::{self, Samples, Unit};
+use crate::error::{Fault, Reason};
 use crate::image::decode::Decoder;
 use crate::image::patches::grid_for_max_patches;
 use crate::plan::budget::BudgetShape;
-use crate::read::group::{RawSample, ShardFault};
+use crate::read::group::RawSample;
 use crate::read::source::{SourceOptions, SourceStats};
 
 /// What makes the batches: the samples' members, the NaFlex grid rule and the budget.
@@ -24,9 +23,6 @@ pub struct BudgetSpec {
     pub max_member_bytes: u64,
 }
 
-/// A unit's samples in file order (tar samples, or a Parquet row group's rows).
-pub(super) type Samples = Box<dyn Iterator<Item = Result<RawSample, ShardFault>> + Send>;
-
 /// Opens `unit` for reading its samples.
 pub(super) fn open_samples(
     unit: &Unit,
@@ -34,19 +30,7 @@ pub(super) fn open_samples(
     opts: &SourceOptions,
     stats: &Arc<SourceStats>,
 ) -> Result<Samples, Fault> {
-    let display = unit.display();
-    let file = match unit.open(&display, spec.max_member_bytes, opts, stats)? {
-        Opened::Parquet(file) => *file,
-        Opened::Tar(reader) => return Ok(reader),
-    };
-    let columns = resolve(&spec.sample, &file.schema)
-        .map_err(|(reason, detail)| unit_fault(&display, reason, detail, SourceKind::Other))?;
-    let rows = file
-        .samples(unit.first_row, Some(&columns.wanted))
-        .with_max_member_bytes(spec.max_member_bytes)
-        .with_renamed(columns.renamed);
-    let take = unit.rows.unwrap_or(u64::MAX) as usize;
-    Ok(Box::new(rows.take(take)))
+    unit::open_samples(unit, &spec.sample, spec.max_member_bytes, opts, stats)
 }
 
 /// The patches the sample's image gets (its grid under the budget, from its header alone), or

@@ -27,6 +27,16 @@ const RANGE_FULL: c_int = 2;
 const ROW_ALIGN: usize = 64;
 const SWS_SLACK: usize = 256;
 
+/// How a displayed frame fills the output size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// The whole frame, resized to the output's height and width (the Qwen path).
+    Whole,
+    /// The centred square of the frame's shorter side, resized to the output (a CLIP clip, as
+    /// the square image kind's centre crop: torchvision's `Resize(S)` then `CenterCrop(S)`).
+    CentreSquare,
+}
+
 /// A decoded frame to the output: YUV (any decoder format) to RGB at its coded size by swscale
 /// (in the frame's own colour matrix and range: exactly FFmpeg's conversion, which the
 /// references run too), the quarter turns, then the image kinds' resize (Pillow's antialiased
@@ -38,6 +48,7 @@ pub struct Converter {
     /// The output size, displayed orientation.
     height: u32,
     width: u32,
+    fit: Fit,
     transformer: Transformer,
     /// The colour matrix and range the swscale context was last set to (setting them rebuilds
     /// its tables: a millisecond a frame if done for each).
@@ -50,13 +61,14 @@ pub struct Converter {
 }
 
 impl Converter {
-    pub fn new(ff: &'static Ffmpeg, rotation: u32, (height, width): (u32, u32)) -> Self {
+    pub fn new(ff: &'static Ffmpeg, rotation: u32, (height, width): (u32, u32), fit: Fit) -> Self {
         Converter {
             ff,
             sws: null_mut(),
             rotation,
             height,
             width,
+            fit,
             transformer: Transformer::new(),
             colours: None,
             strided: Vec::new(),
@@ -91,7 +103,25 @@ impl Converter {
                 }
             }
         };
-        if (w, h) == (self.width, self.height) {
+        let region = match self.fit {
+            Fit::Whole => CropBox {
+                x: 0.0,
+                y: 0.0,
+                w: w as f64,
+                h: h as f64,
+            },
+            // As the square kind's centre crop (`image::resize::crop_box`).
+            Fit::CentreSquare => {
+                let side = w.min(h) as f64;
+                CropBox {
+                    x: (w as f64 - side) / 2.0,
+                    y: (h as f64 - side) / 2.0,
+                    w: side,
+                    h: side,
+                }
+            }
+        };
+        if (region.w, region.h) == (w as f64, h as f64) && (w, h) == (self.width, self.height) {
             let n = w as usize * h as usize;
             let (r, rest) = out.split_at_mut(n);
             let (g, b) = rest.split_at_mut(n);
@@ -106,14 +136,14 @@ impl Converter {
             height: h,
             pixels: upright,
         });
-        let whole = CropBox {
-            x: 0.0,
-            y: 0.0,
-            w: w as f64,
-            h: h as f64,
-        };
         self.transformer
-            .resize_into_planar(&rgb, whole, (self.width, self.height), Kernel::Bicubic, out)
+            .resize_into_planar(
+                &rgb,
+                region,
+                (self.width, self.height),
+                Kernel::Bicubic,
+                out,
+            )
             .map_err(|e| VideoFault::Corrupt(format!("resizing a {w}x{h} frame: {}", e.detail)))
     }
 

@@ -16,6 +16,7 @@ use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
 use super::convert::Converter;
+pub use super::convert::Fit;
 use super::fault::{Caps, VideoFault};
 use super::ffmpeg::input::NO_TIME;
 use super::ffmpeg::{code, ffmpeg, field, Ffmpeg, Input, StreamInfo};
@@ -45,48 +46,108 @@ pub fn probe(bytes: &[u8], caps: &Caps) -> Result<StreamInfo, VideoFault> {
 
 /// Decodes the frames `indices` (any order, repeats allowed) of the clip in `bytes`, each
 /// converted to RGB and resized to `size` = (height, width) in its displayed orientation (the
-/// displayed size where None), turned as its display matrix says.
-///
-/// A demux pass first numbers the frames by presentation time and plans which packets the
-/// sampled ones need ([`FrameIndex`]); where frames have no distinct times, they are numbered
-/// in the order the decoder outputs them, decoding every frame up to the last sampled one.
+/// displayed size where None), turned as its display matrix says: [`OpenClip`] into a buffer of
+/// its own.
 pub fn decode_frames(
     bytes: &[u8],
     indices: &[u32],
     size: Option<(u32, u32)>,
     caps: &Caps,
 ) -> Result<Frames, VideoFault> {
-    let ff = ffmpeg()?;
-    let index = scan(&Input::open(ff, bytes, caps)?);
-    let input = Input::open(ff, bytes, caps)?;
-    let info = input.info.clone();
+    let clip = OpenClip::open(bytes, caps)?;
+    let info = clip.info().clone();
     let (height, width) = size.unwrap_or((info.height, info.width));
-    if height == 0 || width == 0 {
-        return Err(VideoFault::Corrupt(format!(
-            "an output size of {height}x{width} holds no pixel"
-        )));
-    }
-    let mut out = Delivery::new(indices, height as usize * width as usize * 3);
-    let mut frames = Frames {
+    let mut pixels = vec![0u8; indices.len() * height as usize * width as usize * 3];
+    let frames_decoded = clip.decode_into(indices, (height, width), Fit::Whole, &mut pixels)?;
+    Ok(Frames {
         info,
         height,
         width,
-        pixels: Vec::new(),
-        frames_decoded: 0,
-    };
-    if indices.is_empty() {
-        return Ok(frames);
+        pixels,
+        frames_decoded,
+    })
+}
+
+/// A clip opened for decoding: its container read twice, once for the demux pass that numbers
+/// its frames ([`FrameIndex`]) and once to decode. Which frames to sample can then be chosen
+/// from the frame count before anything is decoded.
+pub struct OpenClip<'a> {
+    input: Input<'a>,
+    index: Option<FrameIndex>,
+    caps: Caps,
+}
+
+impl<'a> OpenClip<'a> {
+    /// Opens `bytes` (its header checked against `caps`) and numbers its frames.
+    pub fn open(bytes: &'a [u8], caps: &Caps) -> Result<Self, VideoFault> {
+        let ff = ffmpeg()?;
+        let index = scan(&Input::open(ff, bytes, caps)?);
+        Ok(OpenClip {
+            input: Input::open(ff, bytes, caps)?,
+            index,
+            caps: *caps,
+        })
     }
-    let mut convert = Converter::new(ff, frames.info.rotation, (height, width));
-    let mut decoder = Decoder::open(&input)?;
-    let result = match &index {
-        Some(index) => decode_indexed(&input, &mut decoder, index, &mut out, &mut convert, caps),
-        None => decode_in_order(&input, &mut decoder, &mut out, &mut convert, caps),
-    };
-    convert.release();
-    frames.frames_decoded = result?;
-    frames.pixels = out.finish(index.as_ref().map(FrameIndex::frames))?;
-    Ok(frames)
+
+    /// What the stream header says.
+    pub fn info(&self) -> &StreamInfo {
+        &self.input.info
+    }
+
+    /// The frames the demux pass numbered; None where frames have no distinct times (a raw
+    /// stream), whose count only decoding tells.
+    pub fn indexed_frames(&self) -> Option<u64> {
+        self.index.as_ref().map(|i| i.frames() as u64)
+    }
+
+    /// Decodes the frames `indices` (any order, repeats allowed) into `out`, frame `i` at
+    /// `[i, 3, height, width]`, each fitted to `size` = (height, width) by `fit` in its
+    /// displayed orientation. `out` must hold `indices.len()` such frames. Returns the frames
+    /// the decoder output (the sampled ones and the references they needed).
+    ///
+    /// Where frames have no distinct times, they are numbered in the order the decoder outputs
+    /// them, decoding every frame up to the last sampled one.
+    pub fn decode_into(
+        self,
+        indices: &[u32],
+        (height, width): (u32, u32),
+        fit: Fit,
+        out: &mut [u8],
+    ) -> Result<u64, VideoFault> {
+        if height == 0 || width == 0 {
+            return Err(VideoFault::Corrupt(format!(
+                "an output size of {height}x{width} holds no pixel"
+            )));
+        }
+        let frame_bytes = height as usize * width as usize * 3;
+        assert_eq!(
+            out.len(),
+            indices.len() * frame_bytes,
+            "an output of the sampled frames"
+        );
+        if indices.is_empty() {
+            return Ok(0);
+        }
+        let (input, caps) = (&self.input, &self.caps);
+        let mut delivery = Delivery::new(indices, frame_bytes, out);
+        let mut convert = Converter::new(input.ff, input.info.rotation, (height, width), fit);
+        let mut decoder = Decoder::open(input)?;
+        let result = match &self.index {
+            Some(index) => decode_indexed(
+                input,
+                &mut decoder,
+                index,
+                &mut delivery,
+                &mut convert,
+                caps,
+            ),
+            None => decode_in_order(input, &mut decoder, &mut delivery, &mut convert, caps),
+        };
+        convert.release();
+        let decoded = result?;
+        delivery.finish(self.index.as_ref().map(FrameIndex::frames))?;
+        Ok(decoded)
+    }
 }
 
 /// The video stream's packets, timestamps and keyframe flags only (a demux pass); None where
@@ -132,7 +193,7 @@ fn check_frame(ff: &Ffmpeg, frame: *mut c_void, caps: &Caps) -> Result<(), Video
 fn decode_in_order(
     input: &Input<'_>,
     decoder: &mut Decoder,
-    out: &mut Delivery,
+    out: &mut Delivery<'_>,
     convert: &mut Converter,
     caps: &Caps,
 ) -> Result<u64, VideoFault> {
@@ -157,7 +218,7 @@ fn decode_indexed(
     input: &Input<'_>,
     decoder: &mut Decoder,
     index: &FrameIndex,
-    out: &mut Delivery,
+    out: &mut Delivery<'_>,
     convert: &mut Converter,
     caps: &Caps,
 ) -> Result<u64, VideoFault> {
@@ -184,17 +245,17 @@ fn decode_indexed(
 }
 
 /// Where each sampled frame goes in the output, and which have arrived.
-struct Delivery {
+struct Delivery<'o> {
     /// (frame number, output slot), sorted.
     wanted: Vec<(u32, usize)>,
     arrived: Vec<bool>,
     remaining: usize,
     frame_bytes: usize,
-    pixels: Vec<u8>,
+    pixels: &'o mut [u8],
 }
 
-impl Delivery {
-    fn new(indices: &[u32], frame_bytes: usize) -> Self {
+impl<'o> Delivery<'o> {
+    fn new(indices: &[u32], frame_bytes: usize, pixels: &'o mut [u8]) -> Self {
         let mut wanted: Vec<(u32, usize)> = indices.iter().copied().zip(0..).collect();
         wanted.sort_unstable();
         Delivery {
@@ -202,7 +263,7 @@ impl Delivery {
             remaining: wanted.len(),
             wanted,
             frame_bytes,
-            pixels: vec![0u8; indices.len() * frame_bytes],
+            pixels,
         }
     }
 
@@ -247,11 +308,11 @@ impl Delivery {
         Ok(())
     }
 
-    /// The pixels, once every frame has arrived; else why not (`frames`: the indexed count).
-    fn finish(self, frames: Option<usize>) -> Result<Vec<u8>, VideoFault> {
+    /// Whether every frame has arrived; else why not (`frames`: the indexed count).
+    fn finish(self, frames: Option<usize>) -> Result<(), VideoFault> {
         let missing = self.arrived.iter().position(|&a| !a);
         match (missing, frames) {
-            (None, _) => Ok(self.pixels),
+            (None, _) => Ok(()),
             (Some(i), Some(frames)) if self.wanted[i].0 as usize >= frames => {
                 Err(VideoFault::PastTheEnd {
                     index: self.wanted[i].0,

@@ -1,0 +1,155 @@
+//! A video-text sample as a CLIP clip: which samples are clips (judged from the container's
+//! header alone, by the count pass and the loader alike, so both number the same clips), and a
+//! clip's `T` frames sampled uniformly, decoded and fitted straight into its slot of the batch,
+//! `uint8 [T, 3, S, S]`.
+
+use crate::batch::kit::sample::{caption, image_bytes, Rejection, SampleSpec};
+use crate::error::Reason;
+use crate::read::group::RawSample;
+
+use super::decode::{probe, Fit, OpenClip};
+use super::fault::{Caps, VideoFault};
+use super::sampling::{uniform, Clip};
+use super::StreamInfo;
+
+/// Video member extensions tried in order, as WebVid, Panda-70M and InternVid's tars hold them.
+pub const VIDEO_KEYS: [&str; 4] = ["mp4", "webm", "mkv", "mov"];
+
+/// What makes a sample a clip: its members (`sample.image_keys` are the video members tried in
+/// order; `sample.max_pixels` caps a frame) and the caps checked from the header.
+#[derive(Clone, Debug)]
+pub struct ClipSpec {
+    pub sample: SampleSpec,
+    /// Most seconds a clip may last (0.0: no cap).
+    pub max_seconds: f64,
+    pub max_member_bytes: u64,
+}
+
+impl ClipSpec {
+    pub fn caps(&self) -> Caps {
+        Caps {
+            max_pixels: self.sample.max_pixels,
+            max_seconds: self.max_seconds,
+        }
+    }
+}
+
+/// How a clip's frames are laid out in its slot: `frames` frames, each `size` pixels square.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClipShape {
+    pub frames: u32,
+    pub size: u32,
+}
+
+impl ClipShape {
+    /// Bytes of one clip's slot: `frames * 3 * size * size`.
+    pub fn slot_bytes(&self) -> usize {
+        self.frames as usize * 3 * self.size as usize * self.size as usize
+    }
+}
+
+/// A clip decoded into its slot: its caption, the frame numbers sampled and the frames the
+/// decoder output for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodedClip {
+    pub text: String,
+    pub indices: Vec<u32>,
+    pub frames_decoded: u64,
+}
+
+/// A video fault as the reason a sample is refused for (a missing FFmpeg is not the sample's
+/// fault: the caller stops on it).
+pub fn rejection(fault: VideoFault) -> Result<Rejection, VideoFault> {
+    match fault.reason() {
+        Some(reason) => Ok((reason, fault.to_string())),
+        None => Err(fault),
+    }
+}
+
+/// The sample's video member: the first of `spec.sample.image_keys` it holds.
+fn video_bytes<'a>(raw: &'a RawSample, spec: &ClipSpec) -> Result<&'a [u8], Rejection> {
+    image_bytes(raw, &spec.sample.image_keys).map_err(|_| {
+        let keys = &spec.sample.image_keys;
+        (
+            Reason::MissingVideo,
+            format!("no member with extension {keys:?}"),
+        )
+    })
+}
+
+/// The sample's video header, or why the sample is not a clip: a defect, no video member or
+/// caption, or a header that does not open, holds no video stream, names a codec this FFmpeg
+/// cannot decode, or is over the caps. Decodes no frame.
+pub fn judge(
+    raw: &RawSample,
+    spec: &ClipSpec,
+) -> Result<Result<StreamInfo, Rejection>, VideoFault> {
+    let checked = || -> Result<&[u8], Rejection> {
+        if let Some(defect) = &raw.defect {
+            return Err(defect.clone());
+        }
+        let bytes = video_bytes(raw, spec)?;
+        caption(raw, &spec.sample.caption)?;
+        Ok(bytes)
+    };
+    let bytes = match checked() {
+        Ok(bytes) => bytes,
+        Err(rejected) => return Ok(Err(rejected)),
+    };
+    match probe(bytes, &spec.caps()) {
+        Ok(info) => Ok(Ok(info)),
+        Err(fault) => rejection(fault).map(Err),
+    }
+}
+
+/// Decodes the clip of `raw` (already judged a clip) into `slot`: `shape.frames` frames spread
+/// uniformly from its first frame to its last (`sampling::uniform`), each the centred square
+/// of its displayed frame resized to `shape.size`.
+pub fn decode_clip(
+    raw: &RawSample,
+    spec: &ClipSpec,
+    shape: ClipShape,
+    slot: &mut [u8],
+) -> Result<Result<DecodedClip, Rejection>, VideoFault> {
+    let text = match caption(raw, &spec.sample.caption) {
+        Ok(text) => text,
+        Err(rejected) => return Ok(Err(rejected)),
+    };
+    let bytes = match video_bytes(raw, spec) {
+        Ok(bytes) => bytes,
+        Err(rejected) => return Ok(Err(rejected)),
+    };
+    let decoded = (|| {
+        let clip = OpenClip::open(bytes, &spec.caps())?;
+        let info = clip.info();
+        // The demux pass's count where frames have times; the header's, else its duration's,
+        // for a raw stream.
+        let total = clip.indexed_frames().unwrap_or(match info.frames {
+            0 => (info.seconds * info.fps).floor().max(0.0) as u64,
+            n => n,
+        });
+        let fps = if info.fps > 0.0 && info.fps.is_finite() {
+            info.fps
+        } else {
+            1.0 // only sample_fps, which a CLIP clip does not report, depends on it
+        };
+        let clip_frames = Clip {
+            total_frames: total,
+            fps,
+        };
+        let sampled = uniform(clip_frames, None, None, shape.frames).map_err(|e| {
+            VideoFault::Corrupt(format!("no {} frames to sample: {e}", shape.frames))
+        })?;
+        let size = (shape.size, shape.size);
+        let frames_decoded = clip.decode_into(&sampled.indices, size, Fit::CentreSquare, slot)?;
+        Ok(DecodedClip {
+            text,
+            indices: sampled.indices,
+            frames_decoded,
+        })
+    })();
+    match decoded {
+        Ok(clip) => Ok(Ok(clip)),
+        Err(fault) => rejection(fault).map(Err),
+    }
+}
