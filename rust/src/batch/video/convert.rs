@@ -43,16 +43,27 @@ pub enum Fit {
 /// bicubic, as torchvision's resize in qwen-vl-utils) straight into `[3, height, width]`.
 pub struct Converter {
     ff: &'static Ffmpeg,
-    sws: *mut c_void,
     rotation: u32,
     /// The output size, displayed orientation.
     height: u32,
     width: u32,
     fit: Fit,
-    transformer: Transformer,
+    /// This thread's contexts and buffers, lent for the clip: a clip after the first of its
+    /// size on a thread allocates and faults in nothing (fresh buffers of each clip's frames
+    /// were a third of the time of a clip sampled at one frame).
+    s: Scratch,
+}
+
+/// What converting frames reuses from clip to clip on a thread.
+#[derive(Default)]
+struct Scratch {
+    /// The FFmpeg that made `sws`.
+    ff: Option<&'static Ffmpeg>,
+    sws: *mut c_void,
     /// The colour matrix and range the swscale context was last set to (setting them rebuilds
     /// its tables: a millisecond a frame if done for each).
     colours: Option<(*mut c_void, c_int, c_int)>,
+    transformer: Transformer,
     /// The frame as swscale writes it (rows `ROW_ALIGN`-aligned), as RGB [h, w, 3] at its
     /// coded size, and turned upright (where it turns).
     strided: Vec<u8>,
@@ -60,46 +71,56 @@ pub struct Converter {
     upright: Vec<u8>,
 }
 
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(ff) = self.ff {
+            // SAFETY: ours or null (sws_freeContext accepts null), freed once.
+            unsafe { (ff.f.sws_freeContext)(self.sws) };
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
 impl Converter {
     pub fn new(ff: &'static Ffmpeg, rotation: u32, (height, width): (u32, u32), fit: Fit) -> Self {
+        let mut s = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        s.ff = Some(ff);
         Converter {
             ff,
-            sws: null_mut(),
             rotation,
             height,
             width,
             fit,
-            transformer: Transformer::new(),
-            colours: None,
-            strided: Vec::new(),
-            coded: Vec::new(),
-            upright: Vec::new(),
+            s,
         }
     }
 
+    /// Gives this thread's scratch back for its next clip.
     pub fn release(&mut self) {
-        // SAFETY: ours or null (sws_freeContext accepts null).
-        unsafe { (self.ff.f.sws_freeContext)(self.sws) };
-        self.sws = null_mut();
+        let s = std::mem::take(&mut self.s);
+        SCRATCH.with(|slot| *slot.borrow_mut() = s);
     }
 
     /// Writes `frame` as RGB [3, height, width] into `out`.
     pub fn frame(&mut self, frame: *mut c_void, out: &mut [u8]) -> Result<(), VideoFault> {
         let (w, h) = self.convert_rgb(frame)?;
         let (upright, w, h): (&[u8], u32, u32) = match self.rotation {
-            0 => (&self.coded, w, h),
+            0 => (&self.s.coded, w, h),
             rotation => {
-                self.upright.resize(self.coded.len(), 0);
+                self.s.upright.resize(self.s.coded.len(), 0);
                 turn(
-                    &self.coded,
+                    &self.s.coded,
                     h as usize,
                     w as usize,
                     rotation,
-                    &mut self.upright,
+                    &mut self.s.upright,
                 );
                 match rotation {
-                    180 => (&self.upright, w, h),
-                    _ => (&self.upright, h, w),
+                    180 => (&self.s.upright, w, h),
+                    _ => (&self.s.upright, h, w),
                 }
             }
         };
@@ -136,7 +157,8 @@ impl Converter {
             height: h,
             pixels: upright,
         });
-        self.transformer
+        self.s
+            .transformer
             .resize_into_planar(
                 &rgb,
                 region,
@@ -147,7 +169,7 @@ impl Converter {
             .map_err(|e| VideoFault::Corrupt(format!("resizing a {w}x{h} frame: {}", e.detail)))
     }
 
-    /// The frame as RGB [h, w, 3] in `self.coded`, at its coded size: (w, h).
+    /// The frame as RGB [h, w, 3] in `self.s.coded`, at its coded size: (w, h).
     fn convert_rgb(&mut self, frame: *mut c_void) -> Result<(u32, u32), VideoFault> {
         let l = self.ff.layout;
         let f = &self.ff.f;
@@ -161,8 +183,8 @@ impl Converter {
             if w <= 0 || h <= 0 {
                 return Err(VideoFault::Corrupt(format!("a decoded frame of {w}x{h}")));
             }
-            self.sws = (f.sws_getCachedContext)(
-                self.sws,
+            self.s.sws = (f.sws_getCachedContext)(
+                self.s.sws,
                 w,
                 h,
                 format,
@@ -174,7 +196,7 @@ impl Converter {
                 null_mut(),
                 std::ptr::null(),
             );
-            if self.sws.is_null() {
+            if self.s.sws.is_null() {
                 return Err(VideoFault::Corrupt(format!(
                     "frames of pixel format {format} at {w}x{h} cannot be converted to RGB"
                 )));
@@ -188,9 +210,9 @@ impl Converter {
             } else {
                 CS_DEFAULT
             };
-            if self.colours != Some((self.sws, space, range)) {
+            if self.s.colours != Some((self.s.sws, space, range)) {
                 (f.sws_setColorspaceDetails)(
-                    self.sws,
+                    self.s.sws,
                     (f.sws_getCoefficients)(space),
                     (range == RANGE_FULL) as c_int,
                     (f.sws_getCoefficients)(CS_DEFAULT),
@@ -199,16 +221,17 @@ impl Converter {
                     1 << 16,
                     1 << 16,
                 );
-                self.colours = Some((self.sws, space, range));
+                self.s.colours = Some((self.s.sws, space, range));
             }
             let row = w as usize * 3;
             let stride = row.next_multiple_of(ROW_ALIGN);
             // One vector more than the rows, so that the first row can start on one.
-            self.strided
+            self.s
+                .strided
                 .resize(stride * h as usize + SWS_SLACK + ROW_ALIGN, 0);
-            let start = self.strided.as_ptr().align_offset(ROW_ALIGN);
+            let start = self.s.strided.as_ptr().align_offset(ROW_ALIGN);
             let planes = [
-                self.strided.as_mut_ptr().add(start),
+                self.s.strided.as_mut_ptr().add(start),
                 null_mut(),
                 null_mut(),
                 null_mut(),
@@ -217,7 +240,7 @@ impl Converter {
             let data = (frame as *const u8).add(l.frame_data) as *const *const u8;
             let linesize = (frame as *const u8).add(l.frame_linesize) as *const c_int;
             let rows = (f.sws_scale)(
-                self.sws,
+                self.s.sws,
                 data,
                 linesize,
                 0,
@@ -230,9 +253,9 @@ impl Converter {
                     "converting a {w}x{h} frame gave {rows} rows"
                 )));
             }
-            self.coded.resize(row * h as usize, 0);
-            let rows = self.strided[start..].chunks(stride);
-            for (packed, strided) in self.coded.chunks_exact_mut(row).zip(rows) {
+            self.s.coded.resize(row * h as usize, 0);
+            let rows = self.s.strided[start..].chunks(stride);
+            for (packed, strided) in self.s.coded.chunks_exact_mut(row).zip(rows) {
                 packed.copy_from_slice(&strided[..row]);
             }
             Ok((w as u32, h as u32))

@@ -72,6 +72,9 @@ pub fn decode_frames(
 /// its frames ([`FrameIndex`]) and once to decode. Which frames to sample can then be chosen
 /// from the frame count before anything is decoded.
 pub struct OpenClip<'a> {
+    /// The container opened in full and its packets scanned: the decoder's parameters.
+    probed: Input<'a>,
+    /// The container opened again for the packets to decode.
     input: Input<'a>,
     index: Option<FrameIndex>,
     caps: Caps,
@@ -81,9 +84,15 @@ impl<'a> OpenClip<'a> {
     /// Opens `bytes` (its header checked against `caps`) and numbers its frames.
     pub fn open(bytes: &'a [u8], caps: &Caps) -> Result<Self, VideoFault> {
         let ff = ffmpeg()?;
-        let index = scan(&Input::open(ff, bytes, caps)?);
+        let probed = Input::open(ff, bytes, caps)?;
+        let index = scan(&probed);
+        let input = match probed.reopen_packets(bytes)? {
+            Some(input) => input,
+            None => Input::open(ff, bytes, caps)?,
+        };
         Ok(OpenClip {
-            input: Input::open(ff, bytes, caps)?,
+            probed,
+            input,
             index,
             caps: *caps,
         })
@@ -91,7 +100,7 @@ impl<'a> OpenClip<'a> {
 
     /// What the stream header says.
     pub fn info(&self) -> &StreamInfo {
-        &self.input.info
+        &self.probed.info
     }
 
     /// The frames the demux pass numbered; None where frames have no distinct times (a raw
@@ -131,7 +140,7 @@ impl<'a> OpenClip<'a> {
         let (input, caps) = (&self.input, &self.caps);
         let mut delivery = Delivery::new(indices, frame_bytes, out);
         let mut convert = Converter::new(input.ff, input.info.rotation, (height, width), fit);
-        let mut decoder = Decoder::open(input)?;
+        let mut decoder = Decoder::open(&self.probed)?;
         let result = match &self.index {
             Some(index) => decode_indexed(
                 input,
@@ -357,6 +366,7 @@ impl Drop for Decoder {
 }
 
 impl Decoder {
+    /// A decoder of `input`'s stream, with the parameters its probe found.
     fn open(input: &Input<'_>) -> Result<Self, VideoFault> {
         let ff = input.ff;
         let f = &ff.f;

@@ -123,6 +123,79 @@ impl<'a> Input<'a> {
     /// Opens `bytes` as a container and chooses its video stream, refusing one over `caps`
     /// from its header.
     pub fn open(ff: &'static Ffmpeg, bytes: &'a [u8], caps: &Caps) -> Result<Self, VideoFault> {
+        let f = &ff.f;
+        let mut input = Self::open_container(ff, bytes)?;
+        // SAFETY: the container opened; streams are read within nb_streams.
+        unsafe {
+            // The header's size, before find_stream_info decodes anything.
+            let best = (f.av_find_best_stream)(input.format, MEDIA_VIDEO, -1, -1, null_mut(), 0);
+            if best >= 0 {
+                input.check_pixels(input.stream_at(best), caps)?;
+            }
+            let ret = (f.avformat_find_stream_info)(input.format, null_mut());
+            if ret < 0 {
+                return Err(corrupt(ff, "the container's streams do not parse", ret));
+            }
+            let mut codec = null_mut();
+            let index = (f.av_find_best_stream)(input.format, MEDIA_VIDEO, -1, -1, &mut codec, 0);
+            if index == code::STREAM_NOT_FOUND || index == code::DECODER_NOT_FOUND {
+                return Err(match input.first_video_codec() {
+                    Some(name) => VideoFault::UnsupportedCodec(name),
+                    None => VideoFault::NoVideoStream,
+                });
+            }
+            if index < 0 {
+                return Err(corrupt(ff, "no video stream can be chosen", index));
+            }
+            input.stream_index = index;
+            input.stream = input.stream_at(index);
+            input.codec = codec;
+            input.info = input.read_info(caps)?;
+            Ok(input)
+        }
+    }
+
+    /// The same bytes opened again for their packets only, as `opened` chose its stream: the
+    /// header read, nothing probed (`avformat_find_stream_info` decodes frames, a few
+    /// milliseconds a clip). The decoder takes its parameters from `opened`, which probed them.
+    /// None where the header alone does not lay out that stream as `opened` has it (a format
+    /// whose streams appear while probing): open it in full.
+    pub fn reopen_packets(&self, bytes: &'a [u8]) -> Result<Option<Self>, VideoFault> {
+        let l = self.ff.layout;
+        let mut again = Self::open_container(self.ff, bytes)?;
+        // SAFETY: both containers are open; streams are read within nb_streams.
+        unsafe {
+            let n: u32 = field(again.format, l.format_nb_streams);
+            if self.stream_index < 0 || self.stream_index as u32 >= n {
+                return Ok(None);
+            }
+            let stream = again.stream_at(self.stream_index);
+            let par = again.codecpar(stream);
+            let probed = self.codecpar(self.stream);
+            let same =
+                |offset: usize| field::<c_int>(par, offset) == field::<c_int>(probed, offset);
+            let times = |s: *mut c_void| -> (c_int, c_int) {
+                (
+                    field(s, l.stream_time_base),
+                    field(s, l.stream_time_base + 4),
+                )
+            };
+            if !same(l.par_codec_type)
+                || !same(l.par_codec_id)
+                || times(stream) != times(self.stream)
+            {
+                return Ok(None);
+            }
+            again.stream_index = self.stream_index;
+            again.stream = stream;
+            again.codec = self.codec;
+            again.info = self.info.clone();
+        }
+        Ok(Some(again))
+    }
+
+    /// Opens `bytes` as a container: its header read, no stream chosen.
+    fn open_container(ff: &'static Ffmpeg, bytes: &'a [u8]) -> Result<Self, VideoFault> {
         let l = ff.layout;
         let f = &ff.f;
         let mut cursor = Box::new(Cursor {
@@ -190,30 +263,6 @@ impl<'a> Input<'a> {
             if ret < 0 {
                 return Err(corrupt(ff, "the container does not open", ret));
             }
-            // The header's size, before find_stream_info decodes anything.
-            let best = (f.av_find_best_stream)(input.format, MEDIA_VIDEO, -1, -1, null_mut(), 0);
-            if best >= 0 {
-                input.check_pixels(input.stream_at(best), caps)?;
-            }
-            let ret = (f.avformat_find_stream_info)(input.format, null_mut());
-            if ret < 0 {
-                return Err(corrupt(ff, "the container's streams do not parse", ret));
-            }
-            let mut codec = null_mut();
-            let index = (f.av_find_best_stream)(input.format, MEDIA_VIDEO, -1, -1, &mut codec, 0);
-            if index == code::STREAM_NOT_FOUND || index == code::DECODER_NOT_FOUND {
-                return Err(match input.first_video_codec() {
-                    Some(name) => VideoFault::UnsupportedCodec(name),
-                    None => VideoFault::NoVideoStream,
-                });
-            }
-            if index < 0 {
-                return Err(corrupt(ff, "no video stream can be chosen", index));
-            }
-            input.stream_index = index;
-            input.stream = input.stream_at(index);
-            input.codec = codec;
-            input.info = input.read_info(caps)?;
             Ok(input)
         }
     }
