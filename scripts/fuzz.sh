@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     *) TARGETS+=("$1"); shift ;;
   esac
 done
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(tar group image index parquet jsonl documents)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(tar group image index parquet jsonl documents video)
 
 HOST="$(rustc -vV | sed -n 's/^host: //p')"
 OUT="$ROOT/target/fuzz"

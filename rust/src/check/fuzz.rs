@@ -193,8 +193,18 @@ fn fuzz_wrapped(
     wrap: impl Fn(Vec<u8>) -> Vec<u8>,
     check: impl Fn(&[u8], u64) -> bool,
 ) {
+    fuzz_runs(target, bases, cases(), wrap, check)
+}
+
+fn fuzz_runs(
+    target: &str,
+    bases: &[Vec<u8>],
+    cases: u32,
+    wrap: impl Fn(Vec<u8>) -> Vec<u8>,
+    check: impl Fn(&[u8], u64) -> bool,
+) {
     let config = Config {
-        cases: cases(),
+        cases,
         failure_persistence: None,
         ..Config::default()
     };
@@ -293,6 +303,17 @@ fn fuzz_sample_grouping_from_file() {
     let _ = std::fs::remove_dir_all(&dir);
     if let Err(e) = result {
         panic!("group-file: {e}");
+    }
+}
+
+#[test]
+fn fuzz_video_container_and_decoder() {
+    let clips = crate::check::fuzzing::seeds::video_clips();
+    fuzz("video", clips, crate::check::fuzzing::checks::video);
+    // The seeds themselves decode, under the generous caps.
+    for (i, clip) in clips.iter().enumerate() {
+        let decoded = crate::check::fuzzing::checks::video(clip, 0);
+        assert!(decoded, "seed clip {i} decodes");
     }
 }
 

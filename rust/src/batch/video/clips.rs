@@ -122,12 +122,7 @@ pub fn decode_clip(
     let decoded = (|| {
         let clip = OpenClip::open(bytes, &spec.caps())?;
         let info = clip.info();
-        // The demux pass's count where frames have times; the header's, else its duration's,
-        // for a raw stream.
-        let total = clip.indexed_frames().unwrap_or(match info.frames {
-            0 => (info.seconds * info.fps).floor().max(0.0) as u64,
-            n => n,
-        });
+        let total = clip.frame_total();
         let fps = if info.fps > 0.0 && info.fps.is_finite() {
             info.fps
         } else {

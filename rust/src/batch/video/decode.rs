@@ -109,6 +109,18 @@ impl<'a> OpenClip<'a> {
         self.index.as_ref().map(|i| i.frames() as u64)
     }
 
+    /// The clip's frames as far as is known before decoding: the demux pass's count, else the
+    /// header's (a raw stream), else its duration times its average rate; 0: unknown.
+    pub fn frame_total(&self) -> u64 {
+        let info = self.info();
+        self.indexed_frames().unwrap_or(match info.frames {
+            0 if info.fps.is_finite() && info.seconds.is_finite() => {
+                (info.seconds * info.fps).floor().max(0.0) as u64
+            }
+            n => n,
+        })
+    }
+
     /// Decodes the frames `indices` (any order, repeats allowed) into `out`, frame `i` at
     /// `[i, 3, height, width]`, each fitted to `size` = (height, width) by `fit` in its
     /// displayed orientation. `out` must hold `indices.len()` such frames. Returns the frames

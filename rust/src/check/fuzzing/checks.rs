@@ -174,3 +174,68 @@ pub fn json_v1(bytes: &[u8]) -> bool {
         Err(_) => false,
     }
 }
+
+/// A clip's bytes through the video kind's container input and decoder: opened under caps
+/// (`knob` picks generous or tight ones), its frames numbered, a few sampled frames decoded
+/// and fitted to 8x8. Every outcome is frames or a typed reason: never a panic, and never a
+/// header over the caps that gets as far as decoding. True when the frames decoded.
+pub fn video(bytes: &[u8], knob: u64) -> bool {
+    use crate::batch::video::{sampling, Caps, Clip, Fit, OpenClip};
+    let caps = [
+        Caps {
+            max_pixels: 1 << 20,
+            max_seconds: 60.0,
+        },
+        Caps {
+            max_pixels: 64 * 48,
+            max_seconds: 0.3,
+        },
+    ][knob as usize % 2];
+    let typed = |fault: crate::batch::video::VideoFault| {
+        assert!(
+            fault.reason().is_some(),
+            "a clip's fault without a reason (FFmpeg missing?): {fault}"
+        );
+        false
+    };
+    let clip = match OpenClip::open(bytes, &caps) {
+        Ok(clip) => clip,
+        Err(fault) => return typed(fault),
+    };
+    let info = clip.info().clone();
+    assert!(
+        info.width as u64 * info.height as u64 <= caps.max_pixels,
+        "a header over max_pixels was opened: {info:?}"
+    );
+    assert!(
+        info.seconds <= caps.max_seconds,
+        "a clip over max_seconds was opened: {info:?}"
+    );
+    // A stream whose frame count nothing states (a raw stream) is decoded in order: its first
+    // three frames.
+    let indices = match clip.frame_total() {
+        0 => vec![0, 1, 2],
+        total => {
+            let clip_frames = Clip {
+                total_frames: total,
+                fps: 25.0,
+            };
+            let Ok(sampled) = sampling::uniform(clip_frames, None, None, 3) else {
+                return false;
+            };
+            sampled.indices
+        }
+    };
+    let mut out = vec![0u8; 3 * 8 * 8 * 3];
+    match clip.decode_into(&indices, (8, 8), Fit::CentreSquare, &mut out) {
+        Ok(decoded) => {
+            // Each frame decoded came from a packet of the input, and every sampled one was.
+            assert!(
+                decoded as usize <= bytes.len(),
+                "more frames than the input has bytes"
+            );
+            true
+        }
+        Err(fault) => typed(fault),
+    }
+}

@@ -323,3 +323,79 @@ pub fn index_layout() -> &'static IndexLayout {
         IndexLayout { manifest, details }
     })
 }
+
+/// Tiny real clips (64x48, half a second of FFmpeg's moving test pattern), each in a container
+/// and codec the video kind reads: H.264 in MP4 (B-frames, moov first) and MPEG-TS, a raw
+/// `.h264` stream (no timestamps), VP9 in WebM, HEVC in MKV, MPEG-4 Part 2 in AVI, and an MP4
+/// turned 90 degrees with an AAC track. Made by FFmpeg's CLI (scripts/env.sh installs it): a
+/// missing CLI fails here rather than fuzz nothing.
+pub fn video_clips() -> &'static Vec<Vec<u8>> {
+    static CLIPS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    CLIPS.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("shardstream-fuzz-clips-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch folder for the fuzz clips");
+        let pattern = "testsrc2=size=64x48:rate=20:d=0.5";
+        let h264 = [
+            "-c:v", "libx264", "-preset", "veryfast", "-bf", "2", "-g", "6",
+        ];
+        let clips: [(&str, Vec<&str>); 7] = [
+            (
+                "h264.mp4",
+                [&h264[..], &["-movflags", "+faststart"]].concat(),
+            ),
+            ("h264.ts", h264.to_vec()),
+            ("raw.h264", [&h264[..], &["-f", "h264"]].concat()),
+            (
+                "vp9.webm",
+                vec![
+                    "-c:v",
+                    "libvpx-vp9",
+                    "-deadline",
+                    "realtime",
+                    "-cpu-used",
+                    "8",
+                ],
+            ),
+            (
+                "hevc.mkv",
+                vec![
+                    "-c:v",
+                    "libx265",
+                    "-x265-params",
+                    "log-level=error",
+                    "-g",
+                    "6",
+                ],
+            ),
+            ("mpeg4.avi", vec!["-c:v", "mpeg4", "-g", "6"]),
+            (
+                "turned.mp4",
+                [&h264[..], &["-metadata:s:v:0", "rotate=90", "-c:a", "aac"]].concat(),
+            ),
+        ];
+        let out = clips
+            .iter()
+            .map(|(name, args)| {
+                let path = dir.join(name);
+                let mut cmd = std::process::Command::new("ffmpeg");
+                cmd.args([
+                    "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", pattern,
+                ]);
+                if *name == "turned.mp4" {
+                    cmd.args(["-f", "lavfi", "-i", "sine=frequency=440:duration=0.5"]);
+                }
+                let status = cmd
+                    .args(["-pix_fmt", "yuv420p"])
+                    .args(args)
+                    .arg(&path)
+                    .status()
+                    .unwrap_or_else(|e| panic!("the ffmpeg CLI makes the video seeds: {e}"));
+                assert!(status.success(), "ffmpeg could not make the seed {name}");
+                std::fs::read(&path).expect("a seed clip")
+            })
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        out
+    })
+}

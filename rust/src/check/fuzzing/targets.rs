@@ -26,6 +26,9 @@ pub enum Target {
     /// A WebDataset sample's JSON member as the interleaved kind parses it: MINT-1T lists, LLaVA
     /// conversations; and a caption pair's caption.
     Documents,
+    /// A video clip's bytes: the container input (memory I/O, stream choice, header caps), the
+    /// demux pass that numbers its frames, and the decoder and converter of a few sampled frames.
+    Video,
 }
 
 /// How the `Index` target's first byte picks what the rest is.
@@ -37,7 +40,7 @@ const INDEX_JSON_V1: u8 = 4;
 const INDEX_KINDS: u8 = 5;
 
 impl Target {
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 8] = [
         Target::Tar,
         Target::Group,
         Target::Image,
@@ -45,6 +48,7 @@ impl Target {
         Target::Parquet,
         Target::Jsonl,
         Target::Documents,
+        Target::Video,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +60,7 @@ impl Target {
             Target::Parquet => "parquet",
             Target::Jsonl => "jsonl",
             Target::Documents => "documents",
+            Target::Video => "video",
         }
     }
 
@@ -136,6 +141,12 @@ impl Target {
                 let layout = TAR_LAYOUTS[knob as usize % 3];
                 let single = (knob / 3) % 2 == 1;
                 readers::tar_document(member, layout, single, CAPS[(knob as usize / 6) % 2])
+            }
+            Target::Video => {
+                let Some((&knob, clip)) = data.split_first() else {
+                    return false;
+                };
+                checks::video(clip, knob as u64)
             }
         }
     }
@@ -226,6 +237,12 @@ impl Target {
                     prefixed(&[knob(Captions, true)], &reader_seeds::caption_txt()),
                 ]
             }
+            // Under the generous caps (knob 0), where every seed decodes; mutating the knob
+            // reaches the tight ones.
+            Target::Video => seeds::video_clips()
+                .iter()
+                .map(|c| prefixed(&[0], c))
+                .collect(),
         }
     }
 }
