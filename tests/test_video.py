@@ -286,3 +286,37 @@ def test_http_with_faults_and_s3_read_as_the_local_shards(
         remote = count_clips("s3://videos/clips/*.tar", source=source)
         assert strip(remote) == strip(counts) and all(u["identity"].startswith("etag:") for u in remote.units)
         assert frames_by_key(VideoLoader(remote, source=source, **settings)) == local
+
+
+def test_clip_times_from_a_json_member_narrow_the_frames(clips, tmp_path):
+    """InternVid-style samples: a JSON member's start and end seconds pick the clip's range of
+    the video, as ``clip_frames``' ``video_start``/``video_end`` (qwen-vl-utils' rule) convert
+    them; a sample without times is its whole video; times that are not seconds, or a start not
+    before the end, are refused by name."""
+    from shardstream import video
+
+    data = read(clips["h264"])
+    members = []
+    times = {"ranged": b'{"start": 0.2, "end": 0.8}', "open-end": b'{"start": 0.5}', "whole": None}
+    times |= {"not-seconds": b'{"start": "soon", "end": 1}', "backwards": b'{"start": 0.9, "end": 0.1}'}
+    for key, stamp in times.items():
+        members += [(f"{key}.mp4", data), (f"{key}.txt", key.encode())]
+        if stamp is not None:
+            members.append((f"{key}.json", stamp))
+    shard = write_file(str(tmp_path / "timed.tar"), tar_bytes(members))
+    with pytest.raises(OptionError, match="clip_times"):
+        count_clips(shard, clip_times=("json", "start"))
+    counts = count_clips(shard, clip_times=("json", "start", "end"))
+    assert counts.clips == 3 and counts.skipped == {"bad_json": 2}, counts.skipped
+    details = [e[2] for u in counts.units for e in u["examples"]]
+    assert any('"start" is "soon"' in d for d in details) and any("not before its end" in d for d in details)
+    info = video.probe(data)
+    got = {}
+    for b in VideoLoader(counts, batch_size=1, frames=4, size=32, threads=1):
+        got[b.keys[0]] = b.indices[0].tolist()
+    expected = {
+        "ranged": video.clip_frames(info.frames, info.fps, 4, video_start=0.2, video_end=0.8).indices,
+        "open-end": video.clip_frames(info.frames, info.fps, 4, video_start=0.5).indices,
+        "whole": video.clip_frames(info.frames, info.fps, 4).indices,
+    }
+    assert got == expected and got["ranged"][0] >= 5 and got["ranged"][-1] <= 20

@@ -587,7 +587,7 @@ def count_clips(urls: list[str], config: dict[str, Any], threads: int = 1) -> li
     FfmpegUnavailable without FFmpeg.
 
     Config keys (kind "video clips"): ``video_keys``, ``caption_key``, ``max_pixels``,
-    ``max_seconds``, ``max_member_bytes``, ``frames``, ``size``, ``batch_size``, ``threads``,
+    ``max_seconds``, ``max_member_bytes``, ``clip_times``, ``frames``, ``size``, ``batch_size``, ``threads``,
     ``tokenizer``; and the source options. ``video_keys`` is required; ``frames``, ``size``,
     ``batch_size``, ``threads`` and ``tokenizer`` are read by :func:`video_pipeline` only."""
 
@@ -604,7 +604,7 @@ def video_pipeline(
     clips (rust/src/batch/video/pipeline.rs).
 
     Config keys (kind "video clips"): ``video_keys``, ``caption_key``, ``max_pixels``,
-    ``max_seconds``, ``max_member_bytes``, ``frames``, ``size``, ``batch_size``, ``threads``,
+    ``max_seconds``, ``max_member_bytes``, ``clip_times``, ``frames``, ``size``, ``batch_size``, ``threads``,
     ``tokenizer``; and the source options."""
 
 def video_decode_frames(

@@ -89,7 +89,7 @@ class ClipCounts(counts_file.CountsFile):
 
     Attributes:
         sample: What makes a sample a clip: ``video_keys``, ``caption_key``, ``max_pixels``,
-            ``max_seconds``, ``max_member_bytes``.
+            ``max_seconds``, ``max_member_bytes``, ``clip_times``.
         units: One dict per unit in dataset order: ``url``, ``display``, ``first_row``, ``rows``
             (None for a tar), ``identity``, ``version`` (as :class:`~shardstream.TokenCounts`'s),
             ``samples``, ``clips``, ``seconds`` (of the clips, from their headers), ``skipped``
@@ -136,6 +136,7 @@ def count_clips(
     *,
     video_keys: Sequence[str] = VIDEO_KEYS,
     caption_key: str = "txt",
+    clip_times: tuple[str, str, str] | None = None,
     max_pixels: int | None = None,
     max_seconds: float | None = None,
     threads: int | None = None,
@@ -160,6 +161,13 @@ def count_clips(
         video_keys: Video member extensions (or Parquet columns), tried in order.
         caption_key: The caption member or column (``json:FIELD`` for a JSON field; ``""``: no
             caption).
+        clip_times: ``(member, start_field, end_field)``: a JSON member whose two fields give
+            the seconds the sample's clip starts and ends at in its video (InternVid-style
+            ``("json", "start", "end")``); the clip's frames are then spread over that range
+            (converted to frame numbers at the video's average rate, as qwen-vl-utils'
+            ``video_start``/``video_end``). A sample without the member or a field reads from
+            its video's start or to its end; fields that are not seconds, or a start not before
+            the end, refuse it (``bad_json``). None (default): whole videos.
         max_pixels: A video whose frames have more pixels is not a clip (``too_many_pixels``);
             default: the image kinds' cap.
         max_seconds: A video longer than this is not a clip (``video_too_long``); default: no
@@ -192,6 +200,12 @@ def count_clips(
     keys = [video_keys] if isinstance(video_keys, str) else list(video_keys)
     if not keys or not all(isinstance(k, str) and k for k in keys):
         raise OptionError("video_keys", f"must name at least one extension, not {video_keys!r}")
+    if clip_times is not None:
+        times = tuple(clip_times)
+        if len(times) != 3 or not all(isinstance(t, str) and t for t in times):
+            raise OptionError(
+                "clip_times", f"must be (member, start_field, end_field), three names, not {clip_times!r}"
+            )
     seconds = 0.0 if max_seconds is None else float(max_seconds)
     if not seconds >= 0:
         raise OptionError("max_seconds", f"must be a number of seconds >= 0 or None, not {max_seconds!r}")
@@ -206,6 +220,7 @@ def count_clips(
         "max_pixels": int(max_pixels) if max_pixels is not None else int(DEFAULTS.max_pixels),
         "max_seconds": seconds,
         "max_member_bytes": int(DEFAULTS.max_member_bytes),
+        "clip_times": list(clip_times) if clip_times is not None else None,
     }
     config = {**source_config(shards, options), **sample}
 

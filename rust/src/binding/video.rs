@@ -16,7 +16,7 @@ use crate::batch::kit::sample::{CaptionSource, SampleSpec};
 use crate::batch::units::count_files;
 use crate::batch::video::sampling::{self, DEFAULT_FPS};
 use crate::batch::video::{
-    self as video, count_unit, ClipBatchMeta, ClipCount, ClipInput, ClipShape, ClipSpec,
+    self as video, count_unit, ClipBatchMeta, ClipCount, ClipInput, ClipShape, ClipSpec, ClipTimes,
 };
 use crate::batch::video::{
     decode_frames, probe, Caps, Clip, Count, Rule, Sampled, Sampling, Sizing, StreamInfo,
@@ -297,6 +297,9 @@ settings! {
         /// 0.0: no cap.
         max_seconds: f64 = 0.0,
         max_member_bytes: u64 = defaults::MAX_MEMBER_BYTES,
+        /// (JSON member, start field, end field) of each clip's seconds in its video; None:
+        /// whole videos.
+        clip_times: Option<Vec<String>> = None,
         frames: u32 = 8,
         size: u32 = 224,
         batch_size: u32 = 1,
@@ -330,6 +333,19 @@ impl ClipSettings {
             },
             max_seconds: self.max_seconds,
             max_member_bytes: self.max_member_bytes,
+            times: match self.clip_times.as_deref() {
+                None => None,
+                Some([member, start, end]) => Some(ClipTimes {
+                    member: member.clone(),
+                    start: start.clone(),
+                    end: end.clone(),
+                }),
+                Some(other) => {
+                    return Err(PyValueError::new_err(format!(
+                        "clip_times must be (member, start field, end field), not {other:?}"
+                    )))
+                }
+            },
         })
     }
 

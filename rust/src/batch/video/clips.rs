@@ -23,6 +23,58 @@ pub struct ClipSpec {
     /// Most seconds a clip may last (0.0: no cap).
     pub max_seconds: f64,
     pub max_member_bytes: u64,
+    /// Where a sample's clip starts and ends in its video, if it says.
+    pub times: Option<ClipTimes>,
+}
+
+/// A JSON member's two fields that give the seconds a sample's clip starts and ends at in its
+/// video (InternVid-style: `{"start": 12.5, "end": 20.0}`). A sample without the member or the
+/// fields is its whole video; fields that are not numbers refuse it (`bad_json`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClipTimes {
+    pub member: String,
+    pub start: String,
+    pub end: String,
+}
+
+impl ClipTimes {
+    /// The (start, end) seconds of `raw`'s clip: None each where it does not say.
+    pub fn of(&self, raw: &RawSample) -> Result<(Option<f64>, Option<f64>), Rejection> {
+        let Some(bytes) = raw.get(&self.member) else {
+            return Ok((None, None));
+        };
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+            let member = &self.member;
+            (
+                Reason::BadJson,
+                format!("{member:?} member is not JSON: {e}"),
+            )
+        })?;
+        let field = |name: &str| -> Result<Option<f64>, Rejection> {
+            match value.get(name) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::Number(n)) => match n.as_f64() {
+                    Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(t)),
+                    _ => Err((
+                        Reason::BadJson,
+                        format!("{name:?} is {n}, not seconds >= 0"),
+                    )),
+                },
+                Some(other) => Err((
+                    Reason::BadJson,
+                    format!("{name:?} is {other}, not a number of seconds"),
+                )),
+            }
+        };
+        let (start, end) = (field(&self.start)?, field(&self.end)?);
+        if let (Some(a), Some(b)) = (start, end) {
+            if a >= b {
+                let detail = format!("the clip starts at {a} s, not before its end at {b} s");
+                return Err((Reason::BadJson, detail));
+            }
+        }
+        Ok((start, end))
+    }
 }
 
 impl ClipSpec {
@@ -90,6 +142,9 @@ pub fn judge(
         }
         let bytes = video_bytes(raw, spec)?;
         caption(raw, &spec.sample.caption)?;
+        if let Some(times) = &spec.times {
+            times.of(raw)?;
+        }
         Ok(bytes)
     };
     let bytes = match checked() {
@@ -103,8 +158,9 @@ pub fn judge(
 }
 
 /// Decodes the clip of `raw` (already judged a clip) into `slot`: `shape.frames` frames spread
-/// uniformly from its first frame to its last (`sampling::uniform`), each the centred square
-/// of its displayed frame resized to `shape.size`.
+/// uniformly from its first frame to its last (`sampling::uniform`; those of its start..end
+/// range where `spec.times` gives one), each the centred square of its displayed frame resized
+/// to `shape.size`.
 pub fn decode_clip(
     raw: &RawSample,
     spec: &ClipSpec,
@@ -117,6 +173,10 @@ pub fn decode_clip(
     };
     let bytes = match video_bytes(raw, spec) {
         Ok(bytes) => bytes,
+        Err(rejected) => return Ok(Err(rejected)),
+    };
+    let (start, end) = match spec.times.as_ref().map(|t| t.of(raw)).transpose() {
+        Ok(times) => times.unwrap_or((None, None)),
         Err(rejected) => return Ok(Err(rejected)),
     };
     let decoded = (|| {
@@ -132,7 +192,7 @@ pub fn decode_clip(
             total_frames: total,
             fps,
         };
-        let sampled = uniform(clip_frames, None, None, shape.frames).map_err(|e| {
+        let sampled = uniform(clip_frames, start, end, shape.frames).map_err(|e| {
             VideoFault::Corrupt(format!("no {} frames to sample: {e}", shape.frames))
         })?;
         let size = (shape.size, shape.size);

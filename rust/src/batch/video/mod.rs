@@ -21,7 +21,7 @@ pub mod pipeline;
 pub mod sampling;
 pub mod sizing;
 
-pub use clips::{ClipShape, ClipSpec, VIDEO_KEYS};
+pub use clips::{ClipShape, ClipSpec, ClipTimes, VIDEO_KEYS};
 pub use count::{count_unit, ClipCount};
 pub use decode::{decode_frames, probe, Fit, Frames, OpenClip};
 pub use fault::{Caps, VideoFault};
