@@ -25,7 +25,7 @@ import video_clips  # noqa: E402
 from corpus import tar_bytes, write_file  # noqa: E402
 from shardstream import OptionError  # noqa: E402
 from shardstream.kinds.video import ClipCounts, VideoLoader, count_clips  # noqa: E402
-from torchcodec.decoders import VideoDecoder  # noqa: E402
+from video_clips import reference_clip  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER = os.path.join(HERE, "data", "tokenizers", "captions-bpe.json")
@@ -78,23 +78,6 @@ def shards(tmp_path_factory: pytest.TempPathFactory, clips: dict[str, str]) -> l
 @pytest.fixture(scope="module")
 def counts(shards: list[str]) -> ClipCounts:
     return count_clips(shards, threads=2)
-
-
-def reference_clip(path: str, frames: int, size: int) -> tuple[list[int], np.ndarray]:
-    """TorchCodec's frames at ``linspace(0, n - 1, frames).round()`` of its frame count, each
-    centre-cropped to its shorter side and resized to ``size`` by torchvision's antialiased
-    bicubic: the documented clip path, from the decoder PyTorch points users to."""
-    from torchvision.transforms.v2 import InterpolationMode
-    from torchvision.transforms.v2 import functional as F
-
-    decoder = VideoDecoder(path, seek_mode="exact")
-    n = decoder.metadata.num_frames
-    indices = torch.linspace(0, n - 1, frames).round().to(torch.int64).tolist()
-    data = decoder.get_frames_at(indices).data
-    side = min(data.shape[-2:])
-    square = F.center_crop(data, [side, side])
-    resized = F.resize(square, [size, size], interpolation=InterpolationMode.BICUBIC, antialias=True)
-    return indices, resized.numpy()
 
 
 def test_clips_equal_torchcodec_frames_centre_cropped_and_resized(shards, counts, clips):

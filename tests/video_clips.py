@@ -3,7 +3,8 @@ scripts/env.sh installs): a pan across a scikit-image photo, so that every frame
 its neighbours and a frame taken one off shows.
 
 `make_clip(directory, **how)` writes one clip and returns its path; the same arguments give the
-same file name, so a test session makes each clip once.
+same file name, so a test session makes each clip once. `reference_clip(path, frames, size)` is
+what a CLIP clip of that file should hold, by TorchCodec and torchvision.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import hashlib
 import os
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: codec name -> (FFmpeg encoder, its options).
 ENCODERS = {
@@ -55,11 +60,16 @@ def make_clip(
     rotate: int = 0,
     audio: bool = False,
     photo: str = "astronaut.png",
+    select: str | None = None,
 ) -> str:
     """A clip of `seconds` at `fps` ("30000/1001" for 29.97), `size` = (width, height), panning
     across `photo` from its top-left to its bottom-right. `rotate` writes a display-matrix
-    rotation (the frames stay as coded); `audio` adds a sine-tone AAC/Opus track."""
+    rotation (the frames stay as coded); `audio` adds a sine-tone AAC/Opus track. `select` keeps
+    only the frames an FFmpeg ``select`` expression picks (``n`` counts the frames at `fps`),
+    each at its own time (``-fps_mode vfr``): a variable-frame-rate clip."""
     how = repr((codec, container, fps, seconds, size, gop, pix_fmt, rotate, audio, photo))
+    if select is not None:  # a new argument: the names of the clips made without it are kept
+        how += repr(select)
     name = hashlib.sha256(how.encode()).hexdigest()[:16] + "." + container
     path = os.path.join(directory, name)
     if os.path.exists(path):
@@ -75,7 +85,11 @@ def make_clip(
     cmd += ["-loop", "1", "-framerate", fps, "-i", photo_path(photo)]
     if audio:
         cmd += ["-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}"]
-    cmd += ["-t", str(seconds), "-vf", pan, "-r", fps, "-c:v", encoder, *options]
+    rate = ["-r", fps]
+    if select is not None:
+        pan += f",select='{select}'"
+        rate = ["-fps_mode", "vfr"]
+    cmd += ["-t", str(seconds), "-vf", pan, *rate, "-c:v", encoder, *options]
     cmd += ["-g", str(gop), "-pix_fmt", pix_fmt]
     if audio:
         cmd += ["-c:a", "libopus" if container in ("webm", "mkv") else "aac", "-shortest"]
@@ -90,3 +104,22 @@ def make_clip(
         os.replace(turned, tmp)
     os.replace(tmp, path)
     return path
+
+
+def reference_clip(path: str, frames: int, size: int) -> tuple[list[int], np.ndarray]:
+    """TorchCodec's frames at ``linspace(0, n - 1, frames).round()`` of its frame count, each
+    centre-cropped to its shorter side and resized to ``size`` by torchvision's antialiased
+    bicubic: the documented clip path, from the decoder PyTorch points users to."""
+    import torch
+    from torchcodec.decoders import VideoDecoder
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as F
+
+    decoder = VideoDecoder(path, seek_mode="exact")
+    n = decoder.metadata.num_frames
+    indices = torch.linspace(0, n - 1, frames).round().to(torch.int64).tolist()
+    data = decoder.get_frames_at(indices).data
+    side = min(data.shape[-2:])
+    square = F.center_crop(data, [side, side])
+    resized = F.resize(square, [size, size], interpolation=InterpolationMode.BICUBIC, antialias=True)
+    return indices, resized.numpy()
