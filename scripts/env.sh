@@ -25,7 +25,7 @@ command -v nasm >/dev/null || APT_PACKAGES+=(nasm)
 command -v chromium >/dev/null || APT_PACKAGES+=(chromium fonts-dejavu-core)
 # FFmpeg 5.1 for the video kind (issue 54), which finds its libraries at run time (nothing is
 # linked): the CLI makes the test clips from real photos; the -dev headers let a Rust test check
-# the structure offsets the decoder reads (batch/video/ffmpeg/layout.rs) against FFmpeg's own.
+# the structure offsets the decoder reads (video/ffmpeg/layout.rs) against FFmpeg's own.
 { command -v ffmpeg >/dev/null && pkg-config --exists libavformat libswscale 2>/dev/null; } \
   || APT_PACKAGES+=(ffmpeg libavformat-dev libavcodec-dev libavutil-dev libswscale-dev pkg-config)
 if [ "${#APT_PACKAGES[@]}" -gt 0 ]; then

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         InterleavedCounts,
         InterleavedLoader,
         NaFlexVL,
+        QwenVideo,
         QwenVL,
         QwenVLCollator,
         count_interleaved,
@@ -112,6 +113,7 @@ __all__ = [
     "InterleavedLoader",
     "InterleavedBatch",
     "QwenVL",
+    "QwenVideo",
     "NaFlexVL",
     "QwenVLCollator",
     "Conversations",
@@ -166,6 +168,7 @@ def __getattr__(name: str) -> Any:
         "InterleavedLoader",
         "InterleavedBatch",
         "QwenVL",
+        "QwenVideo",
         "NaFlexVL",
         "QwenVLCollator",
     ):

@@ -456,26 +456,28 @@ def count_patches(urls: list[str], config: dict[str, Any], threads: int = 1) -> 
     ``naflex``, ``max_patches_per_batch`` and ``buckets`` are required; the pipeline's
     ``threads``, ``crop_seed`` and ``tokenizer`` are read by :func:`budget_pipeline` only."""
 
-def interleaved_tokens(config: dict[str, Any]) -> tuple[str, int, tuple[int, int, int]]:
-    """(the tokenizer file's fingerprint, its EOS id, the (vision start, end, pad) ids) under an
-    interleaved ``config``; ValueError when the tokenizer lacks a token or a setting is out of
-    range, ``UnknownSetting`` for a key it does not read, ``MissingSetting`` for a required one
-    absent.
+def interleaved_tokens(config: dict[str, Any]) -> tuple[str, int, tuple[int, int, int], int | None]:
+    """(the tokenizer file's fingerprint, its EOS id, the (vision start, end, pad) ids, the
+    video pad id or None without a video rule) under an interleaved ``config``; ValueError when
+    the tokenizer lacks a token or a setting is out of range, ``UnknownSetting`` for a key it
+    does not read, ``MissingSetting`` for a required one absent.
 
     Config keys (kind "interleaved"): ``batch_size``, ``eos_token``, ``images``, ``layout``,
     ``max_document_bytes``, ``max_images_per_document``, ``max_patches_per_batch``,
     ``max_pixels``, ``pad_id``, ``seq_len``, ``texts``, ``threads``, ``tokenizer``, ``vision``;
     and the source options.
     ``vision`` is one dict tagged by ``family``: ``{"family": "qwen", **QwenVL.settings()}`` or
-    ``NaFlexVL.settings()`` (kinds "QwenVL vision spec", "NaFlexVL vision spec");
+    ``NaFlexVL.settings()`` (kinds "QwenVL vision spec", "NaFlexVL vision spec"), the former
+    with an optional ``video``, ``QwenVideo``'s fields (kind "QwenVideo video rule"; it needs
+    FFmpeg: ``FfmpegUnavailable`` without it);
     ``layout`` is None or ``Conversations.settings()`` / ``Captions.settings()``;
     ``eos_token``, ``layout``, ``threads`` and ``pad_id`` may be absent."""
 
 def count_interleaved(urls: list[str], config: dict[str, Any], threads: int = 1) -> list[dict[str, Any]]:
     """Per unit (Parquet row group or tar shard), in file order, under an interleaved ``config``
     (as ``interleaved_tokens``'s): url, first_row, rows, identity,
-    documents, batches, text_tokens, image_tokens, images, patches, slots, padded_slots,
-    skipped (by reason), examples, error.
+    documents, batches, text_tokens, image_tokens, images, video_tokens, videos, patches, slots,
+    padded_slots, skipped (by reason), examples, error.
 
     Config keys (kind "interleaved"): ``batch_size``, ``eos_token``, ``images``, ``layout``,
     ``max_document_bytes``, ``max_images_per_document``, ``max_patches_per_batch``,
@@ -494,7 +496,8 @@ def interleaved_pipeline(
     ``[6, batch_size, seq_len]`` ids, labels, positions (restarting at every document's run and
     each row's padding) and M-RoPE's (t, h, w) positions of each run as if alone (1-D under the
     NaFlex spec); each batch's result is (patches,
-    grids, cu_seqlens, max_seqlen, documents, keys, tokens). Its batches fail with ``CoreFault``
+    grids, cu_seqlens, max_seqlen, documents, keys, tokens, grid_is_video): the pixel rows are
+    each grid's in run order, a video's where ``grid_is_video``. Its batches fail with ``CoreFault``
     naming the unit when it cannot be read or no longer makes its counted batches.
 
     Config keys (kind "interleaved"): ``batch_size``, ``eos_token``, ``images``, ``layout``,

@@ -18,6 +18,9 @@ pub const SCAN_IMAGE_SIZE: u32 = 32;
 pub const CAPTION_KEY: &str = "txt";
 /// Image member extensions, tried in order.
 pub const IMAGE_KEYS: [&str; 4] = ["jpg", "jpeg", "png", "webp"];
+/// Video member extensions tried in order, as WebVid, Panda-70M, InternVid and LLaVA-Video's
+/// tars hold them.
+pub const VIDEO_KEYS: [&str; 4] = ["mp4", "webm", "mkv", "mov"];
 /// Images with more pixels (read from the header) are rejected before decoding: no image can
 /// exhaust memory.
 pub const MAX_PIXELS: u64 = 64_000_000;

@@ -84,11 +84,14 @@ pub enum Reason {
     VideoTooLong,
     /// A video-text sample with no member of the video extensions (`video_keys`).
     MissingVideo,
+    /// A video in a document whose run of video tokens is longer than a row (`seq_len`), or
+    /// whose patches are more than a batch holds (`max_patches_per_batch`).
+    VideoOverRow,
 }
 
 impl Reason {
     // New reasons go at the end, so that every existing one keeps its position.
-    pub const ALL: [Reason; 30] = [
+    pub const ALL: [Reason; 31] = [
         Reason::TruncatedTar,
         Reason::CorruptTar,
         Reason::MemberTooLarge,
@@ -119,6 +122,7 @@ impl Reason {
         Reason::UnsupportedCodec,
         Reason::VideoTooLong,
         Reason::MissingVideo,
+        Reason::VideoOverRow,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -153,6 +157,7 @@ impl Reason {
             Reason::UnsupportedCodec => "unsupported_codec",
             Reason::VideoTooLong => "video_too_long",
             Reason::MissingVideo => "missing_video",
+            Reason::VideoOverRow => "video_over_row",
         }
     }
 }

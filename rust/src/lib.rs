@@ -19,6 +19,7 @@ pub mod plan;
 pub mod read;
 pub mod rng;
 pub mod tokenize;
+pub mod video;
 
 #[cfg(feature = "python")]
 mod binding;

@@ -6,6 +6,10 @@ turns whose ``<image>`` placeholders stand for the sample's images, and ``image`
 ``images`` (a list of names); each name is a member of the sample by its extension (``"jpg"``
 for ``KEY.jpg``, ``"0.jpg"`` for ``KEY.0.jpg``). A single ``image`` that names no member (LLaVA
 keeps the original path, ``"coco/train2017/....jpg"``) is the sample's one image member.
+Videos are named the same way by ``video`` (one) or ``videos`` (a list), LLaVA-Video-178K's
+layout, each standing for a ``<video>`` placeholder: ``"mp4"`` for ``KEY.mp4``; a single
+``video`` that names no member is the sample's one video member (``mp4``, ``webm``, ``mkv``,
+``mov``). Videos need a :class:`~shardstream.QwenVideo` rule on the vision spec.
 
 In Parquet (LLaVA-OneVision-Data, the Cauldron), the turns are a ``list<struct<from, value>>``
 column named by ``field`` (or the Cauldron's ``list<struct<user, assistant, source>>``) beside
@@ -50,7 +54,9 @@ class Conversations:
     ``roles[turn["from"]]``) + its ``value`` + ``turn_end`` + ``turn_separator``. Each
     ``placeholder`` in a value becomes the next image, as the vision spec writes it (for
     :class:`~shardstream.QwenVL`: ``<|vision_start|>``, its ``<|image_pad|>`` run,
-    ``<|vision_end|>``, as Qwen2-VL fine-tuning code replaces ``<image>``). The EOS follows the
+    ``<|vision_end|>``, as Qwen2-VL fine-tuning code replaces ``<image>``); each
+    ``video_placeholder`` becomes the next video (``<|vision_start|>``, its ``<|video_pad|>``
+    run, ``<|vision_end|>``, as Qwen2-VL's chat template writes a video). The EOS follows the
     conversation, as it follows every document.
 
     Labels, with ``assistant_only``: a token is learned when it overlaps an assistant turn's
@@ -59,8 +65,10 @@ class Conversations:
     headers, the system and user turns, separators, the EOS after the conversation, image
     tokens and padding are -100. Without ``assistant_only``, every text token is learned.
 
-    A sample is skipped, counted by reason, when its placeholders and images differ in number
-    (``misaligned_document``), it names a member it lacks (``missing_image``), a turn has no
+    A sample is skipped, counted by reason, when its placeholders and images (or video
+    placeholders and videos) differ in number (``misaligned_document``; a Parquet row reads no
+    video, so its ``<video>`` placeholders are misaligned), it names a member it lacks
+    (``missing_image``, ``missing_video``), a turn has no
     string ``from`` and ``value`` or an unknown ``from``, or there is no ``field`` list
     (``bad_json``), or, with ``assistant_only``, it has no assistant turn and would teach nothing
     (``missing_text``).
@@ -68,6 +76,7 @@ class Conversations:
     Attributes:
         field: The JSON field (tar) or the column (Parquet) holding the turns.
         placeholder: What stands for an image in a turn's value.
+        video_placeholder: What stands for a video in a turn's value (LLaVA-Video's).
         system: The system turn put first when a conversation has none; None: none.
         turn_start: Opens a turn; ``{role}`` is replaced by the turn's role.
         turn_end: Closes a turn; learned with an assistant turn. It must be one token of the
@@ -81,6 +90,7 @@ class Conversations:
 
     field: str = "conversations"
     placeholder: str = "<image>"
+    video_placeholder: str = "<video>"
     system: str | None = "You are a helpful assistant."
     turn_start: str = "<|im_start|>{role}\n"
     turn_end: str = "<|im_end|>"
@@ -90,11 +100,18 @@ class Conversations:
     assistant_only: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("field", "placeholder", "turn_start", "turn_end", "turn_separator"):
+        for name in ("field", "placeholder", "video_placeholder", "turn_start", "turn_end", "turn_separator"):
             if not isinstance(getattr(self, name), str):
                 raise OptionError(f"conversations.{name}", f"must be a string, not {getattr(self, name)!r}")
         if not self.placeholder:
             raise OptionError("conversations.placeholder", "must not be empty")
+        if not self.video_placeholder:
+            raise OptionError("conversations.video_placeholder", "must not be empty")
+        if self.placeholder in self.video_placeholder or self.video_placeholder in self.placeholder:
+            raise OptionError(
+                "conversations.video_placeholder",
+                f"{self.video_placeholder!r} and placeholder {self.placeholder!r} must not hold one another",
+            )
         if "assistant" not in self.roles.values():
             raise OptionError("conversations.roles", f"no speaker maps to 'assistant': {self.roles!r}")
 

@@ -58,6 +58,67 @@ IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
+class QwenVideo:
+    """Qwen2-VL's video rule, for documents and conversations that hold videos (a
+    :class:`Conversations` sample's ``video``): which frames of a video are read, the size each
+    is resized to, and the token its run is made of. The defaults are ``qwen-vl-utils``'
+    ``fetch_video`` (Qwen's own pipeline): ``fps`` frames a second within ``min_frames`` and
+    ``max_frames``, spread from the first frame to the last; each frame resized whole by
+    ``smart_resize`` under ``min_pixels``, ``max_pixels`` and the video's share of
+    ``total_pixels`` (None: the reference's defaults, see :func:`shardstream.video.frame_size`),
+    with the antialiased bicubic of the image kinds. ``rule="transformers"`` picks the frames as
+    ``Qwen2VLVideoProcessor.sample_frames`` does. Frames are picked by frame number, at the
+    video's average frame rate (see :mod:`shardstream.video`).
+
+    In the text a video is ``<|vision_start|>``, one ``video_token`` per merge block of each
+    temporal patch (two frames), ``<|vision_end|>``; its rows are in
+    :attr:`InterleavedBatch.pixel_values_videos`, its grid in ``video_grid_thw``, and its
+    M-RoPE positions are Qwen2-VL's (``get_rope_index``: the temporal patch, then the block's
+    row and column; Qwen2.5-VL's time-scaled positions are not written). A video is measured
+    from its container alone (a demux pass; nothing decoded) when counting; one longer than
+    ``max_seconds`` (0: no cap) or with a coded frame over the loader's ``max_pixels`` is
+    skipped with its document before anything is decoded (``video_too_long``,
+    ``too_many_pixels``), as is one whose run is longer than ``seq_len`` or whose patches are
+    more than ``max_patches_per_batch`` (``video_over_row``). Needs the system's FFmpeg (see the
+    video guide).
+
+    Attributes:
+        rule: ``"qwen-vl-utils"`` or ``"transformers"``.
+        fps: Frames sampled a second of video.
+        min_frames: Fewest frames sampled.
+        max_frames: Most frames sampled.
+        min_pixels: Fewest pixels of a resized frame (None: 128 merge blocks).
+        max_pixels: Most pixels of a resized frame (None: 768 merge blocks, or the share of
+            ``total_pixels``).
+        total_pixels: Pixels of all of a video's frames (None: 90% of 128,000 merge blocks).
+        max_seconds: A longer video is skipped (0: no cap).
+        video_token: The token of a video's run; the tokenizer must hold it.
+    """
+
+    rule: str = "qwen-vl-utils"
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    min_pixels: float | None = None
+    max_pixels: float | None = None
+    total_pixels: float | None = None
+    max_seconds: float = 3600.0
+    video_token: str = "<|video_pad|>"
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("qwen-vl-utils", "transformers"):
+            raise OptionError("video.rule", f"must be 'qwen-vl-utils' or 'transformers', not {self.rule!r}")
+        if not (self.fps > 0 and 0 < self.min_frames <= self.max_frames):
+            raise OptionError(
+                "video.fps",
+                f"fps must be positive and 0 < min_frames <= max_frames, not {self.fps}, "
+                f"{self.min_frames} and {self.max_frames}",
+            )
+        if self.max_seconds < 0:
+            raise OptionError("video.max_seconds", f"must be 0 (no cap) or more, not {self.max_seconds}")
+
+
+@dataclass(frozen=True)
 class QwenVL:
     """The Qwen2-VL family's image rule (Qwen2-VL, Qwen2.5-VL images), as
     ``Qwen2VLImageProcessor``: ``smart_resize`` to sides that are multiples of ``patch_size *
@@ -74,6 +135,8 @@ class QwenVL:
         merge_size: Patches a side of a block that becomes one image token.
         temporal_patch_size: Frames a patch spans (an image is repeated over them).
         vision_tokens: The (start, end, pad) tokens; the tokenizer must hold them.
+        video: How documents' videos are read (None: a document holding a video is skipped
+            as ``misaligned_document``).
     """
 
     min_pixels: int = 56 * 56
@@ -82,6 +145,7 @@ class QwenVL:
     merge_size: int = 2
     temporal_patch_size: int = 2
     vision_tokens: tuple[str, str, str] = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+    video: QwenVideo | None = None
 
     @property
     def row_len(self) -> int:
@@ -98,8 +162,12 @@ class QwenVL:
         return {"vision": _vision_dict(self)}
 
     def settings(self) -> dict[str, Any]:
-        """Its fields as the counts record them."""
-        return {**asdict(self), "vision_tokens": list(self.vision_tokens)}
+        """Its fields as the counts record them (``video`` only when set, so that counts made
+        before videos read the same)."""
+        s = {**asdict(self), "vision_tokens": list(self.vision_tokens)}
+        if self.video is None:
+            del s["video"]
+        return s
 
 
 @dataclass(frozen=True)
@@ -153,6 +221,8 @@ def _spec_of(settings: dict[str, Any]) -> QwenVL | NaFlexVL:
     s = dict(settings["spec"])
     family = s.pop("family", None)
     s["vision_tokens"] = tuple(s["vision_tokens"])
+    if s.get("video") is not None:
+        s["video"] = QwenVideo(**s["video"])
     return NaFlexVL(**s) if family == "naflex" else QwenVL(**s)
 
 
@@ -171,7 +241,8 @@ class InterleavedCounts(counts_file.DocumentCounts, counts_file.BatchCounts):
         units: One dict per unit (a Parquet file, a tar shard) in corpus order: ``url``,
             ``display``, ``first_row`` (0), ``rows`` (None: the whole file), ``identity``,
             ``version`` (as :class:`~shardstream.TokenCounts`'), ``documents``, ``batches``,
-            ``text_tokens``, ``image_tokens``, ``images``, ``patches``, ``slots`` (token slots of
+            ``text_tokens``, ``image_tokens``, ``images``, ``video_tokens``, ``videos`` (counts
+            made before videos lack both), ``patches``, ``slots`` (token slots of
             its batches), ``padded_slots`` (the slots of ``batch_size`` documents at a time
             padded to their longest, unpacked), ``skipped`` (reason to count), ``examples``.
         failed: Units that could not be read at all, with their ``error``: no epoch reads them.
@@ -194,8 +265,9 @@ class InterleavedCounts(counts_file.DocumentCounts, counts_file.BatchCounts):
 
     @property
     def tokens(self) -> int:
-        """Tokens of the packed documents: text (with each EOS) and image runs."""
-        return self._sum("text_tokens") + self._sum("image_tokens")
+        """Tokens of the packed documents: text (with each EOS), image and video runs."""
+        videos = sum(int(u.get("video_tokens", 0)) for u in self.units)
+        return self._sum("text_tokens") + self._sum("image_tokens") + videos
 
     @property
     def padding(self) -> float:
@@ -354,7 +426,7 @@ def count_interleaved(
     }
     config = {**source_config(shards, options), **_core_config(tokenizer, settings)}
     try:
-        fingerprint, _, _ = _core.interleaved_tokens(config)
+        fingerprint, _, _, _ = _core.interleaved_tokens(config)
     except ValueError as e:
         raise ValueError(str(e)) from None
 
@@ -415,6 +487,13 @@ class InterleavedBatch:
             have the same value on all three. Under :class:`NaFlexVL` each of the three rows
             equals ``position_ids`` (1-D positions, images included). None: as ``position_ids``
             on all three rows.
+        pixel_values_videos: ``[patches, 3 * temporal_patch_size * patch_size**2]`` uint8, the
+            videos' rows in the order their runs appear (each row two consecutive sampled
+            frames of one patch, as ``Qwen2VLVideoProcessor`` lays them out); None: the batch
+            holds no video.
+        video_grid_thw: ``[videos, 3]`` int64 (temporal patches, rows, columns) per video;
+            None: no video.
+        video_token_id: The id of ``<|video_pad|>`` (None: the spec reads no video).
     """
 
     input_ids: Any
@@ -429,13 +508,25 @@ class InterleavedBatch:
     tokens: int
     image_token_id: int
     mrope_position_ids: Any = None
+    pixel_values_videos: Any = None
+    video_grid_thw: Any = None
+    video_token_id: int | None = None
 
     @property
     def mm_token_type_ids(self) -> Any:
-        """``[batch_size, seq_len]`` int32: 1 at image tokens (``<|image_pad|>``), else 0, as the
-        processor returns it and the model's M-RoPE reads it."""
-        kind = self.input_ids == self.image_token_id
-        return kind.to(torch.int32) if torch is not None else kind.astype(np.int32)
+        """``[batch_size, seq_len]`` int32: 1 at image tokens (``<|image_pad|>``), 2 at video
+        tokens (``<|video_pad|>``), else 0, as the processor returns it and the model's M-RoPE
+        reads it."""
+        ids = self.input_ids
+        if torch is not None:
+            kind = (ids == self.image_token_id).to(torch.int32)
+            if self.video_token_id is not None:
+                kind += 2 * (ids == self.video_token_id).to(torch.int32)
+            return kind
+        kind = (ids == self.image_token_id).astype(np.int32)
+        if self.video_token_id is not None:
+            kind += 2 * (ids == self.video_token_id).astype(np.int32)
+        return kind
 
     @property
     def packed_position_ids(self) -> Any:
@@ -469,8 +560,10 @@ class QwenVLCollator:
     :class:`~shardstream.integrations.hf.ShardTrainer` or a loop of your own: ``input_ids``,
     ``labels``, ``mm_token_type_ids``, ``image_grid_thw`` and ``pixel_values`` rescaled to [0, 1]
     and normalised per channel (the processor's ``image_mean`` and ``image_std``), on ``device``
-    (the pixels are moved as uint8 and normalised there). A batch without images gives neither
-    ``pixel_values`` nor ``image_grid_thw``.
+    (the pixels are moved as uint8 and normalised there); a batch with videos gives
+    ``pixel_values_videos`` (normalised the same way, as the video processor's defaults) and
+    ``video_grid_thw`` too. A batch without images gives neither ``pixel_values`` nor
+    ``image_grid_thw``.
 
     Packed rows are isolated: ``position_ids`` is the batch's ``[4, batch_size, seq_len]``
     :attr:`~InterleavedBatch.packed_position_ids` and no ``attention_mask`` is given, so the
@@ -514,14 +607,21 @@ class QwenVLCollator:
             # packed-sequence mask: documents would attend across.
             "use_cache": False,
         }
-        rows, width = batch.pixel_values.shape
-        if rows == 0:  # a batch of text alone: the vision tower is not run
+        if batch.pixel_values_videos is not None and len(batch.pixel_values_videos):
+            out["pixel_values_videos"] = self._normalised(move(batch.pixel_values_videos))
+            out["video_grid_thw"] = move(batch.video_grid_thw)
+        if len(batch.pixel_values) == 0:  # no image: the vision tower is not run for images
             return out
-        x = move(batch.pixel_values).float().div_(255).view(rows, 3, width // 3)
-        x = (x - move(self.mean)[None, :, None]) / move(self.std)[None, :, None]
-        out["pixel_values"] = x.view(rows, width).to(self.dtype)
+        out["pixel_values"] = self._normalised(move(batch.pixel_values))
         out["image_grid_thw"] = move(batch.image_grid_thw)
         return out
+
+    def _normalised(self, pixels: Any) -> Any:
+        rows, width = pixels.shape
+        x = pixels.float().div_(255).view(rows, 3, width // 3)
+        mean, std = self.mean.to(x.device), self.std.to(x.device)
+        x = (x - mean[None, :, None]) / std[None, :, None]
+        return x.view(rows, width).to(self.dtype)
 
 
 class InterleavedLoader(UnitPlanLoader):
@@ -569,10 +669,12 @@ class InterleavedLoader(UnitPlanLoader):
         self.batch_size = int(c.settings["batch_size"])
         source_config = self._start_plan(seed, rank, world_size, threads, prefetch, pin_memory, source)
         self._config = {**source_config, **_core_config(c.tokenizer, c.settings)}
-        fingerprint, eos, vision = _core.interleaved_tokens(self._config)
+        fingerprint, eos, vision, video_pad = _core.interleaved_tokens(self._config)
         #: The (vision start, vision end, image pad) token ids.
         self.vision_token_ids: tuple[int, int, int] = tuple(vision)
         self._image_token_id = vision[2]
+        #: The id of the video pad token (None: the spec reads no video).
+        self.video_token_id: int | None = video_pad
         if fingerprint != c.fingerprint:
             raise ValueError(
                 f"the tokenizer {c.tokenizer} is not the one these counts were made with (its "
@@ -603,16 +705,27 @@ class InterleavedLoader(UnitPlanLoader):
         yield from self._pass(core, workers, self._make_batch)
 
     def _make_batch(self, result: Any, pixels: Any, ints: Any) -> tuple[InterleavedBatch, None]:
-        patches, grids, cu_seqlens, max_seqlen, documents, keys, tokens = result
+        patches, grids, cu_seqlens, max_seqlen, documents, keys, tokens, is_video = result
         as_tensor = torch.tensor if torch is not None else np.asarray
         int32 = torch.int32 if torch is not None else np.int32
         int64 = torch.int64 if torch is not None else np.int64
+        rows = pixels[: patches * self.spec.row_len].reshape(patches, self.spec.row_len)
+        grid_array = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        videos = np.asarray(is_video, dtype=bool)
+        images_rows, video_rows, video_grids = rows, None, None
+        if videos.any():
+            # The rows lie in run order: each grid's patches, an image's or a video's.
+            per_row = np.repeat(videos, grid_array.prod(axis=1))
+            take = torch.as_tensor(per_row) if torch is not None else per_row
+            images_rows, video_rows = rows[~take], rows[take]
+            video_grids = as_tensor(grid_array[videos], dtype=int64)
+            grid_array = grid_array[~videos]
         batch = InterleavedBatch(
             input_ids=ints[0],
             labels=ints[1],
             position_ids=ints[2],
-            pixel_values=pixels[: patches * self.spec.row_len].reshape(patches, self.spec.row_len),
-            image_grid_thw=as_tensor(np.asarray(grids, dtype=np.int64).reshape(-1, 3), dtype=int64),
+            pixel_values=images_rows,
+            image_grid_thw=as_tensor(grid_array, dtype=int64),
             cu_seqlens=as_tensor(cu_seqlens, dtype=int32),
             max_seqlen=int(max_seqlen),
             documents=int(documents),
@@ -620,6 +733,9 @@ class InterleavedLoader(UnitPlanLoader):
             tokens=int(tokens),
             image_token_id=self._image_token_id,
             mrope_position_ids=ints[3:6],
+            pixel_values_videos=video_rows,
+            video_grid_thw=video_grids,
+            video_token_id=self.video_token_id,
         )
         return batch, None
 

@@ -213,6 +213,7 @@ class VlmMixture(RowMixture):
         import torch
 
         ids, labels, positions, mrope, pixels, grids, keys = [], [], [], [], [], [], []
+        video_pixels, video_grids, video_token_id = [], [], None
         documents = tokens = 0
         for p in parts:
             ids.append(torch.as_tensor(p.input_ids))
@@ -222,6 +223,10 @@ class VlmMixture(RowMixture):
                 labels.append(torch.as_tensor(p.labels))
                 pixels.append(torch.as_tensor(p.pixel_values))
                 grids.append(torch.as_tensor(p.image_grid_thw))
+                if p.pixel_values_videos is not None:
+                    video_pixels.append(torch.as_tensor(p.pixel_values_videos))
+                    video_grids.append(torch.as_tensor(p.video_grid_thw))
+                video_token_id = p.video_token_id if p.video_token_id is not None else video_token_id
                 keys.extend(p.keys)
                 documents += p.documents
                 tokens += p.tokens
@@ -250,4 +255,7 @@ class VlmMixture(RowMixture):
             tokens=tokens,
             image_token_id=self._image_token_id,
             mrope_position_ids=torch.cat(mrope, dim=1),
+            pixel_values_videos=torch.cat(video_pixels) if video_pixels else None,
+            video_grid_thw=torch.cat(video_grids) if video_grids else None,
+            video_token_id=video_token_id,
         )

@@ -14,9 +14,13 @@ use super::settings::{settings, tagged, Settings};
 use super::units::{batch_share, count_list, ReaderTuple, UnitTuple};
 use crate::batch::interleaved::{
     self, count_files, CaptionKeys, ChatFormat, DocumentSpec, InterleavedCount, InterleavedInput,
-    InterleavedMeta, InterleavedSpec, Layout, NaFlexVlSpec, PackShape, QwenVlSpec, VisionSpec,
+    InterleavedMeta, InterleavedSpec, Layout, NaFlexVlSpec, PackShape, QwenVideoSpec, QwenVlSpec,
+    VisionSpec,
 };
 use crate::tokenize::DocumentEncoder;
+use crate::video::{Count, Sampling, Sizing};
+
+use super::video::{parse_rule, require_ffmpeg};
 
 settings! {
     /// The Qwen2-VL family's vision spec (`QwenVL.settings()` with `family` "qwen").
@@ -31,6 +35,53 @@ settings! {
         max_pixels: u64,
         /// The (start, end, pad) tokens' names.
         vision_tokens: [String; 3],
+        /// How documents' videos are read (None: a document with a video is refused).
+        video: Option<QwenVideoSettings> = None,
+    }
+}
+
+settings! {
+    /// Qwen2-VL's video rule (`QwenVideo.settings()`): the sampler, the pixel budgets, the
+    /// `<|video_pad|>` token and the duration cap.
+    pub(super) struct QwenVideoSettings ("QwenVideo video rule") {
+        rule: String,
+        fps: f64,
+        min_frames: u32,
+        max_frames: u32,
+        min_pixels: Option<f64> = None,
+        max_pixels: Option<f64> = None,
+        total_pixels: Option<f64> = None,
+        max_seconds: f64,
+        video_token: String,
+    }
+}
+
+impl QwenVideoSettings {
+    /// The core's rule for `qwen`'s patch geometry, `<|video_pad|>` being `video_pad`.
+    fn spec(&self, q: &QwenVision, video_pad: u32) -> PyResult<QwenVideoSpec> {
+        Ok(QwenVideoSpec {
+            sampling: Sampling {
+                rule: parse_rule(&self.rule)?,
+                count: Count::Fps {
+                    fps: self.fps,
+                    min_frames: self.min_frames,
+                    max_frames: self.max_frames,
+                },
+                temporal_patch_size: q.temporal_patch_size,
+                start: None,
+                end: None,
+            },
+            sizing: Sizing {
+                patch_size: q.patch_size,
+                merge_size: q.merge_size,
+                temporal_patch_size: q.temporal_patch_size,
+                min_pixels: self.min_pixels,
+                max_pixels: self.max_pixels,
+                total_pixels: self.total_pixels,
+            },
+            video_pad,
+            max_seconds: self.max_seconds,
+        })
     }
 }
 
@@ -84,6 +135,14 @@ impl VisionSettings {
             })
         };
         let (start, end, pad) = (id(&names[0])?, id(&names[1])?, id(&names[2])?);
+        let video = match self {
+            Self::Qwen(QwenVision { video: Some(v), .. }) => {
+                require_ffmpeg()?;
+                let Self::Qwen(q) = self else { unreachable!() };
+                Some(v.spec(q, id(&v.video_token)?)?)
+            }
+            _ => None,
+        };
         Ok(match self {
             Self::Qwen(q) => VisionSpec::Qwen(QwenVlSpec {
                 patch_size: q.patch_size,
@@ -94,6 +153,7 @@ impl VisionSettings {
                 vision_start: start,
                 vision_end: end,
                 image_pad: pad,
+                video,
             }),
             Self::NaFlex(n) => VisionSpec::NaFlex(NaFlexVlSpec {
                 patch_size: n.patch_size,
@@ -125,6 +185,7 @@ settings! {
         kind: String,
         field: String,
         placeholder: String,
+        video_placeholder: String = "<video>".to_string(),
         system: Option<String> = None,
         turn_start: String,
         turn_end: String,
@@ -170,6 +231,7 @@ fn layout(layout: Option<&LayoutSettings>) -> Layout {
         Some(LayoutSettings::Conversations(c)) => Layout::Conversations(ChatFormat {
             field: c.field.clone(),
             placeholder: c.placeholder.clone(),
+            video_placeholder: c.video_placeholder.clone(),
             system: c.system.clone(),
             turn_start: c.turn_start.clone(),
             turn_end: c.turn_end.clone(),
@@ -235,16 +297,29 @@ fn interleaved_spec(
     Ok((s, encoder, spec))
 }
 
-/// (the tokenizer's fingerprint, eos id, (vision start, end, pad) ids) under `config`.
+/// The ids a loader's batches are read with under `config`.
+type TokenIds = (String, u32, (u32, u32, u32), Option<u32>);
+
+/// (the tokenizer's fingerprint, eos id, (vision start, end, pad) ids, the video pad id or
+/// None) under `config`.
 #[pyfunction]
-pub fn interleaved_tokens(config: &Bound<'_, PyDict>) -> PyResult<(String, u32, (u32, u32, u32))> {
+pub fn interleaved_tokens(config: &Bound<'_, PyDict>) -> PyResult<TokenIds> {
     let (_, e, s) = interleaved_spec(config)?;
-    Ok((e.fingerprint.clone(), e.eos, s.vision.token_ids()))
+    let video_pad = match &s.vision {
+        VisionSpec::Qwen(q) => q.video.as_ref().map(|v| v.video_pad),
+        VisionSpec::NaFlex(_) => None,
+    };
+    Ok((
+        e.fingerprint.clone(),
+        e.eos,
+        s.vision.token_ids(),
+        video_pad,
+    ))
 }
 
 /// Counts the batches of every unit of `urls` (Parquet files, tar shards) on `threads`
 /// threads without the GIL, reading only image headers: a list of dicts (url, first_row, rows,
-/// identity, documents, batches, text_tokens, image_tokens, images, patches, slots,
+/// identity, documents, batches, text_tokens, image_tokens, images, video_tokens, videos, patches, slots,
 /// padded_slots, skipped, examples, error), units in file order.
 #[pyfunction]
 #[pyo3(signature = (urls, config, threads = 1))]
@@ -269,6 +344,8 @@ pub fn count_interleaved<'py>(
             d.set_item("text_tokens", c.text_tokens)?;
             d.set_item("image_tokens", c.image_tokens)?;
             d.set_item("images", c.images)?;
+            d.set_item("video_tokens", c.video_tokens)?;
+            d.set_item("videos", c.videos)?;
             d.set_item("patches", c.patches)?;
             d.set_item("slots", c.slots)?;
             d.set_item("padded_slots", c.padded_slots)
@@ -277,7 +354,7 @@ pub fn count_interleaved<'py>(
 }
 
 impl MetaToPy for InterleavedMeta {
-    /// (patches, grids, cu_seqlens, max_seqlen, documents, keys, tokens).
+    /// (patches, grids, cu_seqlens, max_seqlen, documents, keys, tokens, grid_is_video).
     fn to_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let m = self;
         let tuple = (
@@ -288,6 +365,7 @@ impl MetaToPy for InterleavedMeta {
             m.documents,
             m.keys,
             m.tokens,
+            m.grid_is_video,
         );
         Ok(tuple.into_pyobject(py)?.into_any().unbind())
     }

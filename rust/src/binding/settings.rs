@@ -180,7 +180,7 @@ pub(super) use settings;
 
 /// The keys the core's settings of `kind` take, sorted: "loader", "token count", "packed text",
 /// "token-budget NaFlex", "interleaved", "interleaved captions layout", "interleaved
-/// conversations layout", "QwenVL vision spec", "NaFlexVL vision spec", "NaFlex spec", "source",
+/// conversations layout", "QwenVL vision spec", "QwenVideo video rule", "NaFlexVL vision spec", "NaFlex spec", "source",
 /// "sample", "caption tokenizer". An unknown kind is a `ValueError` naming the kinds.
 #[pyfunction]
 pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
@@ -188,13 +188,14 @@ pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
         CaptionTokenizer, LoaderSettings, NaFlexSettings, SampleSettings, SourceSettings,
     };
     use super::interleaved::{
-        CaptionsLayout, ConversationsLayout, InterleavedSettings, NaFlexVision, QwenVision,
+        CaptionsLayout, ConversationsLayout, InterleavedSettings, NaFlexVision, QwenVideoSettings,
+        QwenVision,
     };
     use super::naflex::BudgetSettings;
     use super::text::{CountSettings, PackedSettings};
     use super::video::ClipSettings;
     type Keys = fn() -> Vec<&'static str>;
-    let kinds: [(&str, Keys); 14] = [
+    let kinds: [(&str, Keys); 15] = [
         (LoaderSettings::KIND, LoaderSettings::keys),
         (CountSettings::KIND, CountSettings::keys),
         (PackedSettings::KIND, PackedSettings::keys),
@@ -204,6 +205,7 @@ pub(super) fn settings_keys(kind: &str) -> PyResult<Vec<&'static str>> {
         (ConversationsLayout::KIND, ConversationsLayout::keys),
         (QwenVision::KIND, QwenVision::keys),
         (NaFlexVision::KIND, NaFlexVision::keys),
+        (QwenVideoSettings::KIND, QwenVideoSettings::keys),
         (SourceSettings::KIND, SourceSettings::keys),
         (SampleSettings::KIND, SampleSettings::keys),
         (NaFlexSettings::KIND, NaFlexSettings::keys),

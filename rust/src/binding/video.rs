@@ -14,16 +14,16 @@ use serde_json::json;
 
 use crate::batch::kit::sample::{CaptionSource, SampleSpec};
 use crate::batch::units::count_files;
-use crate::batch::video::sampling::{self, DEFAULT_FPS};
 use crate::batch::video::{
     self as video, count_unit, ClipBatchMeta, ClipCount, ClipInput, ClipShape, ClipSpec, ClipTimes,
 };
-use crate::batch::video::{
+use crate::defaults;
+use crate::error::SourceKind;
+use crate::video::sampling::{self, DEFAULT_FPS};
+use crate::video::{
     decode_frames, probe, Caps, Clip, Count, Rule, Sampled, Sampling, Sizing, StreamInfo,
     VideoFault,
 };
-use crate::defaults;
-use crate::error::SourceKind;
 
 use super::convert::{CaptionTokenizer, SourceSettings};
 use super::errors::{CoreFault, FfmpegUnavailable};
@@ -45,7 +45,7 @@ fn count<T: TryFrom<i64>>(name: &str, value: i64) -> PyResult<T> {
     })
 }
 
-fn parse_rule(name: &str) -> PyResult<Rule> {
+pub(super) fn parse_rule(name: &str) -> PyResult<Rule> {
     match name {
         "qwen-vl-utils" => Ok(Rule::QwenVlUtils),
         "transformers" => Ok(Rule::Transformers),
@@ -371,8 +371,8 @@ impl ClipSettings {
 }
 
 /// Loads FFmpeg before anything is read: its absence is the environment's, never a unit's.
-fn require_ffmpeg() -> PyResult<()> {
-    video::ffmpeg::ffmpeg()
+pub(super) fn require_ffmpeg() -> PyResult<()> {
+    crate::video::ffmpeg::ffmpeg()
         .map(|_| ())
         .map_err(|e| FfmpegUnavailable::new_err(e.to_string()))
 }

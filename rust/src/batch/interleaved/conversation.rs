@@ -14,7 +14,7 @@
 
 use super::parts::{take_member, Document, DocumentResult, Part};
 use crate::batch::kit::sample::Rejection;
-use crate::defaults::IMAGE_KEYS;
+use crate::defaults::{IMAGE_KEYS, VIDEO_KEYS};
 use crate::error::Reason;
 use crate::read::group::RawSample;
 use crate::tokenize::DocumentEncoder;
@@ -26,6 +26,8 @@ pub struct ChatFormat {
     pub field: String,
     /// What stands for an image in a turn's value.
     pub placeholder: String,
+    /// What stands for a video in a turn's value (LLaVA-Video's `<video>`).
+    pub video_placeholder: String,
     /// A system turn put first when the conversation has none (None: none).
     pub system: Option<String>,
     /// Opens a turn; `{role}` is replaced by the turn's role.
@@ -52,8 +54,18 @@ impl ChatFormat {
                 self.turn_end
             ));
         }
-        if self.placeholder.is_empty() {
-            return Err("conversations: placeholder must not be empty".into());
+        if self.placeholder.is_empty() || self.video_placeholder.is_empty() {
+            return Err(
+                "conversations: placeholder and video_placeholder must not be empty".into(),
+            );
+        }
+        if self.placeholder.contains(&self.video_placeholder)
+            || self.video_placeholder.contains(&self.placeholder)
+        {
+            return Err(format!(
+                "conversations: placeholder {:?} and video_placeholder {:?} must not hold one another",
+                self.placeholder, self.video_placeholder
+            ));
         }
         if !self.roles.iter().any(|(_, role)| role == ASSISTANT) {
             return Err(format!(
@@ -88,32 +100,75 @@ impl ChatFormat {
         }
     }
 
-    /// The parts of one turn; its placeholders take images from `images` in order.
+    /// The parts of one turn; its placeholders take images from `images` and videos from
+    /// `videos`, each in order.
     fn turn(
         &self,
         role: &str,
         value: &str,
-        images: &mut impl Iterator<Item = Vec<u8>>,
+        media: &mut Media,
         parts: &mut Vec<Part>,
     ) -> Result<(), Rejection> {
         parts.push(self.frame(self.turn_start.replace("{role}", role)));
-        for (i, piece) in value.split(self.placeholder.as_str()).enumerate() {
-            if i > 0 {
-                let image = images.next().ok_or_else(|| {
-                    (
-                        Reason::MisalignedDocument,
-                        format!("more {:?} placeholders than images", self.placeholder),
-                    )
-                })?;
-                parts.push(Part::Image(image));
+        let mut rest = value;
+        loop {
+            let image = rest.find(self.placeholder.as_str());
+            let video = rest.find(self.video_placeholder.as_str());
+            let (at, is_video) = match (image, video) {
+                (Some(i), Some(v)) if v < i => (v, true),
+                (Some(i), _) => (i, false),
+                (None, Some(v)) => (v, true),
+                (None, None) => break,
+            };
+            if at > 0 {
+                parts.push(self.text(role, rest[..at].to_string()));
             }
-            if !piece.is_empty() {
-                parts.push(self.text(role, piece.to_string()));
-            }
+            let (part, len) = if is_video {
+                (
+                    Part::Video(media.next_video(&self.video_placeholder)?),
+                    self.video_placeholder.len(),
+                )
+            } else {
+                (
+                    Part::Image(media.next_image(&self.placeholder)?),
+                    self.placeholder.len(),
+                )
+            };
+            parts.push(part);
+            rest = &rest[at + len..];
+        }
+        if !rest.is_empty() {
+            parts.push(self.text(role, rest.to_string()));
         }
         parts.push(self.text(role, self.turn_end.clone()));
         parts.push(self.frame(self.turn_separator.clone()));
         Ok(())
+    }
+}
+
+/// A conversation's images and videos, taken by its placeholders in order.
+struct Media {
+    images: std::vec::IntoIter<Vec<u8>>,
+    videos: std::vec::IntoIter<Vec<u8>>,
+}
+
+impl Media {
+    fn next_image(&mut self, placeholder: &str) -> Result<Vec<u8>, Rejection> {
+        self.images.next().ok_or_else(|| {
+            (
+                Reason::MisalignedDocument,
+                format!("more {placeholder:?} placeholders than images"),
+            )
+        })
+    }
+
+    fn next_video(&mut self, placeholder: &str) -> Result<Vec<u8>, Rejection> {
+        self.videos.next().ok_or_else(|| {
+            (
+                Reason::MisalignedDocument,
+                format!("more {placeholder:?} placeholders than videos"),
+            )
+        })
     }
 }
 
@@ -135,6 +190,8 @@ pub(super) struct Conversation {
     pub turns: Vec<Turn>,
     /// The images, in the order of the placeholders over the whole conversation.
     pub images: Vec<Vec<u8>>,
+    /// The videos, in the order of the video placeholders (a tar's `video` or `videos`).
+    pub videos: Vec<Vec<u8>>,
 }
 
 /// A turn's `from` and `value`; None where it is not a string.
@@ -165,6 +222,7 @@ fn conversation_parts(mut raw: RawSample, format: &ChatFormat) -> Result<Vec<Par
     };
     let names = image_names(&value)?;
     let images = take_images(&mut raw, &names)?;
+    let videos = take_videos(&mut raw, &video_names(&value)?)?;
     let field = |t: &serde_json::Value, name: &str| {
         t.get(name).and_then(|v| v.as_str()).map(str::to_string)
     };
@@ -175,7 +233,14 @@ fn conversation_parts(mut raw: RawSample, format: &ChatFormat) -> Result<Vec<Par
             value: field(t, "value"),
         })
         .collect();
-    render(Conversation { turns, images }, format)
+    render(
+        Conversation {
+            turns,
+            images,
+            videos,
+        },
+        format,
+    )
 }
 
 /// A conversation's parts under `format`, or why it cannot be rendered.
@@ -183,24 +248,32 @@ pub(super) fn render(
     conversation: Conversation,
     format: &ChatFormat,
 ) -> Result<Vec<Part>, Rejection> {
-    let Conversation { turns, images } = conversation;
+    let Conversation {
+        turns,
+        images,
+        videos,
+    } = conversation;
     let bad = |detail: String| (Reason::BadJson, detail);
-    let placeholders: usize = turns
-        .iter()
-        .filter_map(|t| t.value.as_deref())
-        .map(|v| v.matches(format.placeholder.as_str()).count())
-        .sum();
-    if placeholders != images.len() {
-        return Err((
-            Reason::MisalignedDocument,
-            format!(
-                "{placeholders} {:?} placeholders but {} images",
-                format.placeholder,
-                images.len()
-            ),
-        ));
+    let count = |placeholder: &str| -> usize {
+        turns
+            .iter()
+            .filter_map(|t| t.value.as_deref())
+            .map(|v| v.matches(placeholder).count())
+            .sum()
+    };
+    for (placeholder, given, what) in [
+        (&format.placeholder, images.len(), "images"),
+        (&format.video_placeholder, videos.len(), "videos"),
+    ] {
+        let placeholders = count(placeholder);
+        if placeholders != given {
+            return Err((
+                Reason::MisalignedDocument,
+                format!("{placeholders} {placeholder:?} placeholders but {given} {what}"),
+            ));
+        }
     }
-    let mut parts = Vec::with_capacity(4 * turns.len() + images.len() + 4);
+    let mut parts = Vec::with_capacity(4 * turns.len() + images.len() + videos.len() + 4);
     let first_from = turns.first().and_then(|t| t.from.as_deref());
     let starts_with_system = first_from.and_then(|f| format.role(f)) == Some("system");
     if let (Some(system), false) = (&format.system, starts_with_system) {
@@ -209,7 +282,10 @@ pub(super) fn render(
         parts.push(format.text("system", format.turn_end.clone()));
         parts.push(format.frame(format.turn_separator.clone()));
     }
-    let mut images = images.into_iter();
+    let mut media = Media {
+        images: images.into_iter(),
+        videos: videos.into_iter(),
+    };
     let mut learned = false;
     for (i, turn) in turns.iter().enumerate() {
         let field = |value: &Option<String>, name: &str| {
@@ -222,7 +298,7 @@ pub(super) fn render(
             .role(&from)
             .ok_or_else(|| bad(format!("turn {i}: unknown role {from:?} (not in roles)")))?;
         learned |= role == ASSISTANT;
-        format.turn(role, &text, &mut images, &mut parts)?;
+        format.turn(role, &text, &mut media, &mut parts)?;
     }
     if format.assistant_only && !learned {
         return Err((
@@ -252,6 +328,70 @@ fn image_names(value: &serde_json::Value) -> Result<Vec<String>, Rejection> {
             "\"image\" must be a string, \"images\" a list of strings",
         )),
     }
+}
+
+/// The names under `video` (one) or `videos` (a list), as LLaVA-Video's JSON gives them; none
+/// when neither is there.
+fn video_names(value: &serde_json::Value) -> Result<Vec<String>, Rejection> {
+    let bad = |detail: &str| (Reason::BadJson, detail.to_string());
+    match (value.get("videos"), value.get("video")) {
+        (Some(serde_json::Value::Array(list)), _) => list
+            .iter()
+            .map(|n| n.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("an entry of \"videos\" is not a string")),
+        (Some(serde_json::Value::Null) | None, Some(serde_json::Value::String(name))) => {
+            Ok(vec![name.clone()])
+        }
+        (Some(serde_json::Value::Null) | None, Some(serde_json::Value::Null) | None) => {
+            Ok(Vec::new())
+        }
+        _ => Err(bad(
+            "\"video\" must be a string, \"videos\" a list of strings",
+        )),
+    }
+}
+
+/// The members the video `names` name, in order, each by its extension (`"mp4"` for
+/// `KEY.mp4`); one name that names no member takes the sample's only video member
+/// (LLaVA-Video's JSON keeps the video's original path). A member the sample lacks is
+/// `missing_video`.
+fn take_videos(raw: &mut RawSample, names: &[String]) -> Result<Vec<Vec<u8>>, Rejection> {
+    let is_video = |ext: &str| {
+        let last = ext.rsplit('.').next().unwrap_or(ext);
+        VIDEO_KEYS.contains(&last)
+    };
+    if let [name] = names {
+        let named = raw.members.iter().any(|(e, _)| *e == name.to_lowercase());
+        if !named {
+            let mut videos = raw
+                .members
+                .iter()
+                .enumerate()
+                .filter(|(_, (e, _))| is_video(e));
+            if let (Some((at, _)), None) = (videos.next(), videos.next()) {
+                return Ok(vec![std::mem::take(&mut raw.members[at].1)]);
+            }
+        }
+    }
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            take_member(raw, i, name, names[i + 1..].contains(name)).map_err(|(reason, detail)| {
+                match reason {
+                    Reason::MissingImage => (
+                        Reason::MissingVideo,
+                        format!(
+                            "video {i} names the member {}.{name}, which the sample lacks",
+                            raw.key
+                        ),
+                    ),
+                    _ => (reason, detail.replacen("image", "video", 1)),
+                }
+            })
+        })
+        .collect()
 }
 
 /// The members `names` name, in order: each by its extension (`"0.jpg"` for `KEY.0.jpg`);
@@ -293,6 +433,7 @@ mod tests {
         ChatFormat {
             field: "conversations".into(),
             placeholder: "<image>".into(),
+            video_placeholder: "<video>".into(),
             system: Some("Be brief.".into()),
             turn_start: "<|im_start|>{role}\n".into(),
             turn_end: "<|im_end|>".into(),
@@ -325,6 +466,7 @@ mod tests {
                 Part::Text(t) => format!("[{t}]"),
                 Part::Prompt(t) => t.clone(),
                 Part::Image(b) => format!("<img {}>", String::from_utf8_lossy(b)),
+                Part::Video(b) => format!("<vid {}>", String::from_utf8_lossy(b)),
             })
             .collect()
     }

@@ -30,6 +30,9 @@ pub struct InterleavedCount {
     pub text_tokens: u64,
     pub image_tokens: u64,
     pub images: u64,
+    /// Tokens of the video runs, and the videos.
+    pub video_tokens: u64,
+    pub videos: u64,
     pub patches: u64,
     /// Token slots of its batches (`batches x rows x seq_len`): the rest is padding.
     pub slots: u64,
@@ -110,6 +113,10 @@ pub fn count_unit(
                                 Item::Image { tokens, .. } => {
                                     out.image_tokens += *tokens as u64;
                                     out.images += 1;
+                                }
+                                Item::Video { tokens, .. } => {
+                                    out.video_tokens += *tokens as u64;
+                                    out.videos += 1;
                                 }
                             }
                         }

@@ -1,9 +1,11 @@
 //! A document measured for packing: its text segments tokenized, its images' grids read from
-//! their headers (nothing decoded), each part's run of tokens known. The count pass and the
+//! their headers and its videos' from their containers (nothing decoded), each part's run of
+//! tokens known. The count pass and the
 //! loader measure the same bytes with the same rules, so both pack the same batches.
 
 use super::parts::{Document, Part};
 use super::qwen_vl::Grid;
+use super::videos::VideoMeasure;
 use super::vision::VisionSpec;
 use crate::batch::kit::sample::{probe_capped, Rejection};
 use crate::error::Reason;
@@ -23,20 +25,28 @@ pub enum Item {
         grid: Grid,
         tokens: usize,
     },
+    /// A video (`videos`): its bytes (empty in the count pass), grid, tokens and the frame
+    /// numbers sampled (`grid.t * temporal_patch_size` of them).
+    Video {
+        bytes: Vec<u8>,
+        grid: Grid,
+        tokens: usize,
+        indices: Vec<u32>,
+    },
 }
 
 impl Item {
     pub fn tokens(&self) -> usize {
         match self {
             Item::Text(ids) | Item::Context(ids) => ids.len(),
-            Item::Image { tokens, .. } => *tokens,
+            Item::Image { tokens, .. } | Item::Video { tokens, .. } => *tokens,
         }
     }
 
     pub fn patches(&self) -> u64 {
         match self {
             Item::Text(_) | Item::Context(_) => 0,
-            Item::Image { grid, .. } => grid.patches(),
+            Item::Image { grid, .. } | Item::Video { grid, .. } => grid.patches(),
         }
     }
 }
@@ -58,6 +68,8 @@ pub struct Measure<'a> {
     /// An image of more pixels (by its header) is refused before it is decoded.
     pub max_pixels: u64,
     pub seq_len: usize,
+    /// Patches a batch holds: a video's must fit.
+    pub max_patches: u64,
     /// Keep the images' bytes (the loader); the count pass drops them.
     pub keep_bytes: bool,
 }
@@ -105,6 +117,28 @@ impl Measure<'_> {
                         bytes,
                         grid,
                         tokens,
+                    });
+                }
+                Part::Video(bytes) => {
+                    self.flush(&mut text, &mut items)?;
+                    let VisionSpec::Qwen(qwen) = self.vision else {
+                        return Err((
+                            Reason::MisalignedDocument,
+                            format!("video {i}: the NaFlex vision spec reads no video"),
+                        ));
+                    };
+                    let videos = VideoMeasure {
+                        qwen,
+                        max_pixels: self.max_pixels,
+                        seq_len: self.seq_len,
+                        max_patches: self.max_patches,
+                    };
+                    let run = videos.run(i, &bytes)?;
+                    items.push(Item::Video {
+                        bytes: if self.keep_bytes { bytes } else { Vec::new() },
+                        grid: run.grid,
+                        tokens: run.tokens,
+                        indices: run.indices,
                     });
                 }
             }

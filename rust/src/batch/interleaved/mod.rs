@@ -5,8 +5,9 @@
 //! One job a module: `parts` (a document's parts), `document_spec` (where a unit's documents
 //! are, and the caps and aligned lists every document passes), `documents` (a unit's documents
 //! from Parquet list columns or a tar's JSON member), `conversation` (a tar's LLaVA conversation rendered by a chat format), `captions`
-//! (a tar's image-caption pair as a one-image document), `qwen_vl` (Qwen2-VL's image rule: grid,
-//! token run, `pixel_values` layout), `vision` (the spec a corpus is read under: Qwen2-VL or
+//! (a tar's image-caption pair as a one-image document), `qwen_vl` (Qwen2-VL's image and video rules: grid,
+//! token run, `pixel_values` layout), `videos` (a document's video measured from its container,
+//! and its sampled frames decoded into rows), `vision` (the spec a corpus is read under: Qwen2-VL or
 //! NaFlex), `measure` (a document's tokens and grids, no decoding), `pack` (documents into batches of
 //! rows, deterministically per unit), `positions` (each run's positions as the model gives them to
 //! the run alone: text and M-RoPE), `count` (the count pass: batches per unit) and `pipeline`
@@ -28,6 +29,7 @@ mod parts;
 mod pipeline;
 mod positions;
 mod qwen_vl;
+mod videos;
 mod vision;
 
 pub use captions::CaptionKeys;
@@ -41,7 +43,7 @@ pub use pack::PackShape;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use parts::Part;
 pub use pipeline::{start, InterleavedInput, InterleavedMeta, InterleavedPipeline, IGNORE};
-pub use qwen_vl::QwenVlSpec;
+pub use qwen_vl::{QwenVideoSpec, QwenVlSpec};
 pub use vision::{NaFlexVlSpec, VisionSpec};
 
 use measure::Measure;
@@ -94,6 +96,7 @@ impl InterleavedSpec {
             vision: &self.vision,
             max_pixels: self.max_pixels,
             seq_len: self.shape.seq_len,
+            max_patches: self.shape.max_patches,
             keep_bytes,
         }
     }

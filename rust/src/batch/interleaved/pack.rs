@@ -259,7 +259,7 @@ impl Packer {
                         offset += take;
                     }
                 }
-                Item::Image { tokens, .. } => {
+                Item::Image { tokens, .. } | Item::Video { tokens, .. } => {
                     let here = Cursor { item: i, offset: 0 };
                     if self.open.patches + item.patches() > cap {
                         if here > from {

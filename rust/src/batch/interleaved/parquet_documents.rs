@@ -453,7 +453,17 @@ fn conversation_parts(
             value.insert_str(0, &format.placeholder.repeat(images.len()));
         }
     }
-    let parts = render(Conversation { turns, images }, format)?;
+    // A Parquet conversation reads no video column: a `<video>` placeholder in it is
+    // `misaligned_document` (counted), never a silent drop.
+    let videos = Vec::new();
+    let parts = render(
+        Conversation {
+            turns,
+            images,
+            videos,
+        },
+        format,
+    )?;
     check_caps(&parts, spec)?;
     Ok(parts)
 }

@@ -1,4 +1,4 @@
-//! A document's parts (text the model learns, prompts it is given, encoded images) and the
+//! A document's parts (text the model learns, prompts it is given, encoded images and videos) and the
 //! document they make; the part every layout takes out of a tar sample by name (`take_member`).
 //! The lowest of the kind's document files: `captions`, `conversation`, `document_spec`,
 //! `parquet_documents` and `documents` build on it.
@@ -17,6 +17,8 @@ pub enum Part {
     Prompt(String),
     /// An encoded image (JPEG, PNG or WebP).
     Image(Vec<u8>),
+    /// A video file (a container FFmpeg opens: MP4, WebM, MKV, MOV, ...).
+    Video(Vec<u8>),
 }
 
 /// A document: its key and its parts in order.
@@ -38,7 +40,7 @@ impl Part {
     pub fn bytes(&self) -> usize {
         match self {
             Part::Text(t) | Part::Prompt(t) => t.len(),
-            Part::Image(b) => b.len(),
+            Part::Image(b) | Part::Video(b) => b.len(),
         }
     }
 }

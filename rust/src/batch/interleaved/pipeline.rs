@@ -39,6 +39,7 @@ use super::measure::Item;
 use super::pack::{Cursor, PackedBatch, Packer};
 use super::positions::{write_run, PositionRows};
 use super::qwen_vl::Grid;
+use super::videos::decode_video;
 use super::vision::VisionSpec;
 use super::InterleavedSpec;
 use crate::batch::kit::sample::{Rejection, Worker};
@@ -70,8 +71,20 @@ pub const IGNORE: i64 = -100;
 pub const INT_ROWS: usize = 6;
 
 thread_local! {
-    static WORKER: std::cell::RefCell<(Worker, Vec<u8>)> =
-        std::cell::RefCell::new((Worker::default(), Vec::new()));
+    /// A decoding thread's image decoder and resizer, its planar image and its video frames.
+    static WORKER: std::cell::RefCell<(Worker, Vec<u8>, Vec<u8>)> =
+        std::cell::RefCell::new((Worker::default(), Vec::new(), Vec::new()));
+}
+
+/// An image or video of a batch, in the order of the runs: what to decode, its grid, its run's
+/// first token and tokens.
+struct Visual<'a> {
+    bytes: &'a [u8],
+    grid: Grid,
+    first: usize,
+    tokens: usize,
+    /// A video's sampled frame numbers (None: an image).
+    frames: Option<&'a [u32]>,
 }
 
 /// What the reader is given: every unit, its batches as counted, and how they are made.
@@ -86,11 +99,14 @@ pub struct InterleavedInput {
 }
 
 /// One finished batch: `rows x seq_len` ids, labels and positions, its first `patches` rows of
-/// `pixel_values` and one grid per image, in the order the images' runs appear.
+/// pixels and one grid per image or video, in the order their runs appear (a video's rows are
+/// `pixel_values_videos`' and an image's `pixel_values`', split by `grid_is_video`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InterleavedMeta {
     pub patches: usize,
     pub grids: Vec<(u32, u32, u32)>,
+    /// Per grid: a video's (else an image's).
+    pub grid_is_video: Vec<bool>,
     /// Sequences over the flattened `[rows * seq_len]` tokens (a document's run in a row, and
     /// each row's padding), as FlashAttention's varlen kernels take them.
     pub cu_seqlens: Vec<i32>,
@@ -116,6 +132,7 @@ pub struct InterleavedStats {
     /// Batches of padding only (a padded phase's positions past the stream's end).
     pub padding_batches: AtomicU64,
     pub images: AtomicU64,
+    pub videos: AtomicU64,
     pub patches: AtomicU64,
     pub decode_us: AtomicU64,
     pub measure_us: AtomicU64,
@@ -146,6 +163,7 @@ impl KindStats for InterleavedStats {
             "cut_documents": load(&self.cut_documents),
             "padding_batches": load(&self.padding_batches),
             "images": load(&self.images),
+            "videos": load(&self.videos),
             "patches": load(&self.patches),
             "decode_seconds": load(&self.decode_us) as f64 / 1e6,
             "measure_seconds": load(&self.measure_us) as f64 / 1e6,
@@ -474,14 +492,15 @@ impl InterleavedBatches {
         let mut meta = InterleavedMeta {
             patches: 0,
             grids: Vec::new(),
+            grid_is_video: Vec::new(),
             cu_seqlens: vec![0],
             max_seqlen: 0,
             documents: 0,
             keys: Vec::new(),
             tokens: 0,
         };
-        // (bytes, grid, first token, tokens) of each image, in order.
-        let mut images: Vec<(&[u8], Grid, usize, usize)> = Vec::new();
+        // Each image and video, in order.
+        let mut images: Vec<Visual<'_>> = Vec::new();
         let sequence = |meta: &mut InterleavedMeta, n: usize| {
             meta.max_seqlen = meta.max_seqlen.max(n as u32);
             let last = *meta.cu_seqlens.last().expect("a start");
@@ -527,7 +546,35 @@ impl InterleavedBatches {
                                 ids[at] = t as i64;
                                 at += 1;
                             }
-                            images.push((bytes, *grid, at - tokens, *tokens));
+                            images.push(Visual {
+                                bytes,
+                                grid: *grid,
+                                first: at - tokens,
+                                tokens: *tokens,
+                                frames: None,
+                            });
+                        }
+                        Item::Video {
+                            bytes,
+                            grid,
+                            tokens,
+                            indices,
+                        } => {
+                            let VisionSpec::Qwen(qwen) = vision else {
+                                unreachable!("a video is measured under Qwen2-VL's rule only")
+                            };
+                            let pad = qwen.video.as_ref().map_or(qwen.image_pad, |v| v.video_pad);
+                            for t in qwen.video_run(*grid, pad) {
+                                ids[at] = t as i64;
+                                at += 1;
+                            }
+                            images.push(Visual {
+                                bytes,
+                                grid: *grid,
+                                first: at - tokens,
+                                tokens: *tokens,
+                                frames: Some(indices),
+                            });
                         }
                     }
                 }
@@ -543,7 +590,13 @@ impl InterleavedBatches {
         // Dropped images: their tokens become padding; the rows of the rest move up.
         let mut from = 0usize;
         let mut kept = Vec::with_capacity(images.len());
-        for ((_, grid, first, tokens), result) in images.iter().zip(results) {
+        for (visual, result) in images.iter().zip(results) {
+            let (grid, first, tokens) = (&visual.grid, visual.first, visual.tokens);
+            let what = if visual.frames.is_some() {
+                "a video"
+            } else {
+                "an image"
+            };
             let n = grid.patches() as usize;
             kept.push(result.is_ok());
             match result {
@@ -556,15 +609,16 @@ impl InterleavedBatches {
                     }
                     meta.patches += n;
                     meta.grids.push((grid.t, grid.h, grid.w));
+                    meta.grid_is_video.push(visual.frames.is_some());
                 }
                 Err((reason, detail)) => {
-                    ids[*first..first + tokens].fill(self.input.pad_id as i64);
+                    ids[first..first + tokens].fill(self.input.pad_id as i64);
                     meta.tokens -= tokens;
                     self.stats.record_skip(Fault {
                         reason,
                         url: String::new(),
                         key: String::new(),
-                        detail: format!("an image dropped from its batch: {detail}"),
+                        detail: format!("{what} dropped from its batch: {detail}"),
                         kind: SourceKind::Other,
                     });
                 }
@@ -596,24 +650,22 @@ impl InterleavedBatches {
         s.documents
             .fetch_add(meta.documents as u64, Ordering::Relaxed);
         s.cut_documents.fetch_add(cut_documents, Ordering::Relaxed);
+        let videos = meta.grid_is_video.iter().filter(|v| **v).count();
         s.images
-            .fetch_add(meta.grids.len() as u64, Ordering::Relaxed);
+            .fetch_add((meta.grids.len() - videos) as u64, Ordering::Relaxed);
+        s.videos.fetch_add(videos as u64, Ordering::Relaxed);
         s.patches.fetch_add(meta.patches as u64, Ordering::Relaxed);
         meta
     }
 
-    /// Decodes `images` on the pool into consecutive rows of the pixel region.
-    fn decode(
-        &self,
-        pixels: &mut [u8],
-        images: &[(&[u8], Grid, usize, usize)],
-    ) -> Vec<Result<(), Rejection>> {
+    /// Decodes `images` (and videos) on the pool into consecutive rows of the pixel region.
+    fn decode(&self, pixels: &mut [u8], images: &[Visual<'_>]) -> Vec<Result<(), Rejection>> {
         let vision = &self.input.spec.vision;
         let row_len = vision.row_len();
         let mut slots = Vec::with_capacity(images.len());
         let mut rest = pixels;
-        for (_, grid, _, _) in images {
-            let (slot, tail) = rest.split_at_mut(grid.patches() as usize * row_len);
+        for visual in images {
+            let (slot, tail) = rest.split_at_mut(visual.grid.patches() as usize * row_len);
             slots.push(slot);
             rest = tail;
         }
@@ -622,10 +674,29 @@ impl InterleavedBatches {
         let results = slots
             .into_par_iter()
             .zip(images.par_iter())
-            .map(|(slot, (bytes, grid, _, _))| {
+            .map(|(slot, visual)| {
                 WORKER.with(|w| {
-                    let (worker, planar) = &mut *w.borrow_mut();
-                    decode_image(bytes, *grid, vision, max_pixels, worker, planar, slot)
+                    let (worker, planar, frames) = &mut *w.borrow_mut();
+                    match (visual.frames, vision) {
+                        (Some(indices), VisionSpec::Qwen(qwen)) => decode_video(
+                            visual.bytes,
+                            indices,
+                            visual.grid,
+                            qwen,
+                            max_pixels,
+                            frames,
+                            slot,
+                        ),
+                        _ => decode_image(
+                            visual.bytes,
+                            visual.grid,
+                            vision,
+                            max_pixels,
+                            worker,
+                            planar,
+                            slot,
+                        ),
+                    }
                 })
             })
             .collect();

@@ -83,8 +83,18 @@ pub fn write_run(
                 );
                 text(rows, &mut at, &mut next, 1);
             }
-            (Item::Image { .. }, Rope::MRope { .. }) => text(rows, &mut at, &mut next, b - a),
-            (Item::Image { .. }, Rope::Flat) => {
+            (Item::Video { grid, .. }, Rope::MRope { merge }) if kept() => {
+                // As an image's, over its temporal patches: Qwen2-VL's rule (the counter then
+                // adds the spatial side alone, as `get_rope_index` does).
+                text(rows, &mut at, &mut next, 1);
+                at = image(rows, at, start, next, *grid, merge);
+                next += (grid.h.max(grid.w) / merge) as i64;
+                text(rows, &mut at, &mut next, 1);
+            }
+            (Item::Image { .. } | Item::Video { .. }, Rope::MRope { .. }) => {
+                text(rows, &mut at, &mut next, b - a)
+            }
+            (Item::Image { .. } | Item::Video { .. }, Rope::Flat) => {
                 kept();
                 text(rows, &mut at, &mut next, b - a);
             }

@@ -12,6 +12,7 @@
 
 use crate::batch::kit::sample::Rejection;
 use crate::error::Reason;
+use crate::video::{Sampling, Sizing};
 
 /// The widest aspect `smart_resize` takes (its processors refuse a wider one).
 pub const MAX_ASPECT: f64 = 200.0;
@@ -41,6 +42,24 @@ pub struct QwenVlSpec {
     pub vision_start: u32,
     pub vision_end: u32,
     pub image_pad: u32,
+    /// How a document's videos are read (None: a document with a video is refused).
+    pub video: Option<QwenVideoSpec>,
+}
+
+/// Qwen2-VL's video rule (`qwen-vl-utils`' `fetch_video`, or transformers' sampler as an
+/// option): which frames are sampled, the size each is resized to, and the id of
+/// `<|video_pad|>`. A video's run is `<|vision_start|>`, one pad per merge block of each
+/// temporal patch, `<|vision_end|>`; its grid is `(frames / temporal_patch_size, rows,
+/// columns)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QwenVideoSpec {
+    /// The rule and frame count (`start` and `end` unset: a document's video is all of it).
+    pub sampling: Sampling,
+    /// The pixel budgets (its geometry is the image spec's).
+    pub sizing: Sizing,
+    pub video_pad: u32,
+    /// A video longer (by its header) is refused before anything is decoded (0.0: no cap).
+    pub max_seconds: f64,
 }
 
 impl QwenVlSpec {
@@ -57,6 +76,22 @@ impl QwenVlSpec {
                 "temporal_patch_size must be 1..=8, not {}",
                 self.temporal_patch_size
             ));
+        }
+        if let Some(video) = &self.video {
+            let geometry = (self.patch_size, self.merge_size, self.temporal_patch_size);
+            let s = &video.sizing;
+            if (s.patch_size, s.merge_size, s.temporal_patch_size) != geometry
+                || video.sampling.temporal_patch_size != self.temporal_patch_size
+            {
+                return Err("the video rule's patch geometry must be the image spec's".into());
+            }
+            s.validate().map_err(|e| format!("video: {e}"))?;
+            if video.max_seconds.is_nan() || video.max_seconds < 0.0 {
+                return Err(format!(
+                    "video max_seconds must be 0 (no cap) or more, not {}",
+                    video.max_seconds
+                ));
+            }
         }
         let factor = self.factor() as u64;
         if self.max_pixels < factor * factor || self.min_pixels > self.max_pixels {
@@ -129,6 +164,59 @@ impl QwenVlSpec {
             .chain(std::iter::once(self.vision_end))
     }
 
+    /// A video's run of tokens: start, one `<|video_pad|>` per merge block, end.
+    pub fn video_run(&self, grid: Grid, video_pad: u32) -> impl Iterator<Item = u32> {
+        let pads = std::iter::repeat_n(video_pad, self.tokens(grid) - 2);
+        std::iter::once(self.vision_start)
+            .chain(pads)
+            .chain(std::iter::once(self.vision_end))
+    }
+
+    /// Writes a video's sampled frames, `frames` = RGB `[grid.t * temporal_patch_size, 3,
+    /// h * p, w * p]`, as its `grid.patches()` rows of `pixel_values_videos` into `out`, as
+    /// `Qwen2VLVideoProcessor` lays them out: temporal patch, then merge blocks as an image's
+    /// rows, each row `[channel, frame of the temporal patch, y, x]`.
+    pub fn write_video_rows(&self, frames: &[u8], grid: Grid, out: &mut [u8]) {
+        let (p, m) = (self.patch_size as usize, self.merge_size as usize);
+        let (gh, gw) = (grid.h as usize, grid.w as usize);
+        let (width, plane) = (gw * p, gh * p * gw * p);
+        let t = self.temporal_patch_size as usize;
+        assert_eq!(
+            frames.len(),
+            grid.t as usize * t * 3 * plane,
+            "the video's frames"
+        );
+        assert_eq!(
+            out.len(),
+            grid.patches() as usize * self.row_len(),
+            "the grid's rows"
+        );
+        let mut rows = out.chunks_exact_mut(self.row_len());
+        for gt in 0..grid.t as usize {
+            for bh in 0..gh / m {
+                for bw in 0..gw / m {
+                    for mh in 0..m {
+                        for mw in 0..m {
+                            let (r, c) = (bh * m + mh, bw * m + mw);
+                            let row = rows.next().expect("one row a patch");
+                            let mut lines = row.chunks_exact_mut(p);
+                            for ch in 0..3 {
+                                for k in 0..t {
+                                    let frame = (gt * t + k) * 3 * plane + ch * plane;
+                                    for y in 0..p {
+                                        let from = frame + (r * p + y) * width + c * p;
+                                        let line = lines.next().expect("p lines a frame");
+                                        line.copy_from_slice(&frames[from..from + p]);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Bytes of one row of `pixel_values`: `3 * temporal_patch_size * patch_size²`.
     pub fn row_len(&self) -> usize {
         3 * self.temporal_patch_size as usize * (self.patch_size as usize).pow(2)
@@ -191,6 +279,7 @@ mod tests {
             vision_start: 1,
             vision_end: 2,
             image_pad: 3,
+            video: None,
         }
     }
 
@@ -245,5 +334,52 @@ mod tests {
         assert_eq!(row[0], pixel(0, 0, 4));
         let row = &out[2 * spec.row_len()..3 * spec.row_len()];
         assert_eq!(row[0], pixel(0, 2, 0), "row 2 is grid (1, 0)");
+    }
+
+    #[test]
+    fn video_rows_are_temporal_patches_of_merge_blocks_each_channel_frame_y_x() {
+        let spec = QwenVlSpec {
+            patch_size: 2,
+            ..qwen(0, 1 << 20)
+        };
+        // 4 frames (2 temporal patches) of 4 x 4 pixels: a grid of 2 x 2 x 2 patches.
+        let grid = Grid { t: 2, h: 2, w: 2 };
+        let (h, w, n) = (4usize, 4usize, 4usize);
+        let value = |f: usize, ch: usize, y: usize, x: usize| (f * 48 + ch * 16 + y * w + x) as u8;
+        let mut frames = vec![0u8; n * 3 * h * w];
+        for f in 0..n {
+            for ch in 0..3 {
+                for y in 0..h {
+                    for x in 0..w {
+                        frames[((f * 3 + ch) * h + y) * w + x] = value(f, ch, y, x);
+                    }
+                }
+            }
+        }
+        let mut out = vec![0u8; grid.patches() as usize * spec.row_len()];
+        spec.write_video_rows(&frames, grid, &mut out);
+        let row = |i: usize| &out[i * spec.row_len()..(i + 1) * spec.row_len()];
+        // Row 0: temporal patch 0, patch (0, 0): channel 0 of frame 0, then of frame 1.
+        assert_eq!(
+            &row(0)[..4],
+            &[
+                value(0, 0, 0, 0),
+                value(0, 0, 0, 1),
+                value(0, 0, 1, 0),
+                value(0, 0, 1, 1)
+            ]
+        );
+        assert_eq!(row(0)[4], value(1, 0, 0, 0));
+        assert_eq!(row(0)[8], value(0, 1, 0, 0));
+        // Row 3 is patch (1, 1); row 4 begins the second temporal patch (frames 2 and 3).
+        assert_eq!(row(3)[0], value(0, 0, 2, 2));
+        assert_eq!(&row(4)[..2], &[value(2, 0, 0, 0), value(2, 0, 0, 1)]);
+        assert_eq!(row(4)[4], value(3, 0, 0, 0));
+        let run: Vec<u32> = spec.video_run(grid, 9).collect();
+        assert_eq!(
+            run,
+            vec![1, 9, 9, 2],
+            "one pad per merge block of each temporal patch"
+        );
     }
 }

@@ -7,13 +7,12 @@ use crate::batch::kit::sample::{caption, image_bytes, Rejection, SampleSpec};
 use crate::error::Reason;
 use crate::read::group::RawSample;
 
-use super::decode::{probe, Fit, OpenClip};
-use super::fault::{Caps, VideoFault};
-use super::sampling::{uniform, Clip};
-use super::StreamInfo;
+use crate::video::decode::{probe, Fit, OpenClip};
+use crate::video::fault::{Caps, VideoFault};
+use crate::video::sampling::{uniform, Clip};
+use crate::video::StreamInfo;
 
-/// Video member extensions tried in order, as WebVid, Panda-70M and InternVid's tars hold them.
-pub const VIDEO_KEYS: [&str; 4] = ["mp4", "webm", "mkv", "mov"];
+pub use crate::defaults::VIDEO_KEYS;
 
 /// What makes a sample a clip: its members (`sample.image_keys` are the video members tried in
 /// order; `sample.max_pixels` caps a frame) and the caps checked from the header.

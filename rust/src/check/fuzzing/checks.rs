@@ -180,7 +180,7 @@ pub fn json_v1(bytes: &[u8]) -> bool {
 /// and fitted to 8x8. Every outcome is frames or a typed reason: never a panic, and never a
 /// header over the caps that gets as far as decoding. True when the frames decoded.
 pub fn video(bytes: &[u8], knob: u64) -> bool {
-    use crate::batch::video::{sampling, Caps, Clip, Fit, OpenClip};
+    use crate::video::{sampling, Caps, Clip, Fit, OpenClip};
     let caps = [
         Caps {
             max_pixels: 1 << 20,
@@ -191,7 +191,7 @@ pub fn video(bytes: &[u8], knob: u64) -> bool {
             max_seconds: 0.3,
         },
     ][knob as usize % 2];
-    let typed = |fault: crate::batch::video::VideoFault| {
+    let typed = |fault: crate::video::VideoFault| {
         assert!(
             fault.reason().is_some(),
             "a clip's fault without a reason (FFmpeg missing?): {fault}"

@@ -290,6 +290,7 @@ fn chatml() -> ChatFormat {
     ChatFormat {
         field: "conversations".into(),
         placeholder: "<image>".into(),
+        video_placeholder: "<video>".into(),
         system: Some("You are a helpful assistant.".into()),
         turn_start: "<|im_start|>{role}\n".into(),
         turn_end: "<|im_end|>".into(),

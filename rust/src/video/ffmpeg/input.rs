@@ -8,7 +8,7 @@ use std::ptr::null_mut;
 
 use super::library::{Ffmpeg, ReadPacket, Seek};
 use super::{code, field};
-use crate::batch::video::fault::{Caps, VideoFault};
+use crate::video::fault::{Caps, VideoFault};
 
 /// AVMEDIA_TYPE_VIDEO.
 const MEDIA_VIDEO: c_int = 0;
