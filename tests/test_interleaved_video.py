@@ -32,10 +32,6 @@ vp = pytest.importorskip("qwen_vl_utils.vision_process", reason="requirements/vi
 import video_clips  # noqa: E402
 from qwen_reference import (  # noqa: E402
     EOS,
-    IM_END,
-    IM_START,
-    IMAGE_PAD,
-    TOKENIZER,
     VISION_END,
     VISION_START,
     make_image_processor,
@@ -50,8 +46,8 @@ from shardstream import (  # noqa: E402
     QwenVLCollator,
     count_interleaved,
 )
+from video_conversations import VIDEO_PAD, write_tokenizer  # noqa: E402
 
-VIDEO_PAD = "<|video_pad|>"
 PAD = 2  # "<pad>" of the tokenizer fixture: never in a document
 # A frame of at most 16 merge blocks, 64 for a video's frames in all: small grids, real pixels.
 VIDEO = QwenVideo(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 16, total_pixels=28 * 28 * 64)
@@ -61,18 +57,6 @@ LOGIT_TOLERANCE = 1e-4
 # TorchCodec's RGB resized by torchvision's antialiased bicubic (float). Measured: mean errors
 # 0.16-0.18 levels, at most 4 to 9 at a pixel (float against fixed-point weights).
 MEAN_ERROR, MAX_ERROR = 0.5, 16
-
-
-def write_tokenizer(path: str) -> str:
-    """The GPT-2-style fixture with Qwen2-VL's vision tokens, ChatML's and ``<|video_pad|>`` as
-    special tokens, in that order (ids 1000 to 1005)."""
-    from tokenizers import AddedToken, Tokenizer
-
-    tok = Tokenizer.from_file(TOKENIZER)
-    added = (VISION_START, VISION_END, IMAGE_PAD, IM_START, IM_END, VIDEO_PAD)
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in added])
-    tok.save(path)
-    return path
 
 
 @pytest.fixture(scope="module", autouse=True)
