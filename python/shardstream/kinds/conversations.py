@@ -13,7 +13,8 @@ layout, each standing for a ``<video>`` placeholder: ``"mp4"`` for ``KEY.mp4``; 
 
 In Parquet (LLaVA-OneVision-Data, the Cauldron), the turns are a ``list<struct<from, value>>``
 column named by ``field`` (or the Cauldron's ``list<struct<user, assistant, source>>``) beside
-an ``image`` column (one ``datasets`` Image struct or binary) or an ``images`` list of them.
+an ``image`` column (one ``datasets`` Image struct or binary) or an ``images`` list of them, and
+a ``video`` or ``videos`` column likewise.
 
 The rendering and its labels are described once, on :class:`Conversations`.
 """
@@ -45,7 +46,8 @@ class Conversations:
     string>>`` one (the Cauldron's ``texts``: each item a user turn, then an assistant turn;
     when no turn holds a ``placeholder``, the row's images lead its first user turn), beside an
     ``images`` column (a list of ``datasets`` Image structs or binary) or an ``image`` column
-    (one; null for none). A row is rendered, labelled and checked as a tar's sample is.
+    (one; null for none), and likewise a ``videos`` or ``video`` column (``datasets`` Video
+    structs or binary). A row is rendered, labelled and checked as a tar's sample is.
 
     A conversation is rendered as a chat template renders string contents (the defaults are
     ChatML, as Qwen2-VL's and Qwen2.5-VL's templates): when ``system`` is set and the first turn
@@ -66,8 +68,7 @@ class Conversations:
     tokens and padding are -100. Without ``assistant_only``, every text token is learned.
 
     A sample is skipped, counted by reason, when its placeholders and images (or video
-    placeholders and videos) differ in number (``misaligned_document``; a Parquet row reads no
-    video, so its ``<video>`` placeholders are misaligned), it names a member it lacks
+    placeholders and videos) differ in number (``misaligned_document``), it names a member it lacks
     (``missing_image``, ``missing_video``), a turn has no
     string ``from`` and ``value`` or an unknown ``from``, or there is no ``field`` list
     (``bad_json``), or, with ``assistant_only``, it has no assistant turn and would teach nothing

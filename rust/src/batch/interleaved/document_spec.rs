@@ -73,7 +73,7 @@ pub(super) fn aligned(
                 Ok(t) => Part::Text(t),
                 Err(e) => return Err((Reason::BadUtf8, format!("text {i}: {}", e.utf8_error()))),
             },
-            (None, Some(b)) => Part::Image(b),
+            (None, Some(b)) => Part::visual(b),
             (None, None) if path.is_some() => {
                 return Err((
                     Reason::ImageUrlOnly,

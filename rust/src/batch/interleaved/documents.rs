@@ -137,7 +137,7 @@ fn tar_document(mut raw: RawSample, spec: &DocumentSpec) -> DocumentResult {
             (Null, Text(name)) => {
                 let again = images[i + 1..].iter().any(|n| n.as_str() == Some(name));
                 match take_member(&mut raw, i, name, again) {
-                    Ok(bytes) => Part::Image(bytes),
+                    Ok(bytes) => Part::visual(bytes),
                     Err(r) => return fail(r),
                 }
             }

@@ -7,7 +7,8 @@
 //!   JSON's turns, as LLaVA-OneVision-Data stores them), or a `list<struct<user: string,
 //!   assistant: string>>` (the Cauldron's `texts`: each item a user turn, then an assistant
 //!   turn), beside an `images` column (a list of binary or `datasets` Image structs) or an
-//!   `image` column (one, null for none). A Cauldron conversation has no placeholders: its
+//!   `image` column (one, null for none), and a `videos` or `video` column likewise (LLaVA-Video's;
+//!   binary or `datasets` Video structs). A Cauldron conversation has no placeholders: its
 //!   images go at the start of its first user turn, as Idefics2's processor puts them. The row
 //!   is read into the same `Conversation` a tar sample is, and rendered by the same code.
 //! - Captions (img2dataset, LAION): the first of the `image_keys` columns the file has (binary
@@ -51,10 +52,12 @@ pub(super) struct ParquetRows {
 enum Shape {
     /// Images, texts, then the images' paths when they are structs.
     Lists { paths: bool },
-    /// The turns' two fields, then the images when there are any.
+    /// The turns' two fields, then the images when there are any (a list, or one), then the
+    /// videos likewise.
     Conversations {
         cauldron: bool,
         images: Option<bool>,
+        videos: Option<bool>,
     },
     /// The image columns the file has, then the caption column.
     Captions { names: Vec<String> },
@@ -210,17 +213,27 @@ impl ParquetRows {
                 };
                 wanted.push(list(&format.field, fields[0]));
                 wanted.push(list(&format.field, fields[1]));
-                let images = if file.schema.column("images").is_some() {
-                    let images = file.list_column("images")?;
-                    wanted.push(list("images", images.values));
-                    Some(true)
-                } else if let Some(leaf) = flat_column("image") {
-                    wanted.push(flat("image", leaf));
-                    Some(false)
-                } else {
-                    None
+                // `images` or `image`, then `videos` or `video` (LLaVA-Video's), each a list of
+                // binary or `datasets` structs, or one.
+                let mut media = |lists: &str, one: &str| -> Result<Option<bool>, String> {
+                    Ok(if file.schema.column(lists).is_some() {
+                        let column = file.list_column(lists)?;
+                        wanted.push(list(lists, column.values));
+                        Some(true)
+                    } else if let Some(leaf) = flat_column(one) {
+                        wanted.push(flat(one, leaf));
+                        Some(false)
+                    } else {
+                        None
+                    })
                 };
-                Shape::Conversations { cauldron, images }
+                let images = media("images", "image")?;
+                let videos = media("videos", "video")?;
+                Shape::Conversations {
+                    cauldron,
+                    images,
+                    videos,
+                }
             }
             Layout::Captions(keys) => {
                 let mut names = Vec::new();
@@ -272,11 +285,10 @@ impl ParquetRows {
     fn documents(&mut self, first: u64, pieces: Vec<ColumnPiece>, spec: &DocumentSpec) {
         let shape = self.shape.as_ref().expect("the shape is resolved");
         let columns = match shape {
-            Shape::Lists { paths: true }
-            | Shape::Conversations {
-                images: Some(_), ..
-            } => 3,
-            Shape::Lists { paths: false } | Shape::Conversations { images: None, .. } => 2,
+            Shape::Lists { paths } => 2 + usize::from(*paths),
+            Shape::Conversations { images, videos, .. } => {
+                2 + usize::from(images.is_some()) + usize::from(videos.is_some())
+            }
             Shape::Captions { names } => names.len(),
         };
         let mut pieces = pieces.into_iter();
@@ -292,11 +304,20 @@ impl ParquetRows {
             let doc = match shape {
                 Shape::Lists { .. } => lists_document(&mut columns, i, spec)
                     .map_err(|(reason, detail)| (reason, format!("row {row}: {detail}"))),
-                Shape::Conversations { cauldron, images } => {
+                Shape::Conversations {
+                    cauldron,
+                    images,
+                    videos,
+                } => {
                     let Layout::Conversations(format) = &spec.layout else {
                         unreachable!("the shape follows the layout")
                     };
-                    conversation_parts(&mut columns, i, (*cauldron, *images), format, spec)
+                    let media = Media {
+                        cauldron: *cauldron,
+                        images: *images,
+                        videos: *videos,
+                    };
+                    conversation_parts(&mut columns, i, media, format, spec)
                 }
                 Shape::Captions { names } => caption_parts(&mut columns, i, names, &key, spec),
             };
@@ -380,25 +401,49 @@ fn lists_document(
     aligned(texts, images, paths, spec, oversized)
 }
 
-/// Row `i`'s conversation, rendered: the turns' two fields, then the images (a list, or one).
+/// A conversation file's shape: the Cauldron's turns or LLaVA's, and whether its images and
+/// videos are lists, one a row, or absent.
+#[derive(Clone, Copy)]
+struct Media {
+    cauldron: bool,
+    images: Option<bool>,
+    videos: Option<bool>,
+}
+
+/// Row `i` of a media column (a list, or one a row), if the file has it.
+fn media_of(column: Option<&mut Column>, is_list: Option<bool>, i: usize) -> (List, Option<u64>) {
+    match (column, is_list) {
+        (Some(c), Some(true)) => c.list(i),
+        (Some(c), Some(false)) => {
+            let (one, over) = c.flat(i);
+            (Some(one.into_iter().map(Some).collect()), over)
+        }
+        _ => (None, None),
+    }
+}
+
+/// Row `i`'s conversation, rendered: the turns' two fields, then the images and the videos
+/// (each a list, or one).
 fn conversation_parts(
     columns: &mut [Column],
     i: usize,
-    (cauldron, images): (bool, Option<bool>),
+    media: Media,
     format: &ChatFormat,
     spec: &DocumentSpec,
 ) -> Result<Vec<super::parts::Part>, Rejection> {
+    let Media {
+        cauldron,
+        images,
+        videos,
+    } = media;
     let (firsts, firsts_over) = columns[0].list(i);
     let (seconds, seconds_over) = columns[1].list(i);
-    let (images, images_over) = match images {
-        Some(true) => columns[2].list(i),
-        Some(false) => {
-            let (image, over) = columns[2].flat(i);
-            (Some(image.into_iter().map(Some).collect()), over)
-        }
-        None => (None, None),
-    };
-    let over: Vec<u64> = [firsts_over, seconds_over, images_over]
+    let mut rest = columns[2..].iter_mut();
+    let images_column = images.and_then(|_| rest.next());
+    let (images, images_over) = media_of(images_column, images, i);
+    let videos_column = videos.and_then(|_| rest.next());
+    let (videos, videos_over) = media_of(videos_column, videos, i);
+    let over: Vec<u64> = [firsts_over, seconds_over, images_over, videos_over]
         .into_iter()
         .flatten()
         .collect();
@@ -407,7 +452,7 @@ fn conversation_parts(
         return Err((
             Reason::MemberTooLarge,
             format!(
-                "more than {bytes} bytes of turns and images, more than max_document_bytes={}",
+                "more than {bytes} bytes of turns, images and videos, more than max_document_bytes={}",
                 spec.max_document_bytes
             ),
         ));
@@ -453,9 +498,12 @@ fn conversation_parts(
             value.insert_str(0, &format.placeholder.repeat(images.len()));
         }
     }
-    // A Parquet conversation reads no video column: a `<video>` placeholder in it is
-    // `misaligned_document` (counted), never a silent drop.
-    let videos = Vec::new();
+    let videos = videos
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(j, video)| video.ok_or_else(|| (Reason::MissingVideo, format!("video {j} is null"))))
+        .collect::<Result<Vec<_>, _>>()?;
     let parts = render(
         Conversation {
             turns,

@@ -45,6 +45,22 @@ impl Part {
     }
 }
 
+impl Part {
+    /// An entry of a document's image list: a video when its bytes open as an ISO media file
+    /// (MP4, MOV: an `ftyp` box first) or a Matroska one (WebM, MKV: the EBML magic), the
+    /// containers video datasets ship; else an image (whose format its decoder judges). So a
+    /// document holds a video where it holds an image, in a Parquet list as in a tar's JSON.
+    pub fn visual(bytes: Vec<u8>) -> Part {
+        let iso_media = bytes.len() >= 12 && &bytes[4..8] == b"ftyp";
+        let matroska = bytes.starts_with(&[0x1A, 0x45, 0xDF, 0xA3]);
+        if iso_media || matroska {
+            Part::Video(bytes)
+        } else {
+            Part::Image(bytes)
+        }
+    }
+}
+
 /// A document, or its key and why it was skipped.
 pub type DocumentResult = Result<Document, (String, Rejection)>;
 
