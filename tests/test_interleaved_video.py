@@ -166,6 +166,20 @@ def corpus(clips, tokenizer, tmp_path_factory):
     return convs, tar
 
 
+def clip_paths(clips: dict[str, str]) -> dict[str, list[str]]:
+    """The clips of each conversation of :func:`conversations`, in placeholder order."""
+    return {"a": [clips["h264"]], "b": [clips["vp9"]], "c": [clips["turned"], clips["h264"]], "d": []}
+
+
+def budgets() -> dict[str, float]:
+    """:data:`VIDEO`'s pixel budgets as ``fetch_video`` takes them."""
+    return {
+        "min_pixels": VIDEO.min_pixels,
+        "max_pixels": VIDEO.max_pixels,
+        "total_pixels": VIDEO.total_pixels,
+    }
+
+
 def reference(conv: dict, clips_of: list[str], processor) -> dict:
     """transformers and qwen-vl-utils on one conversation: ``fetch_video`` reads each video
     (its sampler and its resize under :data:`VIDEO`'s budgets, through TorchCodec), and
@@ -175,13 +189,7 @@ def reference(conv: dict, clips_of: list[str], processor) -> dict:
     text = render_conversation(turns).replace("<video>", VISION_START + VIDEO_PAD + VISION_END)
     frames = []
     for path in clips_of:
-        ele = {
-            "video": path,
-            "min_pixels": VIDEO.min_pixels,
-            "max_pixels": VIDEO.max_pixels,
-            "total_pixels": VIDEO.total_pixels,
-        }
-        frames.append(vp.fetch_video(ele))
+        frames.append(vp.fetch_video({"video": path, **budgets()}))
     images = [_decoded(m) for e, m in conv["members"] if e == "jpg"]
     out = processor(
         text=[text],
@@ -261,7 +269,7 @@ def test_conversations_with_videos_equal_qwen_vl_utils_and_the_processor(corpus,
     assert video_pad == processor.video_token_id
     docs = documents_of(batches, video_pad, start)
     assert sorted(docs) == ["a", "b", "c", "d"]
-    paths = {"a": [clips["h264"]], "b": [clips["vp9"]], "c": [clips["turned"], clips["h264"]], "d": []}
+    paths = clip_paths(clips)
     errors = []
     for conv in convs:
         key = conv["key"]
@@ -284,21 +292,10 @@ def test_conversations_with_videos_equal_qwen_vl_utils_and_the_processor(corpus,
     assert stats["videos"] == 4 and stats["images"] == 1, stats
 
 
-def test_packed_rows_with_videos_give_each_run_its_logits_alone(corpus, tokenizer):
-    """Many short conversations a row: each run's logits in the packed batch equal those of
-    the run fed alone, and its M-RoPE positions are ``get_rope_index``'s for it alone."""
-    import tokenizers
-
-    _, tar = corpus
-    counts = count(tar, tokenizer, seq_len=1024, batch_size=1)
-    loader = InterleavedLoader(counts, pad_token_id=PAD, threads=2)
-    vocab = tokenizers.Tokenizer.from_file(tokenizer).get_vocab_size()
-    config = tiny_qwen2_vl_config(vocab, loader.vision_token_ids, layers=2, pad_id=PAD)
-    config.video_token_id = loader.video_token_id
-    torch.manual_seed(0)
-    model = transformers.Qwen2VLForConditionalGeneration._from_config(
-        config, attn_implementation="sdpa"
-    ).eval()
+def assert_each_run_alone(loader, model, second_per_grid: dict[str, list[float]] | None = None) -> dict:
+    """Each run of every packed batch: its logits equal those of the run fed alone (1e-4), and
+    its M-RoPE positions are the model's ``get_rope_index`` of it alone (Qwen2.5-VL's given
+    ``second_per_grid``: key -> each video's ``second_per_grid_ts``)."""
     collate = QwenVLCollator()
     start = loader.vision_token_ids[0]
     compared = {"runs": 0, "videos": 0, "rows_with_several": 0}
@@ -316,7 +313,7 @@ def test_packed_rows_with_videos_give_each_run_its_logits_alone(corpus, tokenize
         runs = [(a, e) for a, e in zip(cu, cu[1:], strict=False) if bool((flat[a:e] != PAD).any())]
         rows_of = [a // seq_len for a, _ in runs]
         compared["rows_with_several"] += sum(rows_of.count(r) > 1 for r in set(rows_of))
-        for a, e in runs:
+        for (a, e), key in zip(runs, batch.keys, strict=True):
             row, at, end = a // seq_len, a % seq_len, a % seq_len + (e - a)
             ids = batch.input_ids[row, at:end]
             kinds = batch.mm_token_type_ids[row, at:end]
@@ -329,6 +326,8 @@ def test_packed_rows_with_videos_give_each_run_its_logits_alone(corpus, tokenize
                 n = int(g.prod(-1).sum())
                 alone["pixel_values_videos"] = inputs["pixel_values_videos"][v_row : v_row + n]
                 alone["video_grid_thw"] = g
+                if second_per_grid is not None:
+                    alone["second_per_grid_ts"] = torch.tensor(second_per_grid[key])
                 v, v_row = v + n_videos, v_row + n
             if n_images:
                 g = images[i : i + n_images]
@@ -338,17 +337,86 @@ def test_packed_rows_with_videos_give_each_run_its_logits_alone(corpus, tokenize
                 i, i_row = i + n_images, i_row + n
             with torch.no_grad():
                 want = model(**alone).logits[0]
-                rope, _ = model.model.get_rope_index(
-                    ids[None], kinds[None], alone.get("image_grid_thw"), alone.get("video_grid_thw")
-                )
+                grids = {
+                    k: alone[k]
+                    for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+                    if k in alone
+                }
+                rope, _ = model.model.get_rope_index(ids[None], kinds[None], **grids)
             diff = float((packed[row, at:end] - want).abs().max())
-            assert diff < LOGIT_TOLERANCE, (row, at, end, diff)
-            assert torch.equal(inputs["position_ids"][1:, row, at:end], rope[:, 0]), (row, at)
+            assert diff < LOGIT_TOLERANCE, (key, row, at, end, diff)
+            assert torch.equal(inputs["position_ids"][1:, row, at:end], rope[:, 0]), (key, row, at)
             assert inputs["position_ids"][0, row, at:end].tolist() == list(range(end - at))
             compared["runs"] += 1
             compared["videos"] += n_videos
         assert v == len(videos) and i == len(images)
+    return compared
+
+
+def test_packed_rows_with_videos_give_each_run_its_logits_alone(corpus, tokenizer):
+    """Many short conversations a row: each run's logits in the packed batch equal those of
+    the run fed alone, and its M-RoPE positions are ``get_rope_index``'s for it alone."""
+    import tokenizers
+
+    _, tar = corpus
+    counts = count(tar, tokenizer, seq_len=1024, batch_size=1)
+    loader = InterleavedLoader(counts, pad_token_id=PAD, threads=2)
+    vocab = tokenizers.Tokenizer.from_file(tokenizer).get_vocab_size()
+    config = tiny_qwen2_vl_config(vocab, loader.vision_token_ids, layers=2, pad_id=PAD)
+    config.video_token_id = loader.video_token_id
+    torch.manual_seed(0)
+    model = transformers.Qwen2VLForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa"
+    ).eval()
+    compared = assert_each_run_alone(loader, model)
     assert compared["runs"] == 4 and compared["videos"] == 4 and compared["rows_with_several"] >= 1, compared
+
+
+def tiny_qwen2_5_vl(vocab: int, loader, tokens_per_second: int):
+    """A Qwen2.5-VL as :func:`qwen_reference.tiny_qwen2_vl_config`'s, its vision tower Qwen2.5's
+    (window attention, one full-attention block) with ``tokens_per_second``."""
+    base = tiny_qwen2_vl_config(vocab, loader.vision_token_ids, layers=2, pad_id=PAD)
+    vision = {
+        "depth": 1, "hidden_size": 32, "out_hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+        "fullatt_block_indexes": [0], "tokens_per_second": tokens_per_second,
+    }  # fmt: skip
+    start, end, image = loader.vision_token_ids
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=base.text_config.to_dict(), vision_config=vision, image_token_id=image,
+        video_token_id=loader.video_token_id, vision_start_token_id=start, vision_end_token_id=end,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.Qwen2_5_VLForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa"
+    ).eval()
+
+
+def test_qwen2_5_vl_time_scaled_positions_are_its_own_for_each_run_alone(corpus, clips, tokenizer):
+    """Under ``tokens_per_second`` (Qwen2.5-VL), a video's temporal positions step by the
+    seconds a temporal patch spans: each run's are the model's ``get_rope_index`` of it alone
+    with ``second_per_grid_ts`` = ``temporal_patch_size / fps`` as its processor computes it,
+    ``fps`` being the rate ``qwen-vl-utils`` sampled at; and its logits are the run's alone."""
+    import tokenizers
+
+    _, tar = corpus
+    tokens_per_second = 4
+    video = QwenVideo(**{**VIDEO.__dict__, "tokens_per_second": tokens_per_second})
+    spec = QwenVL(min_pixels=SPEC.min_pixels, max_pixels=SPEC.max_pixels, video=video)
+    counts = count(tar, tokenizer, spec=spec, seq_len=1024, batch_size=1)
+    loader = InterleavedLoader(counts, pad_token_id=PAD, threads=2)
+    second_per_grid = {}
+    for key, paths in clip_paths(clips).items():
+        fps = [vp.fetch_video({"video": p, **budgets()}, return_video_sample_fps=True)[1] for p in paths]
+        second_per_grid[key] = [2 / f for f in fps]
+    vocab = tokenizers.Tokenizer.from_file(tokenizer).get_vocab_size()
+    model = tiny_qwen2_5_vl(vocab, loader, tokens_per_second)
+    compared = assert_each_run_alone(loader, model, second_per_grid)
+    assert compared["videos"] == 4, compared
+    # The scaling is not a no-op here: some video's temporal positions step by more than 1.
+    batch = next(iter(loader))
+    t = batch.mrope_position_ids[0][batch.mm_token_type_ids == 2]
+    assert int((t.diff() > 1).sum()) > 0
 
 
 def test_bad_videos_are_their_documents_reasons(clips, tokenizer, tmp_path):

@@ -74,7 +74,10 @@ class QwenVideo:
     temporal patch (two frames), ``<|vision_end|>``; its rows are in
     :attr:`InterleavedBatch.pixel_values_videos`, its grid in ``video_grid_thw``, and its
     M-RoPE positions are Qwen2-VL's (``get_rope_index``: the temporal patch, then the block's
-    row and column; Qwen2.5-VL's time-scaled positions are not written). A video is measured
+    row and column), or with ``tokens_per_second`` Qwen2.5-VL's, whose temporal position of
+    patch ``k`` is ``k * tokens_per_second * second_per_grid_t`` truncated (``second_per_grid_t``
+    the seconds a temporal patch spans at the sampled rate), as its ``get_rope_index`` computes
+    it. A video is measured
     from its container alone (a demux pass; nothing decoded) when counting; one longer than
     ``max_seconds`` (0: no cap) or with a coded frame over the loader's ``max_pixels`` is
     skipped with its document before anything is decoded (``video_too_long``,
@@ -93,6 +96,8 @@ class QwenVideo:
         total_pixels: Pixels of all of a video's frames (None: 90% of 128,000 merge blocks).
         max_seconds: A longer video is skipped (0: no cap).
         video_token: The token of a video's run; the tokenizer must hold it.
+        tokens_per_second: Qwen2.5-VL's ``vision_config.tokens_per_second`` (2 in its
+            checkpoints): temporal positions scaled by time; None: Qwen2-VL's positions.
     """
 
     rule: str = "qwen-vl-utils"
@@ -104,6 +109,7 @@ class QwenVideo:
     total_pixels: float | None = None
     max_seconds: float = 3600.0
     video_token: str = "<|video_pad|>"
+    tokens_per_second: float | None = None
 
     def __post_init__(self) -> None:
         if self.rule not in ("qwen-vl-utils", "transformers"):
@@ -113,6 +119,10 @@ class QwenVideo:
                 "video.fps",
                 f"fps must be positive and 0 < min_frames <= max_frames, not {self.fps}, "
                 f"{self.min_frames} and {self.max_frames}",
+            )
+        if self.tokens_per_second is not None and not self.tokens_per_second > 0:
+            raise OptionError(
+                "video.tokens_per_second", f"must be positive or None, not {self.tokens_per_second}"
             )
         if self.max_seconds < 0:
             raise OptionError("video.max_seconds", f"must be 0 (no cap) or more, not {self.max_seconds}")

@@ -53,6 +53,7 @@ settings! {
         total_pixels: Option<f64> = None,
         max_seconds: f64,
         video_token: String,
+        tokens_per_second: Option<f64> = None,
     }
 }
 
@@ -81,6 +82,7 @@ impl QwenVideoSettings {
             },
             video_pad,
             max_seconds: self.max_seconds,
+            tokens_per_second: self.tokens_per_second,
         })
     }
 }

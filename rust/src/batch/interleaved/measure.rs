@@ -25,13 +25,15 @@ pub enum Item {
         grid: Grid,
         tokens: usize,
     },
-    /// A video (`videos`): its bytes (empty in the count pass), grid, tokens and the frame
-    /// numbers sampled (`grid.t * temporal_patch_size` of them).
+    /// A video (`videos`): its bytes (empty in the count pass), grid, tokens, the frame
+    /// numbers sampled (`grid.t * temporal_patch_size` of them) and each temporal patch's
+    /// M-RoPE temporal position.
     Video {
         bytes: Vec<u8>,
         grid: Grid,
         tokens: usize,
         indices: Vec<u32>,
+        t_positions: Vec<u32>,
     },
 }
 
@@ -139,6 +141,7 @@ impl Measure<'_> {
                         grid: run.grid,
                         tokens: run.tokens,
                         indices: run.indices,
+                        t_positions: run.t_positions,
                     });
                 }
             }

@@ -559,6 +559,7 @@ impl InterleavedBatches {
                             grid,
                             tokens,
                             indices,
+                            ..
                         } => {
                             let VisionSpec::Qwen(qwen) = vision else {
                                 unreachable!("a video is measured under Qwen2-VL's rule only")

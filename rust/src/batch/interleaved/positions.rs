@@ -11,7 +11,10 @@
 //!   a counter from 0; a text token (`<|vision_start|>` and `<|vision_end|>` included: only the
 //!   pads are image tokens) takes the counter on all three rows and adds 1; an image's pads, in
 //!   merge-block raster order, take `counter + (frame, block row, block column)` and the counter
-//!   then adds `max(grid_h, grid_w) / merge_size`.
+//!   then adds `max(grid_h, grid_w) / merge_size`. A video's pads likewise over its temporal
+//!   patches, the temporal position of patch `k` being `k` (Qwen2-VL) or, under Qwen2.5-VL's
+//!   rule, `trunc(k * tokens_per_second * second_per_grid_t)` in float32 (the video's
+//!   `t_positions`, fixed when it is measured).
 //!
 //! Under NaFlex the image runs are 1-D: every row is the `text` row. Padding is 0, 1, 2, ... on
 //! every row: its own sequence, so no document attends to it (its labels are masked).
@@ -75,7 +78,7 @@ pub fn write_run(
             (Item::Image { grid, tokens, .. }, Rope::MRope { merge }) if kept() => {
                 // <|vision_start|>, the pads on the grid, <|vision_end|>.
                 text(rows, &mut at, &mut next, 1);
-                at = image(rows, at, start, next, *grid, merge);
+                at = image(rows, at, start, next, *grid, merge, &[0]);
                 next += (grid.h.max(grid.w) / merge) as i64;
                 debug_assert_eq!(
                     *tokens,
@@ -83,11 +86,16 @@ pub fn write_run(
                 );
                 text(rows, &mut at, &mut next, 1);
             }
-            (Item::Video { grid, .. }, Rope::MRope { merge }) if kept() => {
-                // As an image's, over its temporal patches: Qwen2-VL's rule (the counter then
-                // adds the spatial side alone, as `get_rope_index` does).
+            (
+                Item::Video {
+                    grid, t_positions, ..
+                },
+                Rope::MRope { merge },
+            ) if kept() => {
+                // As an image's, over its temporal patches (the counter then adds the spatial
+                // side alone, as `get_rope_index` does).
                 text(rows, &mut at, &mut next, 1);
-                at = image(rows, at, start, next, *grid, merge);
+                at = image(rows, at, start, next, *grid, merge, t_positions);
                 next += (grid.h.max(grid.w) / merge) as i64;
                 text(rows, &mut at, &mut next, 1);
             }
@@ -104,7 +112,8 @@ pub fn write_run(
     at
 }
 
-/// An image's pads from `at`: `get_vision_position_ids(next, grid, 1, merge)`.
+/// An image's or a video's pads from `at`: `get_vision_position_ids(next, grid, 1, merge,
+/// time_interval)`, temporal patch `k` at `next + t_positions[k]`.
 fn image(
     rows: &mut PositionRows<'_>,
     mut at: usize,
@@ -112,13 +121,15 @@ fn image(
     next: i64,
     grid: Grid,
     merge: u32,
+    t_positions: &[u32],
 ) -> usize {
     let (gh, gw) = (grid.h / merge, grid.w / merge);
-    for t in 0..grid.t as i64 {
+    debug_assert_eq!(t_positions.len(), grid.t as usize);
+    for &t in t_positions {
         for y in 0..gh as i64 {
             for x in 0..gw as i64 {
                 rows.text[at] = (at - start) as i64;
-                rows.t[at] = next + t;
+                rows.t[at] = next + t as i64;
                 rows.h[at] = next + y;
                 rows.w[at] = next + x;
                 at += 1;

@@ -60,6 +60,9 @@ pub struct QwenVideoSpec {
     pub video_pad: u32,
     /// A video longer (by its header) is refused before anything is decoded (0.0: no cap).
     pub max_seconds: f64,
+    /// Qwen2.5-VL's `vision_config.tokens_per_second`: temporal positions scaled by the seconds
+    /// a temporal patch spans (None: Qwen2-VL's, one a temporal patch).
+    pub tokens_per_second: Option<f64>,
 }
 
 impl QwenVlSpec {
@@ -86,6 +89,14 @@ impl QwenVlSpec {
                 return Err("the video rule's patch geometry must be the image spec's".into());
             }
             s.validate().map_err(|e| format!("video: {e}"))?;
+            if let Some(tps) = video
+                .tokens_per_second
+                .filter(|t| !(t.is_finite() && *t > 0.0))
+            {
+                return Err(format!(
+                    "video tokens_per_second must be a positive number, not {tps}"
+                ));
+            }
             if video.max_seconds.is_nan() || video.max_seconds < 0.0 {
                 return Err(format!(
                     "video max_seconds must be 0 (no cap) or more, not {}",

@@ -37,6 +37,28 @@ pub(super) struct VideoRun {
     pub grid: Grid,
     pub tokens: usize,
     pub indices: Vec<u32>,
+    /// Each temporal patch's M-RoPE temporal position (`temporal_positions`).
+    pub t_positions: Vec<u32>,
+}
+
+/// The temporal positions of a video's `patches` temporal patches: `k` (Qwen2-VL), or with
+/// Qwen2.5-VL's `tokens_per_second`, `trunc(k * time_interval)` where `time_interval =
+/// tokens_per_second * second_per_grid_t`, each step in float32 as `get_rope_index` computes it
+/// (`second_per_grid_ts` a float32 tensor, `arange(t) * interval`, then `.long()`).
+pub(super) fn temporal_positions(
+    patches: u32,
+    tokens_per_second: Option<f64>,
+    second_per_grid_t: f64,
+) -> Vec<u32> {
+    match tokens_per_second {
+        None => (0..patches).collect(),
+        Some(tps) => {
+            let interval = tps as f32 * second_per_grid_t as f32;
+            (0..patches)
+                .map(|k| (k as f32 * interval).trunc().max(0.0) as u32)
+                .collect()
+        }
+    }
 }
 
 /// What decides a video's run: the spec, the pixel cap of one coded frame, and the batch's
@@ -103,10 +125,12 @@ impl VideoMeasure<'_> {
         let padded = (grid.t * self.qwen.temporal_patch_size) as usize;
         let last = *indices.last().expect("at least one sampled frame");
         indices.resize(padded, last);
+        let second_per_grid_t = video.sizing.second_per_grid_ts(sampled.sample_fps);
         Ok(VideoRun {
             grid,
             tokens,
             indices,
+            t_positions: temporal_positions(grid.t, video.tokens_per_second, second_per_grid_t),
         })
     }
 }
@@ -136,4 +160,23 @@ pub(super) fn decode_video(
         .map_err(fail)?;
     qwen.write_video_rows(&frames[..n], grid, slot);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::temporal_positions;
+
+    #[test]
+    fn temporal_positions_are_qwen2_vl_s_or_scaled_by_the_seconds_a_patch_spans() {
+        assert_eq!(temporal_positions(4, None, 0.7), [0, 1, 2, 3]);
+        // Qwen2.5-VL's checkpoints: 2 tokens a second; 2 frames a patch at 2 fps: a second each.
+        assert_eq!(temporal_positions(4, Some(2.0), 1.0), [0, 2, 4, 6]);
+        // 2 frames a patch at 4 sampled fps (0.5 s) under 25 tokens a second: 12.5, truncated.
+        assert_eq!(temporal_positions(4, Some(25.0), 0.5), [0, 12, 25, 37]);
+        // In float32: 2 / (23.976 * 8 / 192) = 2.0020... s a patch, times 4 = 8.008...
+        let spg = 2.0 / (8.0 / 192.0 * 23.976);
+        let interval = 4.0f32 * spg as f32;
+        let want: Vec<u32> = (0..5).map(|k| (k as f32 * interval) as u32).collect();
+        assert_eq!(temporal_positions(5, Some(4.0), spg), want);
+    }
 }
