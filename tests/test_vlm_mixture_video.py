@@ -458,11 +458,6 @@ def test_a_stop_on_two_ranks_resumed_onto_three_reads_the_rest_once(sources, who
     assert len(texts) == len(set(texts)) == 2 * epoch - left % 3, "the text parts read once"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="VlmMixture counts a text source's parts of padding in the process that makes them: "
-    "in DataLoader workers, which send the sources' loader stats alone, so its stats say 0",
-)
 def test_a_text_sources_padding_is_counted_through_workers(resumed):
     """``stats["sources"]["text"]["padding_batches"]`` counts the text source's parts of
     padding when the mixture is read through DataLoader workers, as it does in-process."""

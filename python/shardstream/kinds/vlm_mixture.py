@@ -194,6 +194,21 @@ class VlmMixture(RowMixture):
         super()._begin_pass()
         self._text_padding = {}
 
+    def _worker_stats(self) -> dict[str, dict[str, Any]]:
+        """The sources' counters, and the text sources' parts of padding: counted where they are
+        made, in a DataLoader worker, and sent with the rest."""
+        stats = super()._worker_stats()
+        stats["text_padding"] = {str(i): n for i, n in self._text_padding.items()}
+        return stats
+
+    def _merge_worker_stats(self, per_worker: list[dict[str, dict[str, Any]]]) -> None:
+        super()._merge_worker_stats(per_worker)
+        totals: dict[int, int] = {}
+        for counters in per_worker:
+            for i, n in counters.get("text_padding", {}).items():
+                totals[int(i)] = totals.get(int(i), 0) + int(n)
+        self._text_padding = totals
+
     @property
     def stats(self) -> dict[str, Any]:
         """As :attr:`RowMixture.stats`; a text source's ``padding_batches`` counts its parts of
