@@ -756,7 +756,7 @@ class InterleavedLoader(UnitPlanLoader):
         ``cut_documents`` (documents the epoch reads only in part, whose runs are therefore
         context without labels; counted by the rank that reads the first of them),
         ``padding_batches`` (batches of padding alone: in a :class:`~shardstream.VlmMixture`
-        resumed onto another world size, the ranks short of a batch), ``images``,
+        resumed onto another world size, the ranks short of a batch), ``images``, ``videos``,
         ``patches``, ``skipped`` (documents, and images dropped at decode, by reason),
         ``faults`` (the first 1,000, each with ``reason``, ``url``, ``key``, ``detail``),
         ``bytes``, ``retries``, ``decode_seconds``, ``measure_seconds``; and for the epoch:

@@ -312,7 +312,7 @@ impl ParquetRows {
                     let Layout::Conversations(format) = &spec.layout else {
                         unreachable!("the shape follows the layout")
                     };
-                    let media = Media {
+                    let media = MediaColumns {
                         cauldron: *cauldron,
                         images: *images,
                         videos: *videos,
@@ -404,7 +404,7 @@ fn lists_document(
 /// A conversation file's shape: the Cauldron's turns or LLaVA's, and whether its images and
 /// videos are lists, one a row, or absent.
 #[derive(Clone, Copy)]
-struct Media {
+struct MediaColumns {
     cauldron: bool,
     images: Option<bool>,
     videos: Option<bool>,
@@ -427,11 +427,11 @@ fn media_of(column: Option<&mut Column>, is_list: Option<bool>, i: usize) -> (Li
 fn conversation_parts(
     columns: &mut [Column],
     i: usize,
-    media: Media,
+    media: MediaColumns,
     format: &ChatFormat,
     spec: &DocumentSpec,
 ) -> Result<Vec<super::parts::Part>, Rejection> {
-    let Media {
+    let MediaColumns {
         cauldron,
         images,
         videos,

@@ -154,7 +154,8 @@ pub(super) fn decode_video(
     let size = (grid.h * qwen.patch_size, grid.w * qwen.patch_size);
     let n = indices.len() * 3 * size.0 as usize * size.1 as usize;
     frames.resize(n, 0);
-    let fail = |f: VideoFault| rejected(0, f);
+    // The caller names the video ("a video dropped from its batch: ...").
+    let fail = |f: VideoFault| (f.reason().unwrap_or(Reason::Internal), f.to_string());
     let clip = OpenClip::open(bytes, &caps(video, max_pixels)).map_err(fail)?;
     clip.decode_into(indices, size, Fit::Whole, &mut frames[..n])
         .map_err(fail)?;
